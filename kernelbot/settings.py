@@ -1,0 +1,162 @@
+"""One env-driven settings module. Embedded defaults run everything on one machine;
+production sets DEBUG=0, SECRET_KEY, ALLOWED_HOSTS, DATABASE_URL and REDIS_URL."""
+
+import os
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = Path(os.environ.get("KERNELBOT_DATA_DIR", BASE_DIR / "var"))
+
+
+def env_bool(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    return default if value is None else value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def env_list(name: str, default: str = "") -> list[str]:
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+DEBUG = env_bool("DEBUG", True)
+SECRET_KEY = os.environ.get("SECRET_KEY", "")
+if not SECRET_KEY:
+    if not DEBUG:
+        raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off (export SECRET_KEY=...).")
+    SECRET_KEY = "insecure-development-key-only-used-with-DEBUG-on"
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]" if DEBUG else "")
+if not DEBUG and not ALLOWED_HOSTS:
+    raise ImproperlyConfigured("ALLOWED_HOSTS must be set when DEBUG is off (comma-separated host names).")
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "django_q",
+    "leaderboards",
+    "runners",
+    "discordbot",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "kernelbot.urls"
+ASGI_APPLICATION = "kernelbot.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": dj_database_url.parse(
+        os.environ.get("DATABASE_URL", f"sqlite:///{DATA_DIR / 'kernelbot.sqlite3'}"),
+        conn_max_age=int(os.environ.get("DB_CONN_MAX_AGE", "0")),
+    )
+}
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    # WAL + a busy timeout let the web process and the worker share the file.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"}
+    )
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = os.environ.get("REDIS_URL", "")
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+Q_CLUSTER = {
+    "name": "kernelbot",
+    "workers": int(os.environ.get("Q_WORKERS", "2")),
+    "timeout": int(os.environ.get("Q_TIMEOUT", "1800")),
+    "retry": int(os.environ.get("Q_RETRY", "1860")),
+    "max_attempts": 1,  # our own reaper retries runs; a task is never replayed blindly
+    "ack_failures": True,
+    "catch_up": False,
+    "poll": 0.2,
+    "label": "Django Q2",
+}
+if REDIS_URL:
+    Q_CLUSTER["redis"] = REDIS_URL
+else:
+    Q_CLUSTER["orm"] = "default"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "static"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+}
+
+if not DEBUG:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_bool("SECURE_COOKIES", True)
+
+# --- kernelbot ---------------------------------------------------------------------------------
+# Where runs' working directories are created by the local runner.
+RUNS_DIR = Path(os.environ.get("KERNELBOT_RUNS_DIR", DATA_DIR / "runs"))
+# Where `import_problems` and the admin find problem trees by default.
+PROBLEMS_DIR = Path(os.environ.get("KERNELBOT_PROBLEMS_DIR", BASE_DIR / "problems"))
+# Python interpreter that runs the harness (needs torch); defaults to the web app's own.
+HARNESS_PYTHON = os.environ.get("KERNELBOT_HARNESS_PYTHON", "")
+# Largest accepted submission file.
+MAX_SUBMISSION_BYTES = int(os.environ.get("KERNELBOT_MAX_SUBMISSION_BYTES", str(1024 * 1024)))
+# Seconds a run may sit in each non-terminal state before the reaper retries or fails it.
+RUN_STATE_DEADLINES = {
+    "queued": int(os.environ.get("KERNELBOT_QUEUED_DEADLINE", "3600")),
+    "dispatched": int(os.environ.get("KERNELBOT_DISPATCHED_DEADLINE", "600")),
+    "running": int(os.environ.get("KERNELBOT_RUNNING_DEADLINE", "1800")),
+}
+# Infrastructure failures retried before a run is failed with a reason.
+RUN_MAX_ATTEMPTS = int(os.environ.get("KERNELBOT_RUN_MAX_ATTEMPTS", "3"))
