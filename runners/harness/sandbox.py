@@ -9,16 +9,53 @@ API (stable; other modules depend on it):
 
     describe() -> dict             # which protections are active on this machine
 
-TODO(sandbox owner): bubblewrap namespaces (net, pid, ipc, uts, user), read-only root,
-writable workdir only, uid drop, rlimits, output caps, process-group kill.
+Backends, chosen per process by `KERNELBOT_SANDBOX` (read when a Sandbox is built):
+  "auto" (default)  bubblewrap if it works here, else rlimits-only;
+  "require"         bubblewrap or `SandboxUnavailable`;
+  "none"            rlimits-only (development only).
+
+bubblewrap as root: bwrap keeps root to build the mounts, then `setpriv` drops the child to a plain
+host uid (65534 by default) with no capabilities and no_new_privs, so RLIMIT_NPROC applies and host
+files are protected by their modes too. As non-root: an unprivileged user namespace
+(`--unshare-user --disable-userns`), uid unchanged. Namespaces: net (only a private loopback), pid,
+ipc, uts, cgroup. Filesystem: /usr (+ /bin, /lib* links), a few /etc files, a synthetic
+/etc/passwd, the Python installation read-only, fresh size-capped /tmp and /dev/shm, minimal /dev,
+own /proc, and the workdir read-write at the same path. Nothing else of the host exists inside.
+
+rlimits are set by `prlimit` (util-linux) in front of everything, so they are inherited by the
+child and cannot be raised by it: CPU (soft -> SIGXCPU, +1 s -> SIGKILL), AS (or DATA when GPU
+devices are bound: the CUDA driver reserves huge virtual ranges), NPROC (counts threads too, and
+all processes of that uid on the host), FSIZE, NOFILE, CORE=0.
+Memory: `import torch` (CPU) peaks at ~0.7 GiB of address space on 2 cores; every extra thread
+costs up to a 64 MiB malloc arena + 8 MiB stack of *virtual* space, so budget
+~1 GiB + 72 MiB x threads. The 8 GiB default covers ~100 threads.
+
+Killing: the bwrap process is the one we started; with --die-with-parent its pid-namespace init
+gets SIGKILL when it dies, and the kernel then kills every process in the namespace, including
+double-forked, setsid'd descendants. The rlimits-only fallback can only kill the process group.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
+import resource
+import shutil
 import signal
+import site
 import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+
+NOBODY = 65534
+_CHUNK = 1 << 16
+
+
+class SandboxUnavailable(RuntimeError):
+    """KERNELBOT_SANDBOX=require but bubblewrap cannot run here."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,57 +67,328 @@ class Limits:
     file_size_bytes: int = 256 << 20
     open_files: int = 256
     output_bytes: int = 64 << 10
+    tmp_bytes: int = 256 << 20  # size of each private tmpfs (/tmp, /dev/shm); bubblewrap only
 
 
 @dataclasses.dataclass
 class Outcome:
-    returncode: int | None
+    returncode: int | None  # negative signal number if killed (also under bubblewrap)
     stdout: str
     stderr: str
     timed_out: bool
     reason: str  # "" on a normal exit, else why the tree was killed or how it died
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    elapsed: float = 0.0  # wall seconds from start to exit, as seen by the parent
+
+
+def _mode() -> str:
+    mode = os.environ.get("KERNELBOT_SANDBOX", "auto").strip().lower() or "auto"
+    if mode not in ("auto", "require", "none"):
+        raise ValueError(f"KERNELBOT_SANDBOX must be auto, require or none, not {mode!r}")
+    return mode
+
+
+def _bwrap_path() -> str | None:
+    return shutil.which("bwrap")
+
+
+def _privileged() -> bool:
+    return os.geteuid() == 0
+
+
+@functools.cache
+def _bwrap_error(bwrap: str, privileged: bool) -> str:
+    """"" if bubblewrap can build our namespaces here, else why not (probed once per process)."""
+    argv = [bwrap, *_namespace_args(privileged), "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
+    argv += ["--", *(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"] if privileged else []),
+             "true"]
+    try:
+        r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=30, env={"PATH": os.defpath})
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return str(e)
+    return "" if r.returncode == 0 else (r.stderr.decode(errors="replace").strip() or f"exit {r.returncode}")
+
+
+def _namespace_args(privileged: bool) -> list[str]:
+    args = ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+            "--die-with-parent", "--new-session", "--hostname", "sandbox"]
+    return args if privileged else ["--unshare-user", "--disable-userns", *args]
+
+
+def _python_paths() -> list[str]:
+    """Read-only paths the interpreter and its site-packages (torch included) need."""
+    cands = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+             os.path.dirname(os.path.realpath(sys.executable)), *site.getsitepackages()}
+    if site.ENABLE_USER_SITE and os.path.isdir(site.getusersitepackages()):
+        cands.add(site.getusersitepackages())
+    paths = {os.path.realpath(p) for p in cands if p and os.path.isdir(p)} | {p for p in cands if p and os.path.isdir(p)}
+    return _outermost(p for p in paths if p != "/" and not _under(p, "/usr"))
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _outermost(paths) -> list[str]:
+    out: list[str] = []
+    for p in sorted(set(paths)):
+        if not any(_under(p, q) for q in out):
+            out.append(p)
+    return out
+
+
+def _rlimits(limits: Limits, data_not_as: bool) -> list[tuple[int, int, int, str]]:
+    """(resource, soft, hard, prlimit option)."""
+    mem = (resource.RLIMIT_DATA, "--data") if data_not_as else (resource.RLIMIT_AS, "--as")
+    cpu = int(limits.cpu_seconds)
+    return [
+        (resource.RLIMIT_CPU, cpu, cpu + 1, "--cpu"),
+        (mem[0], limits.memory_bytes, limits.memory_bytes, mem[1]),
+        (resource.RLIMIT_NPROC, limits.processes, limits.processes, "--nproc"),
+        (resource.RLIMIT_FSIZE, limits.file_size_bytes, limits.file_size_bytes, "--fsize"),
+        (resource.RLIMIT_NOFILE, limits.open_files, limits.open_files, "--nofile"),
+        (resource.RLIMIT_CORE, 0, 0, "--core"),
+    ]
 
 
 class Sandbox:
-    def __init__(self, workdir: str, limits: Limits):
-        self.workdir, self.limits = workdir, limits
+    def __init__(self, workdir: str, limits: Limits, *, devices: Sequence[str] | None = None,
+                 uid: int | None = NOBODY, ro_paths: Sequence[str] = ()):
+        """devices: GPU indices to expose (None: no GPU handling; [] hides all GPUs).
+        uid: host uid to run as when we are root (None: stay root; only sensible for tests).
+        ro_paths: extra host paths bound read-only at the same path (bubblewrap only)."""
+        self.workdir, self.limits = os.path.realpath(workdir), limits
+        self.devices = None if devices is None else [str(d) for d in devices]
+        self.uid = uid if _privileged() else None
+        self.ro_paths = [os.path.realpath(p) for p in ro_paths]
+        self.mode = _mode()
+        bwrap = _bwrap_path() if self.mode != "none" else None
+        err = "bwrap not found on PATH" if bwrap is None else _bwrap_error(bwrap, _privileged())
+        if self.mode == "require" and err:
+            raise SandboxUnavailable(f"KERNELBOT_SANDBOX=require but bubblewrap is unusable: {err}")
+        self.bwrap = None if err else bwrap
+        self.fallback_reason = "" if self.bwrap else ("KERNELBOT_SANDBOX=none" if self.mode == "none" else err)
+
+    def describe(self) -> dict:
+        bw = self.bwrap is not None
+        uid = (self.uid if self.uid is not None else 0) if _privileged() else os.getuid()
+        return {
+            "backend": "bubblewrap" if bw else "rlimits-only",
+            "network": "isolated" if bw else "host",
+            "filesystem": "workdir rw, system+python ro, rest hidden" if bw else
+                          "host (protected only by file modes)",
+            "pid_namespace": bw,
+            "ipc_namespace": bw,
+            "uid": uid,
+            "uid_dropped": _privileged() and self.uid is not None,
+            "rlimits": [opt.lstrip("-") for *_, opt in _rlimits(self.limits, self._data_not_as())],
+            "env": "scrubbed",
+            "tree_kill": "pid namespace" if bw else "process group only",
+            "devices": self._device_nodes() if bw else [],
+            "mode": self.mode,
+            **({"fallback_reason": self.fallback_reason} if not bw else {}),
+        }
+
+    def _data_not_as(self) -> bool:
+        return bool(self.devices)
+
+    def _device_nodes(self) -> list[str]:
+        if not self.devices:
+            return []
+        names = [f"nvidia{d}" for d in self.devices] + ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"]
+        return [f"/dev/{n}" for n in names if os.path.exists(f"/dev/{n}")]
+
+    def _env(self, env: dict[str, str] | None) -> dict[str, str]:
+        pydir = os.path.dirname(sys.executable)
+        out = {"PATH": f"{pydir}:/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", **(env or {})}
+        if self.devices is not None:
+            out["CUDA_VISIBLE_DEVICES"] = ",".join(self.devices)
+        return out
+
+    def _prepare_workdir(self) -> None:
+        if self.uid is None:
+            return
+        for root, dirs, files in os.walk(self.workdir):
+            for name in dirs + files:
+                os.chown(os.path.join(root, name), self.uid, self.uid, follow_symlinks=False)
+        os.chown(self.workdir, self.uid, self.uid)
+        os.chmod(self.workdir, 0o700)
+
+    def _bwrap_argv(self, argv: list[str], data_fds: list[int]) -> list[str]:
+        a = [self.bwrap, *_namespace_args(_privileged()), "--ro-bind", "/usr", "/usr"]
+        for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+            p = f"/{name}"
+            if os.path.islink(p):
+                a += ["--symlink", os.readlink(p), p]
+            elif os.path.isdir(p):
+                a += ["--ro-bind", p, p]
+        a += ["--perms", "0755", "--dir", "/etc"]
+        for p in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives", "/etc/localtime"):
+            if os.path.exists(p):
+                a += ["--ro-bind", p, p]
+        uid = self.uid if self.uid is not None else os.getuid()
+        for path, text in (("/etc/passwd", f"sandbox:x:{uid}:{uid}:sandbox:/tmp:/usr/sbin/nologin\n"),
+                           ("/etc/group", f"sandbox:x:{uid}:\n")):
+            r, w = os.pipe()
+            os.write(w, text.encode())
+            os.close(w)
+            data_fds.append(r)
+            a += ["--perms", "0444", "--ro-bind-data", str(r), path]
+        a += ["--proc", "/proc", "--dev", "/dev"]
+        for tmp in ("/tmp", "/dev/shm"):
+            a += ["--perms", "1777", "--size", str(self.limits.tmp_bytes), "--tmpfs", tmp]
+        # bwrap copies the modes of the host's parent dirs (/root is 0700): make them traversable
+        made = {"/", "/usr", "/etc", "/tmp", "/dev", "/proc"}
+
+        def parents(path: str) -> list[str]:
+            out, parent = [], os.path.dirname(path)
+            while parent not in made:
+                made.add(parent)
+                out[:0] = ["--perms", "0755", "--dir", parent]
+                parent = os.path.dirname(parent)
+            return out
+
+        for p in _outermost([*_python_paths(), *self.ro_paths]):
+            a += [*parents(p), "--ro-bind", p, p]
+        for dev in self._device_nodes():
+            a += ["--dev-bind", dev, dev]
+        a += [*parents(self.workdir), "--bind", self.workdir, self.workdir, "--chdir", self.workdir, "--"]
+        if self.uid is not None:
+            a += ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups",
+                  "--bounding-set=-all", "--inh-caps=-all", "--no-new-privs", "--"]
+        return a + list(argv)
 
     def start(self, argv: list[str], env: dict[str, str] | None = None, pass_fds=()) -> SandboxedProcess:
-        proc = subprocess.Popen(
-            argv, cwd=self.workdir, env=env or {"PATH": os.defpath}, pass_fds=pass_fds,
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-        )
-        return SandboxedProcess(proc, self.limits)
+        self._prepare_workdir()
+        limits = _rlimits(self.limits, self._data_not_as())
+        data_fds: list[int] = []
+        try:
+            cmd = self._bwrap_argv(argv, data_fds) if self.bwrap else list(argv)
+            prlimit = shutil.which("prlimit")
+            preexec = None
+            if prlimit:
+                cmd = [prlimit, *(f"{opt}={soft}:{hard}" for _, soft, hard, opt in limits), "--", *cmd]
+            else:
+                def preexec() -> None:
+                    for res, soft, hard, _ in limits:
+                        resource.setrlimit(res, (soft, hard))
+            drop = {} if self.bwrap or self.uid is None else {"user": self.uid, "group": self.uid, "extra_groups": []}
+            started = time.monotonic()
+            proc = subprocess.Popen(
+                cmd, cwd=self.workdir, env=self._env(env), pass_fds=(*pass_fds, *data_fds),
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                start_new_session=True, preexec_fn=preexec, **drop,
+            )
+        finally:
+            for fd in data_fds:
+                os.close(fd)
+        return SandboxedProcess(proc, self.limits, started, bwrap=self.bwrap is not None)
+
+
+class _Capture(threading.Thread):
+    """Reads a pipe to EOF, keeping the first `cap` bytes and discarding the rest."""
+
+    def __init__(self, stream, cap: int):
+        super().__init__(daemon=True)
+        self.stream, self.cap, self.buf, self.total = stream, cap, bytearray(), 0
+        self.start()
+
+    def run(self) -> None:
+        fd = self.stream.fileno()
+        try:
+            while chunk := os.read(fd, _CHUNK):
+                self.total += len(chunk)
+                if len(self.buf) < self.cap:
+                    self.buf += chunk[: self.cap - len(self.buf)]
+        except OSError:
+            pass
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > len(self.buf)
+
+    def text(self) -> str:
+        return bytes(self.buf).decode(errors="replace")
+
+
+_SIGNAL_REASONS = {
+    signal.SIGXCPU: "CPU time limit exceeded (SIGXCPU)",
+    signal.SIGXFSZ: "file size limit exceeded (SIGXFSZ)",
+    signal.SIGKILL: "killed (SIGKILL: CPU hard limit, OOM killer or kill())",
+}
 
 
 class SandboxedProcess:
-    def __init__(self, proc: subprocess.Popen, limits: Limits):
-        self.proc, self.limits = proc, limits
+    def __init__(self, proc: subprocess.Popen, limits: Limits, started: float | None = None, *, bwrap: bool = False):
+        self.proc, self.limits, self.bwrap = proc, limits, bwrap
+        self.started = time.monotonic() if started is None else started
+        self.timed_out, self.killed = False, False
+        self._lock = threading.Lock()
+        self._out = _Capture(proc.stdout, limits.output_bytes)
+        self._err = _Capture(proc.stderr, limits.output_bytes)
+        # the watchdog runs even if nobody is in wait() yet (the parent may be busy on a protocol pipe)
+        self._timer = threading.Timer(max(0.0, self.started + limits.wall_seconds - time.monotonic()), self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+        self._outcome: Outcome | None = None
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
+    def _expire(self) -> None:
+        with self._lock:
+            if self.proc.poll() is None:
+                self.timed_out = True
+                self._kill()
+
     def kill(self) -> None:
+        with self._lock:
+            if self.proc.poll() is None:
+                self.killed = True
+            self._kill()
+
+    def _kill(self) -> None:
+        # Under bwrap the pid namespace dies with its init, which dies (PDEATHSIG) with this process.
+        # send_signal is a no-op once Popen has reaped the pid, so a recycled pid is never hit.
+        self.proc.send_signal(signal.SIGKILL)
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
+        except (ProcessLookupError, PermissionError):
             pass
 
     def wait(self) -> Outcome:
-        timed_out = False
-        try:
-            out, err = self.proc.communicate(timeout=self.limits.wall_seconds)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            self.kill()
-            out, err = self.proc.communicate()
-        cap = self.limits.output_bytes
-        return Outcome(
-            self.proc.returncode, out[:cap].decode(errors="replace"), err[:cap].decode(errors="replace"),
-            timed_out, "wall time exceeded" if timed_out else "",
-        )
+        if self._outcome is not None:
+            return self._outcome
+        rc = self.proc.wait()
+        elapsed = time.monotonic() - self.started
+        self._timer.cancel()
+        with self._lock:
+            self._kill()  # leftovers in our process group (fallback) once the main process is gone
+        for cap in (self._out, self._err):
+            cap.join(timeout=None if self.bwrap else 2.0)  # fallback: an escaped grandchild may hold the pipe
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+        if self.bwrap and 128 < rc < 128 + signal.NSIG:
+            rc = -(rc - 128)  # bwrap's init reports a signalled child as 128 + signo
+        if self.timed_out:
+            reason = f"wall time exceeded ({self.limits.wall_seconds:g} s)"
+        elif self.killed:
+            reason = "killed by the parent"
+        elif rc < 0:
+            sig = signal.Signals(-rc)
+            reason = _SIGNAL_REASONS.get(sig, f"killed by {sig.name}")
+        else:
+            reason = ""
+        self._outcome = Outcome(rc, self._out.text(), self._err.text(), self.timed_out, reason,
+                                self._out.truncated, self._err.truncated, elapsed)
+        return self._outcome
 
 
-def describe() -> dict:
-    return {"isolation": "process-group only"}
+def describe(devices: Sequence[str] | None = None) -> dict:
+    """Protections a Sandbox built now (default limits) would have on this machine."""
+    try:
+        return Sandbox(os.getcwd(), Limits(), devices=devices).describe()
+    except SandboxUnavailable as e:
+        return {"backend": "unavailable", "mode": "require", "error": str(e)}
