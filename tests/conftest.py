@@ -1,2 +1,73 @@
-"""Root fixtures. Services (PostgreSQL, Redis) come from DATABASE_URL / REDIS_URL; under CI=true a
-test that needs a missing service fails instead of skipping."""
+"""Root fixtures. Services come from DATABASE_URL / REDIS_URL; under CI=true a test that needs a missing
+service fails instead of skipping."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django_q.conf import Conf
+
+from leaderboards.taskfile import load_task
+
+from . import factories
+
+REPO = Path(__file__).resolve().parent.parent
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def pytest_sessionstart(session):
+    if IN_CI and settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
+        pytest.exit("CI=true needs DATABASE_URL pointing at PostgreSQL", returncode=3)
+    if IN_CI and not settings.REDIS_URL:
+        pytest.exit("CI=true needs REDIS_URL pointing at Redis", returncode=3)
+
+
+def require_service(name: str, available: bool) -> None:
+    if available:
+        return
+    if IN_CI:
+        pytest.fail(f"{name} is required under CI=true but is not configured")
+    pytest.skip(f"{name} not configured (set it to run this test)")
+
+
+@pytest.fixture
+def redis_url() -> str:
+    require_service("REDIS_URL", bool(settings.REDIS_URL))
+    return settings.REDIS_URL
+
+
+@pytest.fixture
+def postgres(settings) -> None:
+    require_service("PostgreSQL (DATABASE_URL)",
+                    settings.DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_runtime(settings, tmp_path):
+    """Each test gets its own runs directory and an in-memory channel layer unless it asks for Redis."""
+    settings.RUNS_DIR = tmp_path / "runs"
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+
+@pytest.fixture
+def sync_queue(monkeypatch):
+    """django-q2 runs tasks inline; combine with django_capture_on_commit_callbacks(execute=True)."""
+    monkeypatch.setattr(Conf, "SYNC", True)
+
+
+@pytest.fixture(scope="session")
+def demo_task():
+    return load_task(REPO / "problems" / "demo" / "vectoradd_py")
+
+
+@pytest.fixture
+def cpu_pool(db):
+    return factories.local_cpu_pool()
+
+
+@pytest.fixture
+def leaderboard(db, cpu_pool, demo_task):
+    return factories.LeaderboardFactory(problem=factories.problem_from(demo_task), gpu_types=[cpu_pool.cpu])

@@ -1,0 +1,285 @@
+"""Service layer: `check_*` validates and authorises, `do_*` writes and emits. Every front-end (admin,
+management commands, web, API, Discord) calls these, so they never disagree."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from runners.models import GpuPool, GpuType
+from runners.queue import enqueue_on_commit
+
+from . import events
+from .models import (
+    Board,
+    BoardEntry,
+    Code,
+    Leaderboard,
+    Run,
+    RunStatus,
+    Submission,
+    SubmissionMode,
+    Visibility,
+)
+from .ranking import Candidate, rank, score_seconds
+
+log = logging.getLogger(__name__)
+
+
+class SubmissionRejected(Exception):
+    """A submission that cannot be accepted; `status` is the HTTP status a front-end should answer."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.message, self.status = message, status
+
+
+@dataclass(frozen=True)
+class SubmissionRequest:
+    leaderboard: Leaderboard
+    gpu_types: list[GpuType]
+    mode: str
+    file_name: str
+    code: str
+
+
+def check_submission(user, leaderboard_name: str, gpu_names: list[str], mode: str, file_name: str,
+                     content: bytes) -> SubmissionRequest:
+    leaderboard = Leaderboard.objects.select_related("problem").filter(name=leaderboard_name).first()
+    if leaderboard is None or (leaderboard.visibility == Visibility.CLOSED and not user.is_staff):
+        raise SubmissionRejected(f"Unknown leaderboard '{leaderboard_name}'.", 404)
+    if not leaderboard.is_open:
+        raise SubmissionRejected(
+            f"Leaderboard '{leaderboard.name}' closed at {leaderboard.deadline:%Y-%m-%d %H:%M} UTC; "
+            "it no longer accepts submissions.", 403)
+    if mode not in SubmissionMode.values:
+        raise SubmissionRejected(f"Unknown mode '{mode}'; use one of: {', '.join(SubmissionMode.values)}.")
+    accepted = {g.name.lower(): g for g in leaderboard.gpu_types.all()}
+    if not gpu_names:
+        raise SubmissionRejected(f"Choose a GPU type for '{leaderboard.name}': {', '.join(sorted(accepted))}.")
+    gpu_types = []
+    for name in gpu_names:
+        gpu = accepted.get(name.strip().lower())
+        if gpu is None:
+            raise SubmissionRejected(f"Leaderboard '{leaderboard.name}' does not run on GPU '{name}'; "
+                                     f"available: {', '.join(g.name for g in accepted.values()) or 'none'}.")
+        if not GpuPool.objects.serving(gpu).exists():
+            raise SubmissionRejected(f"No runner currently serves GPU '{gpu.name}'; try again later.", 503)
+        gpu_types.append(gpu)
+    if not content.strip():
+        raise SubmissionRejected(f"'{file_name}' is empty.")
+    if len(content) > settings.MAX_SUBMISSION_BYTES:
+        raise SubmissionRejected(f"'{file_name}' is {len(content)} bytes; the limit is "
+                                 f"{settings.MAX_SUBMISSION_BYTES} bytes.", 413)
+    try:
+        code = content.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SubmissionRejected(f"'{file_name}' is not UTF-8 text (invalid byte at offset {exc.start}).") from exc
+    if "\x00" in code:
+        raise SubmissionRejected(f"'{file_name}' contains NUL bytes; submit source text.")
+    return SubmissionRequest(leaderboard, list(dict.fromkeys(gpu_types)), mode, file_name[:255], code)
+
+
+def do_submit(user, request: SubmissionRequest) -> Submission:
+    with transaction.atomic():
+        code, _ = Code.objects.get_or_create(sha256=Code.digest(request.code), defaults={"text": request.code})
+        submission = Submission.objects.create(
+            user=user, leaderboard=request.leaderboard, problem=request.leaderboard.problem,
+            file_name=request.file_name, code=code, mode=request.mode)
+        secrets = [False, True] if request.mode == SubmissionMode.LEADERBOARD else [False]
+        for gpu_type in request.gpu_types:
+            for secret in secrets:
+                run = Run.objects.create(submission=submission, gpu_type=gpu_type, secret=secret,
+                                         status_deadline=Run.deadline_for(RunStatus.QUEUED))
+                enqueue_on_commit("runners.tasks.dispatch_run", run.pk)
+    return submission
+
+
+def _locked_run(run_id: int) -> Run:
+    return Run.objects.select_for_update().select_related("submission__leaderboard", "gpu_type").get(pk=run_id)
+
+
+def do_mark_running(run_id: int, attempt: int, *, deadline_seconds: int | None = None) -> bool:
+    with transaction.atomic():
+        run = _locked_run(run_id)
+        if run.attempt != attempt or run.status != RunStatus.DISPATCHED:
+            return False
+        run.update_status(RunStatus.RUNNING, deadline_seconds=deadline_seconds)
+        return True
+
+
+def do_record_progress(run_id: int, attempt: int, progress: dict) -> None:
+    with transaction.atomic():
+        run = _locked_run(run_id)
+        if run.attempt != attempt or run.status != RunStatus.RUNNING:
+            return
+        run.progress = progress
+        run.save(update_fields=["progress"])
+        transaction.on_commit(lambda: events.run_changed(run))
+
+
+FAILING_VERDICT_STATUS = {"timeout": RunStatus.TIMED_OUT, "hacked": RunStatus.HACKED}
+
+
+def do_ingest_result(run_id: int, attempt: int, result: dict) -> bool:
+    """The only way a runner's result enters the database. Stale or repeated reports are ignored."""
+    with transaction.atomic():
+        run = _locked_run(run_id)
+        if run.attempt != attempt or run.status not in (RunStatus.DISPATCHED, RunStatus.RUNNING):
+            log.info("ignoring result for run %s attempt %s (now %s, attempt %s)",
+                     run_id, attempt, run.status, run.attempt)
+            return False
+        if result.get("status") != "ok":
+            _infrastructure_failure(run, result.get("error") or "the runner reported an error")
+            return True
+        leaderboard = run.submission.leaderboard
+        verdict = str(result.get("verdict", "fail"))
+        passed = bool(result.get("passed")) and verdict == "pass"
+        score, error = None, "" if passed else str(result.get("error") or f"verdict: {verdict}")
+        if passed and run.mode in (SubmissionMode.LEADERBOARD, SubmissionMode.BENCHMARK):
+            try:
+                score = score_from_result(result, run.mode, leaderboard.ranking_by)
+            except ValueError as exc:
+                passed, verdict, error = False, "fail", f"unusable timings: {exc}"
+        run.update_status(
+            RunStatus.SUCCEEDED if passed else FAILING_VERDICT_STATUS.get(verdict, RunStatus.FAILED),
+            verdict=verdict, passed=passed, score=score, error=error, result=result,
+            system_info=result.get("system", {}), stdout=str(result.get("stdout", "")),
+            stderr=str(result.get("stderr", "")))
+        if run.mode == SubmissionMode.LEADERBOARD:
+            enqueue_on_commit("leaderboards.tasks.recompute_ranks", leaderboard.pk, run.gpu_type_id)
+        return True
+
+
+def score_from_result(result: dict, mode: str, ranking_by: str) -> float:
+    timings = result.get("ranked") if mode == SubmissionMode.LEADERBOARD else result.get("benchmarks")
+    means = [float(t["mean"]) for t in timings or []]
+    return score_seconds(means, ranking_by)
+
+
+def do_report_failure(run_id: int, attempt: int, reason: str) -> bool:
+    """A runner could not run the job at all (not the submission's fault)."""
+    with transaction.atomic():
+        run = _locked_run(run_id)
+        if run.attempt != attempt or run.is_terminal:
+            return False
+        _infrastructure_failure(run, reason)
+        return True
+
+
+def _infrastructure_failure(run: Run, reason: str) -> None:
+    failures = run.infra_failures + 1
+    if failures < settings.RUN_MAX_ATTEMPTS:
+        log.warning("run %s attempt %s failed on infrastructure (%s); retrying", run.pk, run.attempt, reason)
+        run.update_status(RunStatus.QUEUED, infra_failures=failures, error=f"retrying after: {reason}")
+        enqueue_on_commit("runners.tasks.dispatch_run", run.pk)
+    else:
+        run.update_status(RunStatus.ERROR, infra_failures=failures,
+                          error=f"gave up after {failures} infrastructure failures; last: {reason}")
+
+
+def do_reap_overdue_runs(now=None) -> int:
+    """Retry or fail every run that sat in a non-terminal state past its deadline."""
+    reaped = 0
+    for run_id in Run.objects.overdue(now).values_list("pk", flat=True):
+        with transaction.atomic():
+            run = _locked_run(run_id)
+            if run.is_terminal or run.status_deadline is None or run.status_deadline >= (now or timezone.now()):
+                continue
+            if run.status == RunStatus.QUEUED:
+                _infrastructure_failure(run, "no runner picked the run up before its deadline")
+            else:
+                _infrastructure_failure(run, f"the runner did not report back while {run.status}")
+            reaped += 1
+    return reaped
+
+
+def do_requeue_run(run: Run, reason: str = "requeued by an organiser") -> None:
+    with transaction.atomic():
+        run = _locked_run(run.pk)
+        run.update_status(RunStatus.QUEUED, infra_failures=0, error=reason, verdict="", passed=None, score=None,
+                          progress={})
+        enqueue_on_commit("runners.tasks.dispatch_run", run.pk)
+        if run.mode == SubmissionMode.LEADERBOARD:
+            enqueue_on_commit("leaderboards.tasks.recompute_ranks", run.submission.leaderboard_id, run.gpu_type_id)
+
+
+def do_cancel_run(run: Run, reason: str = "cancelled by an organiser") -> bool:
+    with transaction.atomic():
+        run = _locked_run(run.pk)
+        if run.is_terminal:
+            return False
+        run.update_status(RunStatus.CANCELLED, error=reason)
+        return True
+
+
+def do_rescore_leaderboard(leaderboard: Leaderboard) -> int:
+    """Recompute scores from stored results with the current ranking rule, then every board's ranks."""
+    changed = 0
+    with transaction.atomic():
+        runs = Run.objects.select_for_update().filter(
+            submission__leaderboard=leaderboard, status=RunStatus.SUCCEEDED, passed=True,
+            submission__mode=SubmissionMode.LEADERBOARD)
+        for run in runs:
+            score = score_from_result(run.result, SubmissionMode.LEADERBOARD, leaderboard.ranking_by)
+            if score != run.score:
+                run.score = score
+                run.save(update_fields=["score"])
+                changed += 1
+        for gpu_type in leaderboard.gpu_types.all():
+            enqueue_on_commit("leaderboards.tasks.recompute_ranks", leaderboard.pk, gpu_type.pk)
+    return changed
+
+
+def ranked_candidates(leaderboard_id: int, gpu_type_id: int) -> list[Candidate]:
+    """Submissions whose public AND secret ranked runs both passed; scored on the slower of the two."""
+    rows = Run.objects.ranked().filter(
+        submission__leaderboard_id=leaderboard_id, gpu_type_id=gpu_type_id,
+    ).values_list("submission_id", "submission__user_id", "submission__created", "secret", "status", "passed",
+                  "score")
+    by_submission: dict[int, dict] = {}
+    for submission_id, user_id, created, secret, status, passed, score in rows:
+        entry = by_submission.setdefault(submission_id, {"user": user_id, "created": created, "scores": {}})
+        if status == RunStatus.SUCCEEDED and passed and score is not None:
+            entry["scores"][secret] = score
+    return [Candidate(e["user"], sid, max(e["scores"].values()), e["created"])
+            for sid, e in by_submission.items() if len(e["scores"]) == 2]
+
+
+def do_recompute_ranks(leaderboard_id: int, gpu_type_id: int) -> bool:
+    """Rewrite one board's materialised ranks; emits one event when anything changed."""
+    with transaction.atomic():
+        Board.objects.get_or_create(leaderboard_id=leaderboard_id, gpu_type_id=gpu_type_id)
+        board = Board.objects.select_for_update().get(leaderboard_id=leaderboard_id, gpu_type_id=gpu_type_id)
+        ranked = rank(ranked_candidates(leaderboard_id, gpu_type_id))
+        existing = {e.user_id: e for e in BoardEntry.objects.filter(leaderboard_id=leaderboard_id,
+                                                                     gpu_type_id=gpu_type_id)}
+        to_create, to_update = [], []
+        for r in ranked:
+            entry = existing.pop(r.user_id, None)
+            values = {"submission_id": r.submission_id, "score": r.score, "rank": r.rank,
+                      "submitted_at": r.submitted_at}
+            if entry is None:
+                to_create.append(BoardEntry(leaderboard_id=leaderboard_id, gpu_type_id=gpu_type_id,
+                                            user_id=r.user_id, **values))
+            elif any(getattr(entry, k) != v for k, v in values.items()):
+                for k, v in values.items():
+                    setattr(entry, k, v)
+                to_update.append(entry)
+        if existing:
+            BoardEntry.objects.filter(pk__in=[e.pk for e in existing.values()]).delete()
+        BoardEntry.objects.bulk_create(to_create)
+        BoardEntry.objects.bulk_update(to_update, ["submission_id", "score", "rank", "submitted_at"])
+        if not (to_create or to_update or existing):
+            return False
+        board.version += 1
+        board.save(update_fields=["version", "updated"])
+        snapshot = [{"user": r.user_id, "submission": r.submission_id, "score": r.score, "rank": r.rank}
+                    for r in ranked]
+        version = board.version
+        transaction.on_commit(lambda: events.board_changed(leaderboard_id, gpu_type_id, version, snapshot))
+        return True

@@ -1,0 +1,146 @@
+from django.contrib import admin, messages
+from django.shortcuts import redirect, render
+from django.urls import path
+from django.utils.html import format_html
+
+from . import actions
+from .forms import ProblemUploadForm
+from .importing import ImportRejected, do_import_task
+from .models import Board, BoardEntry, Code, Competition, Leaderboard, Problem, Profile, Run, Submission
+from .taskfile import TaskFileError, load_task_from_zip
+
+
+@admin.register(Profile)
+class ProfileAdmin(admin.ModelAdmin):
+    list_display = ["user", "display_name"]
+    search_fields = ["user__username", "display_name"]
+
+
+@admin.register(Competition)
+class CompetitionAdmin(admin.ModelAdmin):
+    list_display = ["name", "deadline"]
+
+
+@admin.register(Problem)
+class ProblemAdmin(admin.ModelAdmin):
+    list_display = ["name", "version", "lang", "harness", "short_hash", "created"]
+    list_filter = ["lang", "harness"]
+    search_fields = ["name"]
+    readonly_fields = ["name", "version", "content_hash", "lang", "definition", "created"]
+    change_list_template = "admin/leaderboards/problem/change_list.html"
+
+    @admin.display(description="content hash")
+    def short_hash(self, problem: Problem) -> str:
+        return problem.content_hash[:12]
+
+    def get_urls(self):
+        return [path("upload/", self.admin_site.admin_view(self.upload), name="leaderboards_problem_upload"),
+                *super().get_urls()]
+
+    def upload(self, request):
+        form = ProblemUploadForm(request.POST or None, request.FILES or None)
+        if request.method == "POST" and form.is_valid():
+            data = form.cleaned_data
+            try:
+                task = load_task_from_zip(data["archive"].read())
+                report = do_import_task(task, leaderboard=data["leaderboard"] or None, deadline=data["deadline"],
+                                        gpus=data["gpu_names"] or None, harness=data["harness"],
+                                        force=data["force"])
+            except TaskFileError as exc:
+                form.add_error("archive", str(exc))
+            except ImportRejected as exc:
+                form.add_error(None, "; ".join(exc.errors))
+            else:
+                self.message_user(request, f"Imported {task.name}: {report}", messages.SUCCESS)
+                return redirect("admin:leaderboards_problem_changelist")
+        context = {**self.admin_site.each_context(request), "form": form, "title": "Import a problem",
+                   "opts": self.model._meta}
+        return render(request, "admin/leaderboards/problem/upload.html", context)
+
+
+@admin.register(Leaderboard)
+class LeaderboardAdmin(admin.ModelAdmin):
+    list_display = ["name", "problem", "deadline", "ranking_by", "visibility", "gpus"]
+    list_filter = ["visibility", "ranking_by", "competition"]
+    search_fields = ["name"]
+    filter_horizontal = ["gpu_types"]
+    actions = ["rescore"]
+
+    @admin.display(description="GPU types")
+    def gpus(self, leaderboard: Leaderboard) -> str:
+        return ", ".join(g.name for g in leaderboard.gpu_types.all())
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("problem").prefetch_related("gpu_types")
+
+    @admin.action(description="Rescore with the current ranking rule")
+    def rescore(self, request, queryset):
+        for leaderboard in queryset:
+            changed = actions.do_rescore_leaderboard(leaderboard)
+            self.message_user(request, f"{leaderboard}: {changed} scores changed; ranks are being recomputed.")
+
+
+class RunInline(admin.TabularInline):
+    model = Run
+    extra = 0
+    can_delete = False
+    show_change_link = True
+    fields = ["gpu_type", "secret", "status", "attempt", "verdict", "score", "queued_at", "dispatched_at",
+              "started_at", "finished_at", "error"]
+    readonly_fields = fields
+
+
+@admin.register(Submission)
+class SubmissionAdmin(admin.ModelAdmin):
+    list_display = ["id", "user", "leaderboard", "mode", "file_name", "created"]
+    list_filter = ["mode", "leaderboard"]
+    search_fields = ["user__username", "file_name"]
+    readonly_fields = ["user", "leaderboard", "problem", "file_name", "mode", "created", "source"]
+    exclude = ["code"]
+    inlines = [RunInline]
+
+    @admin.display(description="code")
+    def source(self, submission: Submission) -> str:
+        return format_html("<pre>{}</pre>", submission.code.text)
+
+
+@admin.register(Run)
+class RunAdmin(admin.ModelAdmin):
+    list_display = ["id", "submission", "gpu_type", "secret", "status", "attempt", "verdict", "score",
+                    "queued_at", "finished_at"]
+    list_filter = ["status", "secret", "gpu_type", "submission__mode"]
+    search_fields = ["submission__user__username", "submission__leaderboard__name"]
+    readonly_fields = [f.name for f in Run._meta.fields]
+    actions = ["requeue", "cancel"]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("submission__leaderboard", "gpu_type")
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    @admin.action(description="Requeue (run again)")
+    def requeue(self, request, queryset):
+        for run in queryset:
+            actions.do_requeue_run(run)
+        self.message_user(request, f"Requeued {queryset.count()} runs.")
+
+    @admin.action(description="Cancel")
+    def cancel(self, request, queryset):
+        cancelled = sum(actions.do_cancel_run(run) for run in queryset)
+        self.message_user(request, f"Cancelled {cancelled} runs; finished runs were left alone.")
+
+
+@admin.register(BoardEntry)
+class BoardEntryAdmin(admin.ModelAdmin):
+    list_display = ["leaderboard", "gpu_type", "rank", "user", "score", "submission", "submitted_at"]
+    list_filter = ["leaderboard", "gpu_type"]
+    ordering = ["leaderboard", "gpu_type", "rank"]
+
+
+@admin.register(Board)
+class BoardAdmin(admin.ModelAdmin):
+    list_display = ["leaderboard", "gpu_type", "version", "updated"]
+
+
+admin.site.register(Code)

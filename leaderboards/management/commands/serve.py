@@ -1,0 +1,48 @@
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+
+
+class Command(BaseCommand):
+    help = ("Run the whole platform on this machine: migrate, load the demo (unless --no-demo), make sure an "
+            "admin exists, then start the ASGI server (daphne) and a django-q2 worker cluster together.")
+
+    def add_arguments(self, parser):
+        parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
+        parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+        parser.add_argument("--no-demo", action="store_true")
+
+    def handle(self, host, port, no_demo, **options):
+        settings.DATA_DIR.mkdir(parents=True, exist_ok=True)
+        call_command("migrate", interactive=False, verbosity=0)
+        if not no_demo:
+            call_command("load_demo", stdout=self.stdout)
+        call_command("ensure_admin", stdout=self.stdout)
+        manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
+        children = [
+            subprocess.Popen([*manage, "qcluster"]),
+            subprocess.Popen([sys.executable, "-m", "daphne", "-b", host, "-p", str(port),
+                              "kernelbot.asgi:application"], cwd=settings.BASE_DIR),
+        ]
+        self.stdout.write(self.style.SUCCESS(f"kernelbot is up: http://{host}:{port}/ (admin: /admin/). "
+                                             "Ctrl-C stops it."))
+        try:
+            while all(child.poll() is None for child in children):
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            for child in children:
+                if child.poll() is None:
+                    child.send_signal(signal.SIGINT)
+            for child in children:
+                try:
+                    child.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    child.kill()

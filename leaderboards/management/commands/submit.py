@@ -1,0 +1,55 @@
+import time
+from pathlib import Path
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError
+
+from leaderboards.actions import SubmissionRejected, check_submission, do_submit
+from leaderboards.models import Submission
+
+
+class Command(BaseCommand):
+    help = "Submit a kernel file as a user, as the web site, API and Discord bot do."
+
+    def add_arguments(self, parser):
+        parser.add_argument("file")
+        parser.add_argument("--user", required=True, help="Username (created if missing with --create-user).")
+        parser.add_argument("--create-user", action="store_true")
+        parser.add_argument("--leaderboard", required=True)
+        parser.add_argument("--gpu", action="append", dest="gpus", required=True)
+        parser.add_argument("--mode", default="leaderboard")
+        parser.add_argument("--wait", action="store_true", help="Wait for the runs to finish and print them.")
+        parser.add_argument("--timeout", type=float, default=600)
+
+    def handle(self, file, user, create_user, leaderboard, gpus, mode, wait, timeout, **options):
+        User = get_user_model()
+        account = User.objects.filter(username=user).first()
+        if account is None:
+            if not create_user:
+                raise CommandError(f"no user '{user}' (pass --create-user to create one)")
+            account = User.objects.create_user(user)
+        path = Path(file)
+        if not path.is_file():
+            raise CommandError(f"{file}: no such file")
+        try:
+            request = check_submission(account, leaderboard, gpus, mode, path.name, path.read_bytes())
+        except SubmissionRejected as exc:
+            raise CommandError(exc.message) from exc
+        submission = do_submit(account, request)
+        self.stdout.write(f"submission {submission.pk} queued with {submission.runs.count()} runs")
+        if wait:
+            self.wait(submission, timeout)
+
+    def wait(self, submission: Submission, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            runs = list(submission.runs.select_related("gpu_type"))
+            if all(run.is_terminal for run in runs):
+                for run in runs:
+                    kind = "secret" if run.secret else "public"
+                    score = f"{run.score * 1e6:.2f} µs" if run.score is not None else "-"
+                    self.stdout.write(f"  run {run.pk} {run.gpu_type} {kind}: {run.status} ({run.verdict or '-'}) "
+                                      f"score {score} {run.error[:200]}")
+                return
+            time.sleep(0.5)
+        raise CommandError(f"submission {submission.pk} did not finish within {timeout} s")

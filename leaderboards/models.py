@@ -1,0 +1,308 @@
+import hashlib
+import secrets
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import models, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from runners.models import GpuType
+
+from . import events
+
+
+def new_secret_seed() -> int:
+    return secrets.randbits(62)
+
+
+class Profile(models.Model):
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="profile")
+    display_name = models.CharField(max_length=80, blank=True)
+
+    def __str__(self) -> str:
+        return self.display_name or self.user.get_username()
+
+
+class Competition(models.Model):
+    name = models.CharField(max_length=120, unique=True)
+    description = models.TextField(blank=True)
+    deadline = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class HarnessProtocol(models.TextChoices):
+    KERNELBOT = "kernelbot", "Trusted two-process harness"
+    POPCORN = "popcorn", "Problem's own eval.py (reference-kernels protocol)"
+
+
+class RankingRule(models.TextChoices):
+    LAST = "last", "Last benchmark"
+    MEAN = "mean", "Arithmetic mean"
+    GEOM = "geom", "Geometric mean"
+
+
+class Problem(models.Model):
+    """One immutable version of a task definition; a changed definition is a new row."""
+
+    name = models.CharField(max_length=100)
+    version = models.PositiveIntegerField(default=1)
+    content_hash = models.CharField(max_length=64)
+    lang = models.CharField(max_length=4)
+    description = models.TextField()
+    definition = models.JSONField(help_text="The parsed task (files inlined), as the harness receives it.")
+    harness = models.CharField(max_length=16, choices=HarnessProtocol.choices, default=HarnessProtocol.KERNELBOT)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["name", "version"], name="problem_unique_version")]
+        ordering = ["name", "-version"]
+
+    def __str__(self) -> str:
+        return f"{self.name} v{self.version}"
+
+
+class Visibility(models.TextChoices):
+    PUBLIC = "public", "Public"
+    UNLISTED = "unlisted", "Unlisted"
+    CLOSED = "closed", "Closed (invite only)"
+
+
+class LeaderboardQuerySet(models.QuerySet):
+    def open(self) -> "LeaderboardQuerySet":
+        return self.filter(deadline__gt=timezone.now())
+
+    def listed(self) -> "LeaderboardQuerySet":
+        return self.filter(visibility=Visibility.PUBLIC)
+
+
+class Leaderboard(models.Model):
+    name = models.SlugField(max_length=100, unique=True)
+    competition = models.ForeignKey(Competition, null=True, blank=True, on_delete=models.SET_NULL,
+                                    related_name="leaderboards")
+    problem = models.ForeignKey(Problem, on_delete=models.PROTECT, related_name="leaderboards")
+    description = models.TextField(blank=True)
+    deadline = models.DateTimeField(help_text="UTC. No submissions are accepted after it.")
+    ranking_by = models.CharField(max_length=8, choices=RankingRule.choices, default=RankingRule.LAST)
+    visibility = models.CharField(max_length=10, choices=Visibility.choices, default=Visibility.PUBLIC)
+    gpu_types = models.ManyToManyField(GpuType, related_name="leaderboards")
+    secret_seed = models.BigIntegerField(default=new_secret_seed, editable=False)
+    created = models.DateTimeField(auto_now_add=True)
+
+    objects = LeaderboardQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["deadline", "name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def is_open(self) -> bool:
+        return self.deadline > timezone.now()
+
+
+class Code(models.Model):
+    """Submitted source, stored once per distinct content."""
+
+    sha256 = models.CharField(max_length=64, unique=True)
+    text = models.TextField()
+
+    @staticmethod
+    def digest(text: str) -> str:
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def __str__(self) -> str:
+        return self.sha256[:12]
+
+
+class SubmissionMode(models.TextChoices):
+    TEST = "test", "Test"
+    BENCHMARK = "benchmark", "Benchmark"
+    LEADERBOARD = "leaderboard", "Leaderboard (ranked)"
+    PROFILE = "profile", "Profile"
+
+
+class Submission(models.Model):
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="submissions")
+    leaderboard = models.ForeignKey(Leaderboard, on_delete=models.CASCADE, related_name="submissions")
+    problem = models.ForeignKey(Problem, on_delete=models.PROTECT, related_name="submissions",
+                                help_text="The exact problem version the runs evaluate.")
+    file_name = models.CharField(max_length=255)
+    code = models.ForeignKey(Code, on_delete=models.PROTECT, related_name="submissions")
+    mode = models.CharField(max_length=12, choices=SubmissionMode.choices, default=SubmissionMode.LEADERBOARD)
+    created = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created"]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.file_name} on {self.leaderboard}"
+
+    @property
+    def done(self) -> bool:
+        return all(run.is_terminal for run in self.runs.all())
+
+
+class RunStatus(models.TextChoices):
+    QUEUED = "queued"
+    DISPATCHED = "dispatched"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    HACKED = "hacked"
+    ERROR = "error"
+    CANCELLED = "cancelled"
+
+
+TERMINAL_STATUSES = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.TIMED_OUT, RunStatus.HACKED,
+                               RunStatus.ERROR, RunStatus.CANCELLED})
+ACTIVE_STATUSES = frozenset({RunStatus.QUEUED, RunStatus.DISPATCHED, RunStatus.RUNNING})
+TRANSITIONS: dict[str, frozenset[str]] = {
+    RunStatus.QUEUED: frozenset({RunStatus.QUEUED, RunStatus.DISPATCHED, RunStatus.CANCELLED, RunStatus.ERROR}),
+    RunStatus.DISPATCHED: frozenset({RunStatus.RUNNING, RunStatus.QUEUED, *TERMINAL_STATUSES}),
+    RunStatus.RUNNING: frozenset({RunStatus.QUEUED, *TERMINAL_STATUSES}),
+    # terminal runs move only through an explicit requeue by an organiser
+    **{status: frozenset({RunStatus.QUEUED}) for status in TERMINAL_STATUSES},
+}
+TIMESTAMP_FIELD = {RunStatus.QUEUED: "queued_at", RunStatus.DISPATCHED: "dispatched_at",
+                   RunStatus.RUNNING: "started_at"}
+
+
+class InvalidTransition(Exception):
+    pass
+
+
+class RunQuerySet(models.QuerySet):
+    def active(self) -> "RunQuerySet":
+        return self.filter(status__in=ACTIVE_STATUSES)
+
+    def overdue(self, now=None) -> "RunQuerySet":
+        return self.active().filter(status_deadline__lt=now or timezone.now())
+
+    def ranked(self) -> "RunQuerySet":
+        return self.filter(submission__mode=SubmissionMode.LEADERBOARD)
+
+
+class Run(models.Model):
+    """One evaluation: submission × GPU type × public/secret. `update_status` is its only state writer."""
+
+    OUTPUT_CAP = 64 * 1024
+
+    submission = models.ForeignKey(Submission, on_delete=models.CASCADE, related_name="runs")
+    gpu_type = models.ForeignKey(GpuType, on_delete=models.PROTECT, related_name="runs")
+    secret = models.BooleanField(default=False)
+    status = models.CharField(max_length=12, choices=RunStatus.choices, default=RunStatus.QUEUED, db_index=True)
+    attempt = models.PositiveIntegerField(default=0, help_text="Bumped on each dispatch; stale callbacks are "
+                                          "ignored.")
+    status_deadline = models.DateTimeField(null=True, blank=True, db_index=True)
+    queued_at = models.DateTimeField(default=timezone.now)
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    runner = models.CharField(max_length=60, blank=True, help_text="Pool and backend that ran the last attempt.")
+    verdict = models.CharField(max_length=16, blank=True)
+    passed = models.BooleanField(null=True)
+    score = models.FloatField(null=True, blank=True, help_text="Seconds; lower is better.")
+    error = models.TextField(blank=True)
+    result = models.JSONField(default=dict, blank=True)
+    system_info = models.JSONField(default=dict, blank=True)
+    stdout = models.TextField(blank=True)
+    stderr = models.TextField(blank=True)
+    progress = models.JSONField(default=dict, blank=True)
+    infra_failures = models.PositiveIntegerField(default=0)
+
+    objects = RunQuerySet.as_manager()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["submission", "gpu_type", "secret"], name="run_unique")]
+        ordering = ["submission", "gpu_type", "secret"]
+
+    def __str__(self) -> str:
+        return f"run {self.pk} ({'secret' if self.secret else 'public'}) {self.status}"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+    @property
+    def mode(self) -> str:
+        return self.submission.mode
+
+    @staticmethod
+    def deadline_for(status: str, seconds: int | None = None):
+        seconds = seconds or settings.RUN_STATE_DEADLINES.get(status)
+        return timezone.now() + timedelta(seconds=seconds) if seconds else None
+
+    def update_status(self, status: str, *, deadline_seconds: int | None = None, **fields) -> None:
+        """Move to `status`, stamp the time and deadline, save, and fire what follows after commit.
+
+        Call inside a transaction holding a row lock (see actions)."""
+        if status not in TRANSITIONS[self.status]:
+            raise InvalidTransition(f"run {self.pk}: {self.status} → {status} is not allowed")
+        now = timezone.now()
+        self.status = status
+        for name, value in fields.items():
+            setattr(self, name, value)
+        if status in TIMESTAMP_FIELD:
+            setattr(self, TIMESTAMP_FIELD[status], now)
+        if status == RunStatus.QUEUED:
+            self.dispatched_at = self.started_at = self.finished_at = None
+        self.status_deadline = self.deadline_for(status, deadline_seconds)
+        if status in TERMINAL_STATUSES:
+            self.finished_at = now
+        for name in ("stdout", "stderr"):
+            value = getattr(self, name)
+            if len(value) > self.OUTPUT_CAP:
+                setattr(self, name, value[: self.OUTPUT_CAP] + "\n… [truncated]")
+        self.save()
+        transaction.on_commit(lambda: events.run_changed(self))
+
+
+class Board(models.Model):
+    """One ranking (leaderboard × GPU type): the row `recompute_ranks` locks, and its change counter."""
+
+    leaderboard = models.ForeignKey(Leaderboard, on_delete=models.CASCADE, related_name="boards")
+    gpu_type = models.ForeignKey(GpuType, on_delete=models.CASCADE, related_name="boards")
+    version = models.PositiveIntegerField(default=0)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["leaderboard", "gpu_type"], name="board_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.leaderboard}/{self.gpu_type} v{self.version}"
+
+
+class BoardEntryQuerySet(models.QuerySet):
+    def for_board(self, leaderboard: Leaderboard, gpu_type: GpuType) -> "BoardEntryQuerySet":
+        return self.filter(leaderboard=leaderboard, gpu_type=gpu_type).order_by("rank", "submitted_at")
+
+
+class BoardEntry(models.Model):
+    """Materialised ranking row: a user's best passing ranked submission on one board."""
+
+    leaderboard = models.ForeignKey(Leaderboard, on_delete=models.CASCADE, related_name="entries")
+    gpu_type = models.ForeignKey(GpuType, on_delete=models.CASCADE, related_name="entries")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="board_entries")
+    submission = models.ForeignKey(Submission, on_delete=models.CASCADE, related_name="board_entries")
+    score = models.FloatField(help_text="Seconds; lower is better.")
+    rank = models.PositiveIntegerField()
+    submitted_at = models.DateTimeField()
+    updated = models.DateTimeField(auto_now=True)
+
+    objects = BoardEntryQuerySet.as_manager()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["leaderboard", "gpu_type", "user"], name="entry_unique")]
+        indexes = [models.Index(fields=["leaderboard", "gpu_type", "rank"], name="entry_board_rank")]
+        verbose_name_plural = "board entries"
+
+    def __str__(self) -> str:
+        return f"{self.leaderboard}/{self.gpu_type} #{self.rank} {self.user}"
+
+
+PASSING_RANKED = Q(status=RunStatus.SUCCEEDED, passed=True, score__isnull=False)

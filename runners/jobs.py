@@ -1,0 +1,60 @@
+"""What a runner needs to evaluate a run: the harness job (JSON) and the files of its working directory."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from leaderboards.models import Run, SubmissionMode
+
+DEFAULT_TIMING = {"rel_ci": 0.01, "min_samples": 10, "max_samples": 1000, "case_budget_s": 10, "warmup_s": 0.2}
+DEFAULT_LIMITS = {"memory_bytes": 16 << 30, "cpu_seconds": 3600, "processes": 256,
+                  "file_size_bytes": 256 << 20, "output_bytes": 64 << 10}
+
+
+def derive_seed(*parts: object) -> int:
+    return int.from_bytes(hashlib.sha256(":".join(map(str, parts)).encode()).digest()[:8], "big") >> 2
+
+
+def run_seed(run: Run) -> int:
+    """Public runs are reproducible from the task seed; the secret run mixes in the leaderboard's secret."""
+    submission = run.submission
+    base = submission.problem.definition.get("seed") or 0
+    if run.secret:
+        return derive_seed("secret", submission.leaderboard.secret_seed, submission.pk, run.gpu_type_id)
+    return derive_seed("public", base, submission.pk, run.gpu_type_id)
+
+
+def workdir_files(run: Run) -> dict[str, str]:
+    definition = run.submission.problem.definition
+    return {**definition["files"], definition["submission_name"]: run.submission.code.text}
+
+
+def harness_job(run: Run, workdir: Path, devices: list[str]) -> dict:
+    definition = run.submission.problem.definition
+    return {
+        "mode": run.submission.mode,
+        "protocol": run.submission.problem.harness,
+        "lang": definition["lang"],
+        "workdir": str(workdir),
+        "main": definition.get("main"),
+        "tests": definition["tests"],
+        "benchmarks": definition["benchmarks"],
+        "ranking_by": run.submission.leaderboard.ranking_by,
+        "seed": run_seed(run),
+        "multi_gpu": definition.get("multi_gpu", False),
+        "gpus": devices,
+        "timeouts": {"test": definition["test_timeout"], "benchmark": definition["benchmark_timeout"],
+                     "ranked": definition["ranked_timeout"]},
+        "limits": DEFAULT_LIMITS,
+        "timing": DEFAULT_TIMING,
+        "cuda": definition.get("config", {}) if definition["lang"] == "cu" else {},
+    }
+
+
+def total_timeout(run: Run) -> int:
+    definition = run.submission.problem.definition
+    phases = {SubmissionMode.TEST: ["test_timeout"], SubmissionMode.BENCHMARK: ["benchmark_timeout"],
+              SubmissionMode.PROFILE: ["benchmark_timeout"],
+              SubmissionMode.LEADERBOARD: ["test_timeout", "benchmark_timeout", "ranked_timeout"]}
+    return sum(int(definition[key]) for key in phases[run.submission.mode]) + 60

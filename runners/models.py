@@ -1,0 +1,85 @@
+"""GPU inventory: which devices exist, on which node, and which runner backend reaches them."""
+
+from django.db import models
+
+
+class GpuVendor(models.TextChoices):
+    NVIDIA = "nvidia", "NVIDIA"
+    AMD = "amd", "AMD"
+    INTEL = "intel", "Intel"
+    CPU = "cpu", "CPU (no accelerator)"
+
+
+class GpuType(models.Model):
+    name = models.CharField(max_length=40, unique=True, help_text="As users type it, e.g. H100, MI300, CPU.")
+    vendor = models.CharField(max_length=16, choices=GpuVendor.choices, default=GpuVendor.NVIDIA)
+    architecture = models.CharField(max_length=40, blank=True, help_text="e.g. sm_90, gfx942, x86_64.")
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.vendor == GpuVendor.CPU
+
+
+class RunnerBackendName(models.TextChoices):
+    LOCAL = "local", "This machine"
+    GITHUB = "github", "GitHub Actions"
+    MODAL = "modal", "Modal"
+    SLURM = "slurm", "Slurm"
+
+
+class GpuPoolQuerySet(models.QuerySet):
+    def serving(self, gpu_type: GpuType) -> "GpuPoolQuerySet":
+        return self.filter(enabled=True, nodes__enabled=True, nodes__gpus__enabled=True,
+                           nodes__gpus__gpu_type=gpu_type).distinct()
+
+
+class GpuPool(models.Model):
+    name = models.CharField(max_length=60, unique=True)
+    backend = models.CharField(max_length=16, choices=RunnerBackendName.choices, default=RunnerBackendName.LOCAL)
+    settings = models.JSONField(default=dict, blank=True, help_text="Backend settings (no secrets: those come "
+                                "from the environment).")
+    enabled = models.BooleanField(default=True)
+
+    objects = GpuPoolQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.get_backend_display()})"
+
+
+class Node(models.Model):
+    pool = models.ForeignKey(GpuPool, on_delete=models.CASCADE, related_name="nodes")
+    hostname = models.CharField(max_length=120)
+    enabled = models.BooleanField(default=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["pool", "hostname"], name="node_unique_per_pool")]
+        ordering = ["pool", "hostname"]
+
+    def __str__(self) -> str:
+        return self.hostname
+
+
+class Gpu(models.Model):
+    """One physical device, so reservations and scheduling can lock real hardware."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    gpu_type = models.ForeignKey(GpuType, on_delete=models.PROTECT, related_name="gpus")
+    index = models.PositiveSmallIntegerField(help_text="Device index on the node (CUDA_VISIBLE_DEVICES).")
+    uuid = models.CharField(max_length=64, blank=True)
+    enabled = models.BooleanField(default=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["node", "index"], name="gpu_unique_index_per_node")]
+        ordering = ["node", "index"]
+
+    def __str__(self) -> str:
+        return f"{self.gpu_type} #{self.index} on {self.node}"

@@ -1,0 +1,144 @@
+"""The run state machine, result ingestion, retries, the reaper and materialised ranks."""
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from leaderboards import actions
+from leaderboards.models import Board, BoardEntry, InvalidTransition, Run, RunStatus
+
+from ..factories import UserFactory, ranked_result, submission
+
+pytestmark = pytest.mark.django_db
+
+
+def dispatch(run: Run) -> int:
+    run.refresh_from_db()
+    run.update_status(RunStatus.DISPATCHED, attempt=run.attempt + 1)
+    return run.attempt
+
+
+def finish(sub, means_public, means_secret=None, verdict="pass"):
+    for run in sub.runs.all():
+        attempt = dispatch(run)
+        means = means_secret if run.secret and means_secret is not None else means_public
+        assert actions.do_ingest_result(run.pk, attempt, ranked_result(means, verdict))
+
+
+def test_transitions_are_enforced(leaderboard):
+    run = submission(leaderboard).runs.first()
+    with pytest.raises(InvalidTransition):
+        run.update_status(RunStatus.RUNNING)
+    attempt = dispatch(run)
+    assert actions.do_mark_running(run.pk, attempt)
+    run.refresh_from_db()
+    assert run.status == RunStatus.RUNNING and run.started_at and run.dispatched_at and run.attempt == 1
+
+
+def test_ingest_scores_a_pass_and_ignores_stale_or_repeated_reports(leaderboard):
+    run = submission(leaderboard).runs.get(secret=False)
+    attempt = dispatch(run)
+    assert not actions.do_ingest_result(run.pk, attempt - 1, ranked_result([5000.0]))  # stale attempt
+    assert actions.do_ingest_result(run.pk, attempt, ranked_result([1000.0, 3000.0]))
+    assert not actions.do_ingest_result(run.pk, attempt, ranked_result([1.0]))  # repeated: counted once
+    run.refresh_from_db()
+    assert (run.status, run.passed, run.verdict) == (RunStatus.SUCCEEDED, True, "pass")
+    assert run.score == pytest.approx(3e-6)  # ranking_by=last
+    assert run.finished_at and run.status_deadline is None
+
+
+@pytest.mark.parametrize(("verdict", "status"), [("fail", RunStatus.FAILED), ("crash", RunStatus.FAILED),
+                                                  ("timeout", RunStatus.TIMED_OUT), ("hacked", RunStatus.HACKED),
+                                                  ("compile_error", RunStatus.FAILED)])
+def test_failing_verdicts_map_to_terminal_statuses_without_score(leaderboard, verdict, status):
+    run = submission(leaderboard).runs.get(secret=False)
+    actions.do_ingest_result(run.pk, dispatch(run), ranked_result([1000.0], verdict))
+    run.refresh_from_db()
+    assert (run.status, run.passed, run.score) == (status, False, None)
+    assert run.error
+
+
+def test_infrastructure_failures_retry_then_fail_with_reason(leaderboard, settings):
+    settings.RUN_MAX_ATTEMPTS = 2
+    run = submission(leaderboard).runs.get(secret=False)
+    assert actions.do_ingest_result(run.pk, dispatch(run), {"status": "error", "error": "node lost"})
+    run.refresh_from_db()
+    assert run.status == RunStatus.QUEUED and run.infra_failures == 1 and "node lost" in run.error
+    assert actions.do_report_failure(run.pk, dispatch(run), "disk full")
+    run.refresh_from_db()
+    assert run.status == RunStatus.ERROR and "gave up after 2" in run.error and "disk full" in run.error
+
+
+def test_reaper_retries_overdue_runs_in_every_active_state(leaderboard, settings):
+    settings.RUN_MAX_ATTEMPTS = 5
+    sub = submission(leaderboard)
+    queued, running = sub.runs.order_by("secret")
+    actions.do_mark_running(running.pk, dispatch(running))
+    later = timezone.now() + timedelta(hours=3)
+    assert actions.do_reap_overdue_runs(now=timezone.now()) == 0  # nothing overdue yet
+    assert actions.do_reap_overdue_runs(now=later) == 2
+    for run in (queued, running):
+        run.refresh_from_db()
+        assert run.status == RunStatus.QUEUED and run.infra_failures == 1
+    stale = running.attempt
+    assert not actions.do_ingest_result(running.pk, stale, ranked_result([1.0]))  # the lost worker's late report
+
+
+def test_ranks_need_public_and_secret_pass_and_use_the_slower(leaderboard, cpu_pool):
+    alice, bob, carol = UserFactory(), UserFactory(), UserFactory()
+    finish(submission(leaderboard, alice, code="a"), [1000.0], [1200.0])
+    finish(submission(leaderboard, bob, code="b"), [900.0], [1100.0])
+    finish(submission(leaderboard, carol, code="c"), [500.0], [500.0], verdict="pass")
+    carol_secret_fail = submission(leaderboard, carol, code="c2")
+    public, secret = carol_secret_fail.runs.order_by("secret")
+    actions.do_ingest_result(public.pk, dispatch(public), ranked_result([100.0]))
+    actions.do_ingest_result(secret.pk, dispatch(secret), ranked_result([100.0], "fail"))
+
+    assert actions.do_recompute_ranks(leaderboard.pk, cpu_pool.cpu.pk)
+    entries = list(BoardEntry.objects.for_board(leaderboard, cpu_pool.cpu))
+    assert [(e.user, e.rank, round(e.score * 1e9)) for e in entries] == [(carol, 1, 500), (bob, 2, 1100),
+                                                                          (alice, 3, 1200)]
+    board = Board.objects.get(leaderboard=leaderboard, gpu_type=cpu_pool.cpu)
+    assert board.version == 1
+    assert not actions.do_recompute_ranks(leaderboard.pk, cpu_pool.cpu.pk)  # idempotent: no change, no event
+    assert Board.objects.get(pk=board.pk).version == 1
+
+
+def test_rank_reads_are_one_query(leaderboard, cpu_pool):
+    for i in range(5):
+        finish(submission(leaderboard, code=str(i)), [1000.0 + i])
+    actions.do_recompute_ranks(leaderboard.pk, cpu_pool.cpu.pk)
+    with CaptureQueriesContext(connection) as queries:
+        rows = list(BoardEntry.objects.for_board(leaderboard, cpu_pool.cpu).select_related("user"))
+    assert len(rows) == 5 and len(queries) == 1
+
+
+def test_requeue_and_cancel_update_ranks(leaderboard, cpu_pool, django_capture_on_commit_callbacks, sync_queue,
+                                         monkeypatch):
+    monkeypatch.setattr("runners.tasks.dispatch_run", lambda run_id: None)  # keep the requeued run queued
+    sub = submission(leaderboard)
+    finish(sub, [1000.0])
+    actions.do_recompute_ranks(leaderboard.pk, cpu_pool.cpu.pk)
+    assert BoardEntry.objects.count() == 1
+    with django_capture_on_commit_callbacks(execute=True):
+        actions.do_requeue_run(sub.runs.get(secret=True))
+    assert BoardEntry.objects.count() == 0  # no longer both passed
+    run = sub.runs.get(secret=True)
+    assert run.status == RunStatus.QUEUED and run.score is None
+    assert actions.do_cancel_run(run)
+    assert not actions.do_cancel_run(run)  # already terminal
+    assert Run.objects.get(pk=run.pk).status == RunStatus.CANCELLED
+
+
+def test_rescore_applies_a_new_ranking_rule(leaderboard, cpu_pool):
+    finish(submission(leaderboard), [1000.0, 4000.0])
+    actions.do_recompute_ranks(leaderboard.pk, cpu_pool.cpu.pk)
+    assert BoardEntry.objects.get().score == pytest.approx(4e-6)
+    leaderboard.ranking_by = "geom"
+    leaderboard.save()
+    assert actions.do_rescore_leaderboard(leaderboard) == 2
+    actions.do_recompute_ranks(leaderboard.pk, cpu_pool.cpu.pk)
+    assert BoardEntry.objects.get().score == pytest.approx(2e-6)
