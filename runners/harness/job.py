@@ -1,0 +1,129 @@
+"""The job read from stdin: parsing, defaults and validation (see __main__ for the full contract)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import secrets
+from typing import Any
+
+from .sandbox import Limits
+
+MODES = ("test", "benchmark", "leaderboard", "profile")
+PROTOCOLS = ("kernelbot", "popcorn")
+LANGS = ("py", "cu")
+RANKINGS = ("last", "mean", "geom")
+Case = dict[str, int | str]
+
+
+class JobError(ValueError):
+    """The job itself is malformed (an infrastructure error, not the submission's fault)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    rel_ci: float = 0.01
+    min_samples: int = 10
+    max_samples: int = 1000
+    case_budget_s: float = 10.0
+    warmup_s: float = 0.2
+
+
+@dataclasses.dataclass(frozen=True)
+class Cuda:
+    sources: tuple[str, ...] = ()
+    include_dirs: tuple[str, ...] = ()
+    defines: dict[str, str] = dataclasses.field(default_factory=dict)
+    compile_flags: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class Job:
+    mode: str
+    workdir: str
+    protocol: str = "kernelbot"
+    lang: str = "py"
+    main: str = "eval.py"
+    tests: tuple[Case, ...] = ()
+    benchmarks: tuple[Case, ...] = ()
+    ranking_by: str = "last"
+    seed: int = 0  # secret: never printed, never passed to the child
+    multi_gpu: bool = False
+    gpus: tuple[str, ...] = ()
+    timeouts: dict[str, float] = dataclasses.field(default_factory=dict)
+    limits: dict[str, int] = dataclasses.field(default_factory=dict)
+    timing: Timing = Timing()
+    cuda: Cuda = Cuda()
+    nonce: str = ""  # echoed in the result so the caller can reject result lines forged by the child
+
+    def __repr__(self) -> str:  # keep the seed out of tracebacks and logs
+        return f"Job(mode={self.mode!r}, protocol={self.protocol!r}, workdir={self.workdir!r})"
+
+    def timeout(self, phase: str) -> float:
+        return float(self.timeouts.get(phase, 180.0))
+
+    def sandbox_limits(self) -> Limits:
+        total = sum(self.timeout(p) for p in ("test", "benchmark", "ranked")) + 60
+        fields = {f.name for f in dataclasses.fields(Limits)}
+        return Limits(wall_seconds=total, **{k: v for k, v in self.limits.items() if k in fields})
+
+    @property
+    def ranked_cases(self) -> tuple[Case, ...]:
+        return self.benchmarks[-1:] if self.ranking_by == "last" else self.benchmarks
+
+
+def _choice(raw: dict, key: str, allowed: tuple[str, ...], default: str) -> str:
+    value = raw.get(key, default)
+    if value not in allowed:
+        raise JobError(f"{key} must be one of {', '.join(allowed)}, got {value!r}")
+    return value
+
+
+def _cases(raw: dict, key: str) -> tuple[Case, ...]:
+    cases = raw.get(key) or []
+    if not isinstance(cases, list) or not all(
+        isinstance(c, dict) and all(isinstance(v, (int, str)) for v in c.values()) for c in cases
+    ):
+        raise JobError(f"{key} must be a list of objects with int/str values")
+    return tuple(dict(c) for c in cases)
+
+
+def parse_job(raw: Any) -> Job:
+    if not isinstance(raw, dict):
+        raise JobError("the job must be a JSON object")
+    for key in ("mode", "workdir"):
+        if key not in raw:
+            raise JobError(f"missing required key {key!r}")
+    workdir = raw["workdir"]
+    if not isinstance(workdir, str) or not os.path.isabs(workdir) or not os.path.isdir(workdir):
+        raise JobError(f"workdir must be an existing absolute directory, got {workdir!r}")
+    seed = raw.get("seed")
+    if seed is None:
+        seed = secrets.randbits(63)
+    if not isinstance(seed, int):
+        raise JobError("seed must be an integer")
+    timing_keys = {f.name for f in dataclasses.fields(Timing)}
+    timing = {k: v for k, v in (raw.get("timing") or {}).items() if k in timing_keys}
+    cuda = raw.get("cuda") or {}
+    return Job(
+        mode=_choice(raw, "mode", MODES, "test"),
+        workdir=workdir,
+        protocol=_choice(raw, "protocol", PROTOCOLS, "kernelbot"),
+        lang=_choice(raw, "lang", LANGS, "py"),
+        main=str(raw.get("main") or "eval.py"),
+        tests=_cases(raw, "tests"),
+        benchmarks=_cases(raw, "benchmarks"),
+        ranking_by=_choice(raw, "ranking_by", RANKINGS, "last"),
+        seed=seed,
+        multi_gpu=bool(raw.get("multi_gpu", False)),
+        gpus=tuple(str(g) for g in raw.get("gpus") or ()),
+        timeouts={k: float(v) for k, v in (raw.get("timeouts") or {}).items()},
+        limits={k: int(v) for k, v in (raw.get("limits") or {}).items()},
+        timing=Timing(**timing),
+        cuda=Cuda(
+            sources=tuple(cuda.get("sources") or ()), include_dirs=tuple(cuda.get("include_dirs") or ()),
+            defines={str(k): str(v) for k, v in (cuda.get("defines") or {}).items()},
+            compile_flags=tuple(cuda.get("compile_flags") or ()),
+        ),
+        nonce=str(raw.get("nonce") or ""),
+    )

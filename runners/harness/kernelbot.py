@@ -1,0 +1,346 @@
+"""The kernelbot protocol: a trusted parent (this module) and an untrusted child (`child.py`, sandboxed).
+
+The parent owns the secret seed, generates every input from per-call seeds the child never learns, keeps
+the pristine inputs, runs the reference checker on every output (timed calls included), computes the
+statistics and decides the verdict. The child only ever holds the inputs of the call at hand.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import select
+import shutil
+import sys
+import threading
+import time
+from typing import Any
+
+import torch
+
+from . import child as child_module
+from . import stats
+from .job import Case, Job
+from .problem import OutputError, Problem, clone, derive_seed, format_spec, load_output, serialize
+from .result import CaseResult, Emitter, Result, tail
+from .sandbox import Outcome, Sandbox
+
+CHILD_SCRIPT = "_harness_child.py"
+MAX_HEADER = 1 << 20
+MIN_PAYLOAD_CAP = 64 << 20
+PROFILE_CALLS = 5
+
+
+class Stop(Exception):
+    """Ends the run with a verdict (the submission's fault, not the harness's)."""
+
+    def __init__(self, verdict: str, message: str):
+        super().__init__(message)
+        self.verdict, self.message = verdict, message
+
+
+class ChildSession:
+    """One sandboxed child process and the two pipes to it. Every read has a deadline and a size cap."""
+
+    def __init__(self, job: Job):
+        self.job = job
+        script = os.path.join(job.workdir, CHILD_SCRIPT)
+        shutil.copyfile(child_module.__file__, script)
+        os.chmod(script, 0o644)
+        cmd_r, self.cmd_w = os.pipe()
+        self.res_r, res_w = os.pipe()
+        os.set_blocking(self.cmd_w, False)
+        env = {"PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1"}
+        argv = [sys.executable, CHILD_SCRIPT, str(cmd_r), str(res_w)]
+        sandbox = Sandbox(job.workdir, job.sandbox_limits(), devices=list(job.gpus) if job.gpus else None)
+        self.description = sandbox.describe()
+        self.proc = sandbox.start(argv, env=env, pass_fds=(cmd_r, res_w))
+        os.close(cmd_r)
+        os.close(res_w)
+        self.buf = bytearray()
+        self.next_id = 0
+        self.outcome: Outcome | None = None
+        self.closed = False
+        # wait() drains the child's stdout/stderr; run it alongside so a chatty child never blocks.
+        self.waiter = threading.Thread(target=self._wait, daemon=True)
+        self.waiter.start()
+
+    def _wait(self) -> None:
+        self.outcome = self.proc.wait()
+
+    def close(self, grace_s: float = 5.0) -> Outcome:
+        if not self.closed:
+            self.closed = True
+            with contextlib.suppress(Stop):
+                self.send("exit", b"", time.monotonic() + 1)
+            os.close(self.cmd_w)
+            os.close(self.res_r)
+        self.waiter.join(grace_s)
+        if self.waiter.is_alive():
+            self.proc.kill()
+            self.waiter.join()
+        assert self.outcome is not None
+        return self.outcome
+
+    def kill(self) -> None:
+        self.proc.kill()
+
+    # -- raw I/O -------------------------------------------------------------------------------------
+    def _write(self, data: bytes, deadline: float) -> None:
+        view = memoryview(data)
+        while view:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([], [self.cmd_w], [], left)[1]:
+                raise Stop("timeout", "")
+            try:
+                view = view[os.write(self.cmd_w, view[: 1 << 16]):]
+            except BlockingIOError:
+                continue
+            except (BrokenPipeError, OSError):
+                raise Stop("crash", "") from None
+
+    def _fill(self, n: int, deadline: float) -> bytes:
+        while len(self.buf) < n:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.res_r], [], [], left)[0]:
+                raise Stop("timeout", "")
+            chunk = os.read(self.res_r, 1 << 20)
+            if not chunk:
+                raise Stop("crash", "")
+            self.buf += chunk
+        data = bytes(self.buf[:n])
+        del self.buf[:n]
+        return data
+
+    def recv(self, deadline: float, payload_cap: int) -> tuple[dict[str, Any], bytes]:
+        hlen, plen = child_module.FRAME.unpack(self._fill(child_module.FRAME.size, deadline))
+        if hlen > MAX_HEADER or plen > payload_cap:
+            raise Stop("hacked", f"protocol violation: oversized frame ({hlen} + {plen} bytes)")
+        try:
+            header = json.loads(self._fill(hlen, deadline))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise Stop("hacked", "protocol violation: undecodable frame from the child") from None
+        if not isinstance(header, dict) or not isinstance(header.get("op"), str):
+            raise Stop("hacked", "protocol violation: malformed frame from the child")
+        return header, self._fill(plen, deadline)
+
+    def send(self, op: str, payload: bytes, deadline: float, **extra: Any) -> int:
+        self.next_id += 1
+        blob = json.dumps({"op": op, "id": self.next_id, **extra}).encode()
+        self._write(child_module.FRAME.pack(len(blob), len(payload)) + blob + payload, deadline)
+        return self.next_id
+
+    def expect(self, op: str, rid: int | None, deadline: float, cap: int) -> tuple[dict[str, Any], bytes]:
+        header, payload = self.recv(deadline, cap)
+        if header["op"] == "error":
+            kind, message = str(header.get("kind")), str(header.get("message", ""))[:4000]
+            if kind in ("threads", "tamper"):
+                raise Stop("hacked", message)
+            prefix = {"import": "the submission could not be imported", "kernel": "custom_kernel raised",
+                      "output": "invalid output"}.get(kind, "the submission failed")
+            raise Stop("fail", f"{prefix}: {message}")
+        if header["op"] != op or header.get("id") != rid:
+            raise Stop("hacked", f"protocol violation: expected {op!r} for call {rid}, got {header['op']!r}")
+        return header, payload
+
+
+class KernelbotRun:
+    def __init__(self, job: Job, emitter: Emitter):
+        self.job, self.emit = job, emitter
+        self.result = Result(mode=job.mode, protocol="kernelbot")
+        self.problem: Problem | None = None
+        self.session: ChildSession | None = None
+        self.phase = "test"
+        self.deadline = 0.0
+
+    # -- plumbing --------------------------------------------------------------------------------------
+    def start_phase(self, phase: str) -> None:
+        self.phase = phase
+        self.deadline = time.monotonic() + self.job.timeout("test" if phase == "profile" else phase)
+
+    def _payload_cap(self, payload: bytes) -> int:
+        return max(MIN_PAYLOAD_CAP, 8 * len(payload))
+
+    def _decode(self, payload: bytes, data: Any) -> Any:
+        assert self.problem is not None
+        try:
+            return load_output(payload, self.problem.expects_sequence(data))
+        except OutputError as exc:
+            raise Stop("fail", str(exc)) from None
+
+    def call(self, data: Any) -> Any:
+        assert self.session is not None
+        payload = serialize(data)
+        rid = self.session.send("call", payload, self.deadline)
+        _, out = self.session.expect("output", rid, self.deadline, self._payload_cap(payload))
+        return self._decode(out, data)
+
+    def timed_call(self, data: Any) -> tuple[int, int, Any]:
+        """(reported ns, watched wall ns, output). The wall covers sending inputs to receiving the output."""
+        assert self.session is not None
+        payload = serialize(data)
+        cap = self._payload_cap(payload)
+        t0 = time.perf_counter_ns()
+        rid = self.session.send("time", payload, self.deadline)
+        header, _ = self.session.expect("sample", rid, self.deadline, 0)
+        _, out = self.session.expect("output", rid, self.deadline, cap)
+        wall = time.perf_counter_ns() - t0
+        ns = header.get("ns")
+        if not isinstance(ns, int) or isinstance(ns, bool):
+            raise Stop("hacked", "protocol violation: a sample that is not an integer")
+        return ns, wall, self._decode(out, data)
+
+    def checked(self, spec: str, data: Any, output: Any) -> None:
+        assert self.problem is not None
+        ok, message = self.problem.check(data, output)
+        if not ok:
+            raise Stop("fail", f"wrong output for {spec}: {message}")
+
+    def overhead_ns(self, data: Any) -> float:
+        """The parent's estimate of one call's (de)serialisation cost, measured on trusted data."""
+        assert self.problem is not None
+        expected = self.problem.ref_kernel(clone(data))
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter_ns()
+            torch.load(io.BytesIO(serialize(data)), weights_only=True)
+            torch.load(io.BytesIO(serialize(expected)), weights_only=True)
+            best = min(best, time.perf_counter_ns() - t0)
+        return best
+
+    # -- phases ------------------------------------------------------------------------------------------
+    def seed(self, phase: str, i: int, k: int, case: Case) -> int:
+        return derive_seed(self.job.seed, phase, i, k, case.get("seed"))
+
+    def run_tests(self) -> None:
+        assert self.problem is not None
+        self.start_phase("test")
+        tests = self.job.tests
+        for i, case in enumerate(tests):
+            spec = format_spec(case)
+            data = self.problem.generate(case, self.seed("test", i, 0, case))
+            output = self.call(data)
+            ok, message = self.problem.check(data, output)
+            self.result.tests.append(CaseResult(spec, "pass" if ok else "fail", message))
+            if not ok:
+                self.result.fail("fail", f"test {i} ({spec}) failed: {message}")
+            self.emit.progress("test", i + 1, len(tests))
+
+    def run_timed(self, phase: str, cases: tuple[Case, ...]) -> list[CaseResult]:
+        assert self.problem is not None
+        self.start_phase(phase)
+        results: list[CaseResult] = []
+        timing = self.job.timing
+        for i, case in enumerate(cases):
+            spec = format_spec(case)
+            gen = self.problem.generate
+            data = gen(case, self.seed(phase, i, 0, case))
+            self.checked(spec, data, self.call(data))
+            overhead = self.overhead_ns(data)
+            k, t_end = 1, time.monotonic() + timing.warmup_s
+            while k == 1 or time.monotonic() < t_end:
+                data = gen(case, self.seed(phase, i, k, case))
+                self.checked(spec, data, self.timed_call(data)[2])
+                k += 1
+            samples: list[float] = []
+            walls: list[float] = []
+            started = time.monotonic()
+            reason = None
+            while reason is None:
+                data = gen(case, self.seed(phase, i, k, case))
+                ns, wall, output = self.timed_call(data)
+                self.checked(spec, data, output)
+                samples.append(ns)
+                walls.append(wall)
+                k += 1
+                reason = stats.stop_reason(
+                    samples, time.monotonic() - started, rel_ci=timing.rel_ci, min_samples=timing.min_samples,
+                    max_samples=timing.max_samples, budget_s=timing.case_budget_s,
+                )
+            if problem := stats.implausible(samples, walls, overhead):
+                raise Stop("hacked", f"{phase} {spec}: {problem}")
+            results.append(CaseResult(spec, "pass", "", stats.summarize(samples), reason, int(sum(walls))))
+            self.emit.progress(phase, i + 1, len(cases))
+        return results
+
+    def run_profile(self) -> None:
+        assert self.problem is not None and self.session is not None
+        self.start_phase("profile")
+        cases = self.job.benchmarks or self.job.tests
+        if not cases:
+            raise Stop("fail", "nothing to profile: the job has no benchmarks or tests")
+        case = cases[-1]
+        data = self.problem.generate(case, self.seed("profile", 0, 0, case))
+        payload = serialize(data)
+        rid = self.session.send("profile", payload, self.deadline, calls=PROFILE_CALLS)
+        header, _ = self.session.expect("profile", rid, self.deadline, 0)
+        _, out = self.session.expect("output", rid, self.deadline, self._payload_cap(payload))
+        self.checked(format_spec(case), data, self._decode(out, data))
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.result.extra["profile"] = str(header.get("report", ""))[:64000]
+        self.result.extra["profiler"] = (
+            f"torch.profiler ({device}); report produced inside the sandbox, informational only"
+            + ("" if device == "cuda" else "; no GPU profiler (nsys/ncu) is available on this machine")
+        )
+        self.result.flags.append(f"profile:torch-{device}")
+
+    def run(self) -> Result:
+        job = self.job
+        result = self.result
+        torch.set_num_threads(1)  # the parent's checks must not compete with the child for CPUs
+        if not torch.cuda.is_available():
+            result.flags.append("cpu-timing:no-l2-flush")
+        self.problem = Problem(job.workdir)
+        try:
+            self.start_phase("test")
+            self.session = ChildSession(job)
+            self.session.expect("hello", None, self.deadline, 0)
+            if job.mode == "profile":
+                self.run_profile()
+            if job.mode in ("test", "leaderboard"):
+                self.run_tests()
+            if job.mode in ("benchmark", "leaderboard") and result.verdict == "pass":
+                result.benchmarks = self.run_timed("benchmark", job.benchmarks)
+            if job.mode == "leaderboard" and result.verdict == "pass":
+                result.ranked = self.run_timed("ranked", job.ranked_cases)
+                means = [c.timing.mean for c in result.ranked if c.timing]
+                result.extra["score"] = stats.score(means, job.ranking_by)
+                result.extra["ranking_by"] = job.ranking_by
+        except Stop as stop:
+            self.stopped(stop)
+        finally:
+            self.problem.close()
+            if self.session is not None:
+                outcome = self.session.close()
+                result.stdout, result.stderr = outcome.stdout, outcome.stderr
+                result.sandbox = self.session.description
+                if outcome.timed_out and result.verdict == "pass":
+                    result.fail("timeout", f"the sandbox wall-time limit was exceeded ({outcome.reason})")
+        return result
+
+    def stopped(self, stop: Stop) -> None:
+        result, phase = self.result, self.phase
+        if stop.verdict == "timeout":
+            assert self.session is not None
+            self.session.kill()
+            limit = self.job.timeout("test" if phase == "profile" else phase)
+            result.fail("timeout", f"timed out in the {phase} phase (limit {limit:g} s)")
+        elif stop.verdict == "crash":
+            assert self.session is not None
+            outcome = self.session.close()
+            how = outcome.reason or f"exit code {outcome.returncode}"
+            if outcome.timed_out:
+                result.fail("timeout", f"timed out in the {phase} phase ({outcome.reason})")
+            else:
+                result.fail("crash", f"the submission's process ended during the {phase} phase ({how}):\n"
+                            f"{tail(outcome.stderr)}")
+        else:
+            if self.session is not None:
+                self.session.kill()
+            result.fail(stop.verdict, stop.message)
+
+
+def run(job: Job, emitter: Emitter) -> Result:
+    return KernelbotRun(job, emitter).run()

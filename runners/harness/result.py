@@ -1,0 +1,125 @@
+"""The result document (the last JSON line the harness prints) and the bits every protocol shares."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import platform
+import sys
+from typing import IO, Any
+
+from . import sandbox
+from .stats import Summary
+
+VERDICTS = ("pass", "fail", "compile_error", "crash", "timeout", "hacked")
+OUTPUT_CAP = 16 << 10  # characters of child stdout/stderr kept in the result
+
+
+def cap(text: str, limit: int = OUTPUT_CAP) -> str:
+    if len(text) <= limit:
+        return text
+    return text[: limit // 2] + "\n[... truncated ...]\n" + text[-limit // 2 :]
+
+
+def tail(text: str, lines: int = 20) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def system_info(sandbox_description: dict[str, Any] | None = None) -> dict[str, Any]:
+    info: dict[str, Any] = {"python": sys.version.split()[0], "platform": platform.platform(),
+                            "sandbox": sandbox_description or sandbox.describe()}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    except Exception as exc:  # torch missing or broken: still report what we can
+        info["torch"], info["device"] = f"unavailable: {exc}", "cpu"
+    info["cpu"] = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            info["cpu"] = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return info
+
+
+@dataclasses.dataclass
+class CaseResult:
+    spec: str
+    status: str = "pass"
+    message: str = ""
+    timing: Summary | None = None
+    stop_reason: str = ""
+    wall_ns: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"spec": self.spec, "status": self.status, "message": self.message}
+        if self.timing is not None:
+            d.update(dataclasses.asdict(self.timing))
+            d.update(stop_reason=self.stop_reason, wall_ns=self.wall_ns)
+        return d
+
+
+@dataclasses.dataclass
+class Result:
+    mode: str
+    protocol: str
+    verdict: str = "pass"
+    error: str = ""
+    status: str = "ok"
+    tests: list[CaseResult] = dataclasses.field(default_factory=list)
+    benchmarks: list[CaseResult] = dataclasses.field(default_factory=list)
+    ranked: list[CaseResult] = dataclasses.field(default_factory=list)
+    stdout: str = ""
+    stderr: str = ""
+    flags: list[str] = dataclasses.field(default_factory=list)
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+    sandbox: dict[str, Any] | None = None
+
+    def fail(self, verdict: str, error: str) -> Result:
+        """Record the first non-pass verdict (later ones are consequences of it)."""
+        assert verdict in VERDICTS
+        if self.verdict == "pass":
+            self.verdict, self.error = verdict, error
+        return self
+
+    def as_dict(self, nonce: str = "") -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "event": "result", "status": self.status, "verdict": self.verdict,
+            "passed": self.status == "ok" and self.verdict == "pass", "error": self.error,
+            "mode": self.mode, "protocol": self.protocol,
+            "tests": [c.as_dict() for c in self.tests],
+            "benchmarks": [c.as_dict() for c in self.benchmarks],
+            "ranked": [c.as_dict() for c in self.ranked],
+            "system": system_info(self.sandbox), "stdout": cap(self.stdout), "stderr": cap(self.stderr),
+            "flags": self.flags, **self.extra,
+        }
+        if nonce:
+            d["nonce"] = nonce
+        return d
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+class Emitter:
+    """Writes the JSON-lines protocol on the harness's own stdout."""
+
+    def __init__(self, stream: IO[str]):
+        self.stream = stream
+
+    def line(self, obj: dict[str, Any]) -> None:
+        self.stream.write(json.dumps(_finite(obj), allow_nan=False, default=str) + "\n")
+        self.stream.flush()
+
+    def progress(self, phase: str, done: int, total: int) -> None:
+        self.line({"event": "progress", "phase": phase, "done": done, "total": total})
