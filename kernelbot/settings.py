@@ -154,9 +154,19 @@ HARNESS_PYTHON = os.environ.get("KERNELBOT_HARNESS_PYTHON", "")
 MAX_SUBMISSION_BYTES = int(os.environ.get("KERNELBOT_MAX_SUBMISSION_BYTES", str(1024 * 1024)))
 # Seconds a run may sit in each non-terminal state before the reaper retries or fails it.
 RUN_STATE_DEADLINES = {
-    "queued": int(os.environ.get("KERNELBOT_QUEUED_DEADLINE", "3600")),
+    "queued": int(os.environ.get("KERNELBOT_QUEUED_DEADLINE", "300")),
     "dispatched": int(os.environ.get("KERNELBOT_DISPATCHED_DEADLINE", "600")),
     "running": int(os.environ.get("KERNELBOT_RUNNING_DEADLINE", "1800")),
 }
+# A queued run is re-sent to the broker at each queued deadline, and failed after this long.
+RUN_MAX_QUEUED_SECONDS = int(os.environ.get("KERNELBOT_MAX_QUEUED_SECONDS", str(24 * 3600)))
 # Infrastructure failures retried before a run is failed with a reason.
 RUN_MAX_ATTEMPTS = int(os.environ.get("KERNELBOT_RUN_MAX_ATTEMPTS", "3"))
+# Harness timing: stop at a 95 % CI within REL_CI of the mean, within sample and time budgets per case.
+HARNESS_TIMING = {
+    "rel_ci": float(os.environ.get("KERNELBOT_REL_CI", "0.01")),
+    "min_samples": int(os.environ.get("KERNELBOT_MIN_SAMPLES", "10")),
+    "max_samples": int(os.environ.get("KERNELBOT_MAX_SAMPLES", "1000")),
+    "case_budget_s": float(os.environ.get("KERNELBOT_CASE_BUDGET_S", "10")),
+    "warmup_s": float(os.environ.get("KERNELBOT_WARMUP_S", "0.2")),
+}

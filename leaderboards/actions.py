@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -191,11 +192,22 @@ def do_reap_overdue_runs(now=None) -> int:
             if run.is_terminal or run.status_deadline is None or run.status_deadline >= (now or timezone.now()):
                 continue
             if run.status == RunStatus.QUEUED:
-                _infrastructure_failure(run, "no runner picked the run up before its deadline")
+                _requeue_lost(run, now or timezone.now())
             else:
                 _infrastructure_failure(run, f"the runner did not report back while {run.status}")
             reaped += 1
     return reaped
+
+
+def _requeue_lost(run: Run, now) -> None:
+    """A queued run past its deadline may have lost its broker message: send another (dispatch is
+    idempotent, so a duplicate is harmless). Waiting is not the user's fault, so it is not charged."""
+    if now - run.queued_at > timedelta(seconds=settings.RUN_MAX_QUEUED_SECONDS):
+        run.update_status(RunStatus.ERROR, error=f"no runner picked the run up within "
+                          f"{settings.RUN_MAX_QUEUED_SECONDS // 3600} h")
+        return
+    run.update_status(RunStatus.QUEUED)
+    enqueue_on_commit("runners.tasks.dispatch_run", run.pk)
 
 
 def do_requeue_run(run: Run, reason: str = "requeued by an organiser") -> None:

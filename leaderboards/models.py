@@ -110,12 +110,12 @@ class Code(models.Model):
     sha256 = models.CharField(max_length=64, unique=True)
     text = models.TextField()
 
+    def __str__(self) -> str:
+        return self.sha256[:12]
+
     @staticmethod
     def digest(text: str) -> str:
         return hashlib.sha256(text.encode()).hexdigest()
-
-    def __str__(self) -> str:
-        return self.sha256[:12]
 
 
 class SubmissionMode(models.TextChoices):
@@ -243,11 +243,11 @@ class Run(models.Model):
         Call inside a transaction holding a row lock (see actions)."""
         if status not in TRANSITIONS[self.status]:
             raise InvalidTransition(f"run {self.pk}: {self.status} → {status} is not allowed")
-        now = timezone.now()
+        now, previous = timezone.now(), self.status
         self.status = status
         for name, value in fields.items():
             setattr(self, name, value)
-        if status in TIMESTAMP_FIELD:
+        if status in TIMESTAMP_FIELD and status != previous:
             setattr(self, TIMESTAMP_FIELD[status], now)
         if status == RunStatus.QUEUED:
             self.dispatched_at = self.started_at = self.finished_at = None

@@ -5,9 +5,10 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from django.conf import settings
+
 from leaderboards.models import Run, SubmissionMode
 
-DEFAULT_TIMING = {"rel_ci": 0.01, "min_samples": 10, "max_samples": 1000, "case_budget_s": 10, "warmup_s": 0.2}
 DEFAULT_LIMITS = {"memory_bytes": 16 << 30, "cpu_seconds": 3600, "processes": 256,
                   "file_size_bytes": 256 << 20, "output_bytes": 64 << 10}
 
@@ -47,7 +48,7 @@ def harness_job(run: Run, workdir: Path, devices: list[str]) -> dict:
         "timeouts": {"test": definition["test_timeout"], "benchmark": definition["benchmark_timeout"],
                      "ranked": definition["ranked_timeout"]},
         "limits": DEFAULT_LIMITS,
-        "timing": DEFAULT_TIMING,
+        "timing": settings.HARNESS_TIMING,
         "cuda": definition.get("config", {}) if definition["lang"] == "cu" else {},
     }
 

@@ -80,11 +80,14 @@ def test_reaper_retries_overdue_runs_in_every_active_state(leaderboard, settings
     later = timezone.now() + timedelta(hours=3)
     assert actions.do_reap_overdue_runs(now=timezone.now()) == 0  # nothing overdue yet
     assert actions.do_reap_overdue_runs(now=later) == 2
-    for run in (queued, running):
-        run.refresh_from_db()
-        assert run.status == RunStatus.QUEUED and run.infra_failures == 1
-    stale = running.attempt
-    assert not actions.do_ingest_result(running.pk, stale, ranked_result([1.0]))  # the lost worker's late report
+    queued.refresh_from_db()
+    running.refresh_from_db()
+    assert queued.status == RunStatus.QUEUED and queued.infra_failures == 0  # re-sent, waiting isn't charged
+    assert running.status == RunStatus.QUEUED and running.infra_failures == 1
+    assert not actions.do_ingest_result(running.pk, running.attempt, ranked_result([1.0]))  # lost worker's report
+    assert actions.do_reap_overdue_runs(now=timezone.now() + timedelta(days=2)) == 2
+    queued.refresh_from_db()
+    assert queued.status == RunStatus.ERROR and "within 24 h" in queued.error
 
 
 def test_ranks_need_public_and_secret_pass_and_use_the_slower(leaderboard, cpu_pool):

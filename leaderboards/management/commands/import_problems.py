@@ -1,4 +1,4 @@
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from django.conf import settings
@@ -28,7 +28,7 @@ class Command(BaseCommand):
         if not target.exists():
             raise CommandError(f"{path}: no such file or directory")
         if deadline and deadline.tzinfo is None:
-            deadline = deadline.replace(tzinfo=timezone.utc)
+            deadline = deadline.replace(tzinfo=UTC)
         try:
             if target.is_dir():
                 report = do_import_task(load_task(target), leaderboard=leaderboard, deadline=deadline, gpus=gpus,

@@ -1,0 +1,57 @@
+"""Submissions through the queue, the local backend and the real harness, end to end."""
+
+import pytest
+
+from leaderboards.actions import check_submission, do_submit
+from leaderboards.models import BoardEntry, RunStatus
+
+from ..conftest import REPO
+from ..factories import UserFactory
+
+SOLUTIONS = REPO / "problems" / "demo" / "vectoradd_py" / "solutions"
+pytestmark = [pytest.mark.django_db, pytest.mark.slow]
+
+
+@pytest.fixture(autouse=True)
+def quick_timing(settings):
+    settings.HARNESS_TIMING = {**settings.HARNESS_TIMING, "rel_ci": 0.05, "case_budget_s": 1, "max_samples": 200}
+
+
+def run_submission(leaderboard, solution: str, mode: str, capture, user=None):
+    user = user or UserFactory()
+    request = check_submission(user, leaderboard.name, ["CPU"], mode, f"{solution}.py",
+                               (SOLUTIONS / f"{solution}.py").read_bytes())
+    with capture(execute=True):
+        submission = do_submit(user, request)
+    return submission, list(submission.runs.order_by("secret"))
+
+
+def test_correct_kernel_is_tested_timed_scored_and_ranked(leaderboard, sync_queue,
+                                                          django_capture_on_commit_callbacks):
+    submission, runs = run_submission(leaderboard, "fast", "leaderboard", django_capture_on_commit_callbacks)
+    for run in runs:
+        assert run.status == RunStatus.SUCCEEDED, (run.verdict, run.error)
+        assert run.passed and run.score > 0 and run.attempt == 1
+        assert run.started_at and run.dispatched_at <= run.started_at <= run.finished_at
+        assert run.result["tests"] and all(t["status"] == "pass" for t in run.result["tests"])
+        assert run.result["ranked"][-1]["runs"] >= 2
+        assert run.system_info["sandbox"]
+    entry = BoardEntry.objects.get(leaderboard=leaderboard)
+    assert entry.rank == 1 and entry.submission == submission
+    assert entry.score == pytest.approx(max(run.score for run in runs))
+
+
+def test_wrong_kernel_fails_with_the_checkers_message_and_is_not_ranked(leaderboard, sync_queue,
+                                                                        django_capture_on_commit_callbacks):
+    _, runs = run_submission(leaderboard, "wrong", "test", django_capture_on_commit_callbacks)
+    (run,) = runs
+    assert run.status == RunStatus.FAILED and run.passed is False and run.score is None
+    failed = [t for t in run.result["tests"] if t["status"] == "fail"]
+    assert failed and failed[0]["message"]
+    assert not BoardEntry.objects.exists()
+
+
+def test_run_working_directories_are_removed(leaderboard, sync_queue, settings,
+                                             django_capture_on_commit_callbacks):
+    run_submission(leaderboard, "correct", "test", django_capture_on_commit_callbacks)
+    assert not [p for p in settings.RUNS_DIR.iterdir() if p.name.startswith("run-")]

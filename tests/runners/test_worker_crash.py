@@ -1,0 +1,70 @@
+"""A real django-q2 cluster is killed with SIGKILL in the middle of a batch: nothing is lost or counted twice."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+import pytest
+from django.conf import settings
+from django.utils import timezone
+
+from leaderboards.actions import check_submission, do_reap_overdue_runs, do_submit
+from leaderboards.models import Run, RunStatus
+
+from ..conftest import REPO
+from ..factories import UserFactory
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+CODE = (REPO / "problems" / "demo" / "vectoradd_py" / "solutions" / "correct.py").read_bytes()
+
+
+def start_cluster(tmp_path) -> subprocess.Popen:
+    db = settings.DATABASES["default"]
+    env = {**os.environ, "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+           "KERNELBOT_RUNS_DIR": str(tmp_path / "runs"), "Q_WORKERS": "2", "KERNELBOT_CASE_BUDGET_S": "0.5"}
+    return subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=REPO, env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}: {list(Run.objects.values_list('status', flat=True))}")
+
+
+def test_killed_worker_loses_no_run_and_counts_none_twice(postgres, leaderboard, tmp_path):
+    user = UserFactory()
+    for i in range(4):
+        do_submit(user, check_submission(user, leaderboard.name, ["CPU"], "test", f"k{i}.py",
+                                         CODE + f"\n# {i}\n".encode()))
+    cluster = start_cluster(tmp_path)
+    try:
+        wait_for(lambda: Run.objects.filter(status=RunStatus.RUNNING).exists(), 120, "a running run")
+    finally:
+        os.killpg(cluster.pid, signal.SIGKILL)
+        cluster.wait()
+    interrupted = set(Run.objects.filter(status__in=[RunStatus.DISPATCHED, RunStatus.RUNNING])
+                      .values_list("pk", flat=True))
+    assert interrupted, "the kill should have caught at least one run mid-flight"
+
+    # The scheduled reaper finds them once their state deadline has passed and retries them.
+    assert do_reap_overdue_runs(now=timezone.now() + timedelta(minutes=20)) >= len(interrupted)
+    cluster = start_cluster(tmp_path)
+    try:
+        wait_for(lambda: not Run.objects.active().exists(), 240, "all runs to finish")
+    finally:
+        os.killpg(cluster.pid, signal.SIGKILL)
+        cluster.wait()
+    runs = list(Run.objects.all())
+    assert len(runs) == 4
+    assert all(run.status == RunStatus.SUCCEEDED and run.passed for run in runs), \
+        [(r.pk, r.status, r.error) for r in runs]
+    for run in runs:
+        assert run.infra_failures == (1 if run.pk in interrupted else 0)
+        assert run.attempt == run.infra_failures + 1
