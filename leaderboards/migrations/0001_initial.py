@@ -2,9 +2,10 @@
 
 import django.db.models.deletion
 import django.utils.timezone
-import leaderboards.models
 from django.conf import settings
 from django.db import migrations, models
+
+import leaderboards.models
 
 
 class Migration(migrations.Migration):
