@@ -4,9 +4,10 @@ import pytest
 
 from leaderboards.actions import check_submission, do_submit
 from leaderboards.models import BoardEntry, RunStatus
+from leaderboards.taskfile import load_task
 
 from ..conftest import REPO
-from ..factories import UserFactory
+from ..factories import LeaderboardFactory, UserFactory, problem_from
 
 SOLUTIONS = REPO / "problems" / "demo" / "vectoradd_py" / "solutions"
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
@@ -55,3 +56,14 @@ def test_run_working_directories_are_removed(leaderboard, sync_queue, settings,
                                              django_capture_on_commit_callbacks):
     run_submission(leaderboard, "correct", "test", django_capture_on_commit_callbacks)
     assert not [p for p in settings.RUNS_DIR.iterdir() if p.name.startswith("run-")]
+
+
+def test_problem_with_its_own_eval_py_runs_under_the_popcorn_protocol(db, cpu_pool, sync_queue,
+                                                                     django_capture_on_commit_callbacks):
+    task = load_task(REPO / "problems" / "demo" / "vectoradd_eval_py")
+    board = LeaderboardFactory(problem=problem_from(task, harness="popcorn"), gpu_types=[cpu_pool.cpu])
+    _, runs = run_submission(board, "correct", "leaderboard", django_capture_on_commit_callbacks)
+    assert [run.status for run in runs] == [RunStatus.SUCCEEDED] * 2, [(r.verdict, r.error) for r in runs]
+    assert all(run.result["protocol"] == "popcorn" and run.score > 0 for run in runs)
+    _, (wrong,) = run_submission(board, "wrong", "test", django_capture_on_commit_callbacks)
+    assert wrong.status == RunStatus.FAILED and wrong.result["tests"][0]["status"] == "fail"
