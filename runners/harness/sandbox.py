@@ -37,6 +37,7 @@ double-forked, setsid'd descendants. The rlimits-only fallback can only kill the
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -99,10 +100,13 @@ def _privileged() -> bool:
 
 @functools.cache
 def _bwrap_error(bwrap: str, privileged: bool) -> str:
-    """"" if bubblewrap can build our namespaces here, else why not (probed once per process)."""
+    """ "" if bubblewrap can build our namespaces here, else why not (probed once per process)."""
     argv = [bwrap, *_namespace_args(privileged), "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
-    argv += ["--", *(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"] if privileged else []),
-             "true"]
+    argv += [
+        "--",
+        *(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"] if privileged else []),
+        "true",
+    ]
     try:
         r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=30, env={"PATH": os.defpath})
     except (OSError, subprocess.TimeoutExpired) as e:
@@ -111,18 +115,34 @@ def _bwrap_error(bwrap: str, privileged: bool) -> str:
 
 
 def _namespace_args(privileged: bool) -> list[str]:
-    args = ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-            "--die-with-parent", "--new-session", "--hostname", "sandbox"]
+    args = [
+        "--unshare-net",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--die-with-parent",
+        "--new-session",
+        "--hostname",
+        "sandbox",
+    ]
     return args if privileged else ["--unshare-user", "--disable-userns", *args]
 
 
 def _python_paths() -> list[str]:
     """Read-only paths the interpreter and its site-packages (torch included) need."""
-    cands = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-             os.path.dirname(os.path.realpath(sys.executable)), *site.getsitepackages()}
+    cands = {
+        sys.prefix,
+        sys.base_prefix,
+        sys.exec_prefix,
+        sys.base_exec_prefix,
+        os.path.dirname(os.path.realpath(sys.executable)),
+        *site.getsitepackages(),
+    }
     if site.ENABLE_USER_SITE and os.path.isdir(site.getusersitepackages()):
         cands.add(site.getusersitepackages())
-    paths = {os.path.realpath(p) for p in cands if p and os.path.isdir(p)} | {p for p in cands if p and os.path.isdir(p)}
+    cands = {p for p in cands if p and os.path.isdir(p)}
+    paths = cands | {os.path.realpath(p) for p in cands}
     return _outermost(p for p in paths if p != "/" and not _under(p, "/usr"))
 
 
@@ -153,8 +173,15 @@ def _rlimits(limits: Limits, data_not_as: bool) -> list[tuple[int, int, int, str
 
 
 class Sandbox:
-    def __init__(self, workdir: str, limits: Limits, *, devices: Sequence[str] | None = None,
-                 uid: int | None = NOBODY, ro_paths: Sequence[str] = ()):
+    def __init__(
+        self,
+        workdir: str,
+        limits: Limits,
+        *,
+        devices: Sequence[str] | None = None,
+        uid: int | None = NOBODY,
+        ro_paths: Sequence[str] = (),
+    ):
         """devices: GPU indices to expose (None: no GPU handling; [] hides all GPUs).
         uid: host uid to run as when we are root (None: stay root; only sensible for tests).
         ro_paths: extra host paths bound read-only at the same path (bubblewrap only)."""
@@ -176,8 +203,7 @@ class Sandbox:
         return {
             "backend": "bubblewrap" if bw else "rlimits-only",
             "network": "isolated" if bw else "host",
-            "filesystem": "workdir rw, system+python ro, rest hidden" if bw else
-                          "host (protected only by file modes)",
+            "filesystem": "workdir rw, system+python ro, rest hidden" if bw else "host (protected only by file modes)",
             "pid_namespace": bw,
             "ipc_namespace": bw,
             "uid": uid,
@@ -196,12 +222,22 @@ class Sandbox:
     def _device_nodes(self) -> list[str]:
         if not self.devices:
             return []
-        names = [f"nvidia{d}" for d in self.devices] + ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"]
+        names = [f"nvidia{d}" for d in self.devices] + [
+            "nvidiactl",
+            "nvidia-uvm",
+            "nvidia-uvm-tools",
+            "nvidia-modeset",
+        ]
         return [f"/dev/{n}" for n in names if os.path.exists(f"/dev/{n}")]
 
     def _env(self, env: dict[str, str] | None) -> dict[str, str]:
         pydir = os.path.dirname(sys.executable)
-        out = {"PATH": f"{pydir}:/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", **(env or {})}
+        out = {
+            "PATH": f"{pydir}:/usr/local/bin:/usr/bin:/bin",
+            "HOME": "/tmp",
+            "LANG": "C.UTF-8",
+            **(env or {}),
+        }
         if self.devices is not None:
             out["CUDA_VISIBLE_DEVICES"] = ",".join(self.devices)
         return out
@@ -224,12 +260,20 @@ class Sandbox:
             elif os.path.isdir(p):
                 a += ["--ro-bind", p, p]
         a += ["--perms", "0755", "--dir", "/etc"]
-        for p in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives", "/etc/localtime"):
+        for p in (
+            "/etc/ld.so.cache",
+            "/etc/ld.so.conf",
+            "/etc/ld.so.conf.d",
+            "/etc/alternatives",
+            "/etc/localtime",
+        ):
             if os.path.exists(p):
                 a += ["--ro-bind", p, p]
         uid = self.uid if self.uid is not None else os.getuid()
-        for path, text in (("/etc/passwd", f"sandbox:x:{uid}:{uid}:sandbox:/tmp:/usr/sbin/nologin\n"),
-                           ("/etc/group", f"sandbox:x:{uid}:\n")):
+        for path, text in (
+            ("/etc/passwd", f"sandbox:x:{uid}:{uid}:sandbox:/tmp:/usr/sbin/nologin\n"),
+            ("/etc/group", f"sandbox:x:{uid}:\n"),
+        ):
             r, w = os.pipe()
             os.write(w, text.encode())
             os.close(w)
@@ -255,8 +299,16 @@ class Sandbox:
             a += ["--dev-bind", dev, dev]
         a += [*parents(self.workdir), "--bind", self.workdir, self.workdir, "--chdir", self.workdir, "--"]
         if self.uid is not None:
-            a += ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups",
-                  "--bounding-set=-all", "--inh-caps=-all", "--no-new-privs", "--"]
+            a += [
+                "setpriv",
+                f"--reuid={self.uid}",
+                f"--regid={self.uid}",
+                "--clear-groups",
+                "--bounding-set=-all",
+                "--inh-caps=-all",
+                "--no-new-privs",
+                "--",
+            ]
         return a + list(argv)
 
     def start(self, argv: list[str], env: dict[str, str] | None = None, pass_fds=()) -> SandboxedProcess:
@@ -270,15 +322,24 @@ class Sandbox:
             if prlimit:
                 cmd = [prlimit, *(f"{opt}={soft}:{hard}" for _, soft, hard, opt in limits), "--", *cmd]
             else:
+
                 def preexec() -> None:
                     for res, soft, hard, _ in limits:
                         resource.setrlimit(res, (soft, hard))
+
             drop = {} if self.bwrap or self.uid is None else {"user": self.uid, "group": self.uid, "extra_groups": []}
             started = time.monotonic()
             proc = subprocess.Popen(
-                cmd, cwd=self.workdir, env=self._env(env), pass_fds=(*pass_fds, *data_fds),
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                start_new_session=True, preexec_fn=preexec, **drop,
+                cmd,
+                cwd=self.workdir,
+                env=self._env(env),
+                pass_fds=(*pass_fds, *data_fds),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                preexec_fn=preexec,
+                **drop,
             )
         finally:
             for fd in data_fds:
@@ -303,13 +364,15 @@ class _Capture(threading.Thread):
                     self.buf += chunk[: self.cap - len(self.buf)]
         except OSError:
             pass
+        finally:
+            self.stream.close()
 
     @property
     def truncated(self) -> bool:
         return self.total > len(self.buf)
 
     def text(self) -> str:
-        return bytes(self.buf).decode(errors="replace")
+        return bytes(self.buf[: self.cap]).decode(errors="replace")
 
 
 _SIGNAL_REASONS = {
@@ -353,10 +416,8 @@ class SandboxedProcess:
         # Under bwrap the pid namespace dies with its init, which dies (PDEATHSIG) with this process.
         # send_signal is a no-op once Popen has reaped the pid, so a recycled pid is never hit.
         self.proc.send_signal(signal.SIGKILL)
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
 
     def wait(self) -> Outcome:
         if self._outcome is not None:
@@ -366,10 +427,12 @@ class SandboxedProcess:
         self._timer.cancel()
         with self._lock:
             self._kill()  # leftovers in our process group (fallback) once the main process is gone
+        # EOF comes at once unless something outside our reach still holds the pipes (fallback: a
+        # setsid'd grandchild); never hang on it, the reader threads keep draining and close them.
+        deadline = time.monotonic() + (5.0 if self.bwrap else 2.0)
         for cap in (self._out, self._err):
-            cap.join(timeout=None if self.bwrap else 2.0)  # fallback: an escaped grandchild may hold the pipe
-        self.proc.stdout.close()
-        self.proc.stderr.close()
+            cap.join(timeout=max(0.0, deadline - time.monotonic()))
+        escaped = self._out.is_alive() or self._err.is_alive()
         if self.bwrap and 128 < rc < 128 + signal.NSIG:
             rc = -(rc - 128)  # bwrap's init reports a signalled child as 128 + signo
         if self.timed_out:
@@ -380,9 +443,17 @@ class SandboxedProcess:
             sig = signal.Signals(-rc)
             reason = _SIGNAL_REASONS.get(sig, f"killed by {sig.name}")
         else:
-            reason = ""
-        self._outcome = Outcome(rc, self._out.text(), self._err.text(), self.timed_out, reason,
-                                self._out.truncated, self._err.truncated, elapsed)
+            reason = "a descendant escaped the sandbox and still holds its output" if escaped else ""
+        self._outcome = Outcome(
+            rc,
+            self._out.text(),
+            self._err.text(),
+            self.timed_out,
+            reason,
+            self._out.truncated,
+            self._err.truncated,
+            elapsed,
+        )
         return self._outcome
 
 

@@ -1,0 +1,362 @@
+"""Real processes against runners.harness.sandbox: each test asserts a protection that could fail."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from runners.harness import sandbox as sb
+from runners.harness.sandbox import Limits, Sandbox, SandboxUnavailable
+
+REPO = Path(__file__).resolve().parents[2]
+PY = sys.executable
+
+
+def _bwrap_ok() -> bool:
+    path = sb._bwrap_path()
+    return path is not None and not sb._bwrap_error(path, sb._privileged())
+
+
+needs_bwrap = pytest.mark.skipif(
+    not _bwrap_ok() and os.environ.get("CI") != "true", reason="bubblewrap unusable here (fails under CI=true)"
+)
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="uid drop needs root")
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> Path:
+    """A fake project tree: <repo>/var/kernelbot.sqlite3, settings, and two run dirs."""
+    (tmp_path / "kernelbot").mkdir()
+    (tmp_path / "kernelbot" / "settings.py").write_text("SECRET_KEY = 'hunter2'\n")
+    (tmp_path / "var" / "runs" / "run1").mkdir(parents=True)
+    (tmp_path / "var" / "runs" / "run2").mkdir()
+    (tmp_path / "var" / "runs" / "run2" / "secret.txt").write_text("other run's secret")
+    (tmp_path / "var" / "kernelbot.sqlite3").write_text("database")
+    for p in tmp_path.rglob("*"):
+        p.chmod(0o755 if p.is_dir() else 0o644)  # world-readable on the host: only the sandbox hides them
+    tmp_path.chmod(0o755)
+    return tmp_path
+
+
+def run(workdir: Path, code: str, limits: Limits | None = None, **kw) -> sb.Outcome:
+    box = Sandbox(str(workdir), limits or Limits(wall_seconds=30), **{k: kw.pop(k) for k in ("devices",) if k in kw})
+    return box.start([PY, "-c", textwrap.dedent(code)], **kw).wait()
+
+
+@needs_bwrap
+def test_describe_reports_bubblewrap():
+    d = sb.describe()
+    assert d["backend"] == "bubblewrap" and d["network"] == "isolated" and d["pid_namespace"] is True
+    assert d["uid"] == (sb.NOBODY if os.geteuid() == 0 else os.getuid())
+    assert {"cpu", "as", "nproc", "fsize", "nofile", "core"} <= set(d["rlimits"])
+
+
+@needs_bwrap
+def test_filesystem_hidden_and_workdir_writable(runs: Path):
+    wd = runs / "var" / "runs" / "run1"
+    (wd / "input.txt").write_text("mine")
+    probe = f"""
+        import os
+        def readable(p):
+            try:
+                open(p).read(); return True
+            except OSError:
+                return False
+        for p in [{str(runs / "var" / "kernelbot.sqlite3")!r}, {str(runs / "var" / "runs" / "run2" / "secret.txt")!r},
+                  {str(runs / "kernelbot" / "settings.py")!r}, {str(REPO / "pyproject.toml")!r},
+                  os.path.expanduser("~root/.bash_history"), "/etc/shadow", "/etc/hostname"]:
+            print("READ", p, readable(p))
+        print("LS", sorted(os.listdir({str(runs / "var" / "runs")!r})))
+        print("MINE", open("input.txt").read())
+        open("out.txt", "w").write("ok")
+        try:
+            open("/usr/evil", "w")
+            print("USR writable")
+        except OSError:
+            pass
+    """
+    o = run(wd, probe)
+    assert o.returncode == 0, o.stderr
+    assert "READ" in o.stdout and " True" not in o.stdout, o.stdout
+    assert "LS ['run1']" in o.stdout and "MINE mine" in o.stdout and "USR writable" not in o.stdout
+    assert (wd / "out.txt").read_text() == "ok"
+
+
+@needs_bwrap
+def test_network_isolated(tmp_path: Path):
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        port = srv.getsockname()[1]
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()  # reachable from the host
+        o = run(
+            tmp_path,
+            f"""
+            import socket
+            for host, port in [("127.0.0.1", {port}), ("127.0.0.1", 5432), ("127.0.0.1", 6379), ("10.0.0.1", 80),
+                               ("1.1.1.1", 443)]:
+                try:
+                    socket.create_connection((host, port), timeout=2).close()
+                    print("CONNECTED", host, port)
+                except OSError as e:
+                    print("refused", host, port, type(e).__name__)
+            print(sorted(name for _, name in socket.if_nameindex()))
+        """,
+        )
+    assert o.returncode == 0, o.stderr
+    assert "CONNECTED" not in o.stdout and o.stdout.count("refused") == 5
+    assert "['lo']" in o.stdout
+
+
+@needs_bwrap
+def test_env_and_host_processes_hidden(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("KERNELBOT_SECRET_TOKEN", "s3cr3t")
+    o = run(
+        tmp_path,
+        """
+        import os
+        print("ENV", sorted(os.environ))
+        seen = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                seen.append(open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\\0", b" ").decode())
+            except OSError:
+                pass
+            try:
+                print("ENVIRON", pid, open(f"/proc/{pid}/environ", "rb").read())
+            except OSError:
+                pass
+        print("PROCS", len(seen), seen)
+    """,
+        env={"GIVEN": "1"},
+    )
+    assert o.returncode == 0, o.stderr
+    assert "s3cr3t" not in o.stdout and "KERNELBOT_SECRET_TOKEN" not in o.stdout
+    assert "ENV ['GIVEN', 'HOME', 'LANG', 'PATH', 'PWD']" in o.stdout
+    assert "PROCS 2 ['/usr/bin/bwrap " in o.stdout  # only the namespace's init and itself: no host process
+    assert "ENVIRON 1 " not in o.stdout  # the namespace's init runs as root: unreadable
+
+
+@root_only
+@needs_bwrap
+def test_runs_as_nobody_without_capabilities(tmp_path: Path):
+    o = run(
+        tmp_path,
+        """
+        import os
+        print(os.getuid(), os.getgid(), os.getgroups())
+        print([l.split()[1] for l in open("/proc/self/status") if l.startswith(("CapEff", "CapBnd", "NoNewPrivs"))])
+    """,
+    )
+    assert o.stdout.splitlines() == [f"{sb.NOBODY} {sb.NOBODY} []", "['0000000000000000', '0000000000000000', '1']"]
+
+
+@needs_bwrap
+def test_torch_imports_under_default_limits(tmp_path: Path):
+    o = run(tmp_path, "import torch; print(torch.ones(4).sum().item())", Limits(wall_seconds=60))
+    assert (o.returncode, o.stdout.strip()) == (0, "4.0"), o.stderr
+
+
+@needs_bwrap
+def test_memory_bomb_fails(tmp_path: Path):
+    o = run(tmp_path, "x = bytearray(4 << 30)", Limits(wall_seconds=30, memory_bytes=1 << 30))
+    assert o.returncode == 1 and "MemoryError" in o.stderr
+
+
+@needs_bwrap
+def test_fork_bomb_contained(tmp_path: Path):
+    o = run(
+        tmp_path,
+        """
+        import os, time
+        n = 0
+        try:
+            for _ in range(500):
+                if os.fork() == 0:
+                    time.sleep(60)
+                    os._exit(0)
+                n += 1
+        except OSError as e:
+            print("fork failed after", n, type(e).__name__)
+    """,
+        Limits(wall_seconds=30, processes=16),
+    )
+    assert o.returncode == 0 and "fork failed after" in o.stdout and "BlockingIOError" in o.stdout, o
+    assert int(o.stdout.split()[3]) < 16
+    assert o.elapsed < 20  # exiting the main process tore down the sleeping children with the namespace
+
+
+@needs_bwrap
+def test_file_size_limit(tmp_path: Path):
+    write = "open('big', 'wb').write(b'x' * (2 << 20))"
+    o = run(tmp_path, write, Limits(wall_seconds=30, file_size_bytes=1 << 20))
+    assert o.returncode == 1 and "File too large" in o.stderr  # Python ignores SIGXFSZ: EFBIG
+    o = run(
+        tmp_path,
+        f"import signal; signal.signal(signal.SIGXFSZ, signal.SIG_DFL)\n{write}",
+        Limits(wall_seconds=30, file_size_bytes=1 << 20),
+    )
+    assert o.returncode == -signal.SIGXFSZ and "file size" in o.reason
+    assert (tmp_path / "big").stat().st_size == 1 << 20
+
+
+@needs_bwrap
+def test_cpu_limit_kills_spinner(tmp_path: Path):
+    o = run(tmp_path, "while True: pass", Limits(wall_seconds=30, cpu_seconds=1))
+    assert o.returncode == -signal.SIGXCPU and "CPU" in o.reason and not o.timed_out
+    assert o.elapsed < 10
+
+
+@needs_bwrap
+def test_wall_time_kills_whole_tree(tmp_path: Path):
+    marker = f"sbx-{uuid.uuid4().hex}"
+    # the grandchild double-forks, calls setsid and keeps stdout open
+    o = run(
+        tmp_path,
+        f"""
+        import os, time
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                open("grandchild.pid", "w").write(str(os.getpid()))
+                while True:
+                    time.sleep(0.05)
+                    open("beat", "a").write("x")
+            os._exit(0)
+        time.sleep(3600)  # {marker}
+    """,
+        Limits(wall_seconds=1.5),
+    )
+    assert o.timed_out and "wall time" in o.reason and 1.4 < o.elapsed < 10
+    assert (tmp_path / "grandchild.pid").exists()
+    size = (tmp_path / "beat").stat().st_size
+    time.sleep(0.3)
+    assert (tmp_path / "beat").stat().st_size == size  # nothing is still beating
+    assert not _alive(marker)
+
+
+def _alive(marker: str) -> bool:
+    """Whether any host process has `marker` in its command line."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return True
+        except OSError:
+            pass
+    return False
+
+
+@needs_bwrap
+def test_exit_of_main_kills_leftovers_and_wait_returns(tmp_path: Path):
+    o = run(
+        tmp_path,
+        """
+        import os, time
+        if os.fork() == 0:
+            os.setsid()
+            time.sleep(60)  # holds stdout/stderr open
+        print("bye")
+    """,
+    )
+    assert o.returncode == 0 and o.stdout == "bye\n" and o.reason == "" and o.elapsed < 4
+
+
+@needs_bwrap
+def test_kill_from_parent(tmp_path: Path):
+    marker = f"sbx-{uuid.uuid4().hex}"
+    p = Sandbox(str(tmp_path), Limits(wall_seconds=30)).start([PY, "-c", f"import time; time.sleep(60)  # {marker}"])
+    time.sleep(0.3)
+    p.kill()
+    o = p.wait()
+    assert o.reason == "killed by the parent" and not o.timed_out and o.elapsed < 10
+    assert not _alive(marker)
+
+
+@needs_bwrap
+def test_output_flood_truncated_without_deadlock(tmp_path: Path):
+    o = run(
+        tmp_path,
+        """
+        import os
+        chunk = b"y" * (1 << 20)
+        for _ in range(64):
+            os.write(1, chunk)
+            os.write(2, chunk)
+        print("done", flush=True)
+    """,
+        Limits(wall_seconds=30, output_bytes=1000),
+    )
+    assert o.returncode == 0 and not o.timed_out
+    assert o.stdout == "y" * 1000 and o.stderr == "y" * 1000
+    assert o.stdout_truncated and o.stderr_truncated
+
+
+@needs_bwrap
+def test_pass_fds_reach_the_child(tmp_path: Path):
+    r, w = os.pipe()
+    try:
+        p = Sandbox(str(tmp_path), Limits(wall_seconds=30)).start(
+            [PY, "-c", f"import os; os.write({w}, b'from inside')"], pass_fds=(w,)
+        )
+        os.close(w)
+        assert p.wait().returncode == 0
+        assert os.read(r, 100) == b"from inside"
+    finally:
+        os.close(r)
+
+
+@needs_bwrap
+def test_no_gpu_devices(tmp_path: Path):
+    o = run(tmp_path, "import os, glob; print(glob.glob('/dev/nvidia*'), os.environ.get('CUDA_VISIBLE_DEVICES'))")
+    assert o.stdout == "[] None\n"
+    o = run(
+        tmp_path,
+        "import os, glob; print(glob.glob('/dev/nvidia*'), repr(os.environ['CUDA_VISIBLE_DEVICES']))",
+        devices=[],
+    )
+    assert o.stdout == "[] ''\n"
+    assert Sandbox(str(tmp_path), Limits(), devices=["0"]).describe()["rlimits"][1] == "data"
+
+
+def test_require_mode_raises_without_bwrap(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(sb, "_bwrap_path", lambda: None)
+    monkeypatch.setenv("KERNELBOT_SANDBOX", "require")
+    with pytest.raises(SandboxUnavailable, match="bubblewrap"):
+        Sandbox(str(tmp_path), Limits())
+    assert sb.describe()["backend"] == "unavailable"
+    monkeypatch.setenv("KERNELBOT_SANDBOX", "bogus")
+    with pytest.raises(ValueError):
+        Sandbox(str(tmp_path), Limits())
+
+
+@pytest.mark.parametrize("how", ["missing", "none"])
+def test_fallback_rlimits_env_session(tmp_path: Path, monkeypatch, how):
+    if how == "missing":
+        monkeypatch.setattr(sb, "_bwrap_path", lambda: None)
+    else:
+        monkeypatch.setenv("KERNELBOT_SANDBOX", "none")
+    monkeypatch.setenv("KERNELBOT_SECRET_TOKEN", "s3cr3t")
+    box = Sandbox(str(tmp_path), Limits(wall_seconds=10, open_files=77, cpu_seconds=5, file_size_bytes=1 << 20))
+    d = box.describe()
+    assert d["backend"] == "rlimits-only" and d["network"] == "host" and d["pid_namespace"] is False
+    assert d["fallback_reason"]
+    # /bin/sh, not the interpreter: under root the child is uid 65534, which may not reach a Python in ~root
+    o = box.start(["/bin/sh", "-c", "id -u; ulimit -n; ulimit -t; ulimit -c; env | sort; ps -o sid= -p $$"]).wait()
+    lines = o.stdout.split()
+    assert lines[:4] == [str(d["uid"]), "77", "5", "0"], o
+    assert "s3cr3t" not in o.stdout and "HOME=/tmp" in o.stdout
+    assert int(lines[-1]) != os.getsid(0)  # its own session
+
+
+def test_fallback_wall_time(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("KERNELBOT_SANDBOX", "none")
+    o = Sandbox(str(tmp_path), Limits(wall_seconds=0.5)).start(["/bin/sh", "-c", "sleep 30"]).wait()
+    assert o.timed_out and o.returncode == -signal.SIGKILL and o.elapsed < 5
