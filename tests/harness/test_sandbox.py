@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import socket
+import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import uuid
@@ -173,6 +177,7 @@ def test_memory_bomb_fails(tmp_path: Path):
 
 @needs_bwrap
 def test_fork_bomb_contained(tmp_path: Path):
+    limit = 16 + _tasks_of(sb.NOBODY if os.geteuid() == 0 else os.getuid())
     o = run(
         tmp_path,
         """
@@ -187,10 +192,10 @@ def test_fork_bomb_contained(tmp_path: Path):
         except OSError as e:
             print("fork failed after", n, type(e).__name__)
     """,
-        Limits(wall_seconds=30, processes=16),
+        Limits(wall_seconds=30, processes=limit),
     )
     assert o.returncode == 0 and "fork failed after" in o.stdout and "BlockingIOError" in o.stdout, o
-    assert int(o.stdout.split()[3]) < 16
+    assert int(o.stdout.split()[3]) < limit
     assert o.elapsed < 20  # exiting the main process tore down the sleeping children with the namespace
 
 
@@ -241,6 +246,18 @@ def test_wall_time_kills_whole_tree(tmp_path: Path):
     time.sleep(0.3)
     assert (tmp_path / "beat").stat().st_size == size  # nothing is still beating
     assert not _alive(marker)
+
+
+def _tasks_of(uid: int) -> int:
+    """RLIMIT_NPROC counts every task (threads too) of the uid on the host, other sandboxes included."""
+    n = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+        except (OSError, ValueError):
+            continue
+        n += int(status["Threads"]) if int(status["Uid"].split()[0]) == uid else 0
+    return n
 
 
 def _alive(marker: str) -> bool:
@@ -360,3 +377,62 @@ def test_fallback_wall_time(tmp_path: Path, monkeypatch):
     monkeypatch.setenv("KERNELBOT_SANDBOX", "none")
     o = Sandbox(str(tmp_path), Limits(wall_seconds=0.5)).start(["/bin/sh", "-c", "sleep 30"]).wait()
     assert o.timed_out and o.returncode == -signal.SIGKILL and o.elapsed < 5
+
+
+@root_only
+@needs_bwrap
+def test_unprivileged_caller_uses_user_namespace():
+    """A non-root launcher (no uid drop possible) still gets every namespace, via a user namespace."""
+    py = "/usr/bin/python3"
+    if not (os.path.exists(py) and shutil.which("setpriv")):
+        pytest.skip("needs a system python3 and setpriv")
+    base = Path(tempfile.mkdtemp(prefix="sbx-unpriv-"))
+    try:
+        pkg = base / "runners" / "harness"
+        pkg.mkdir(parents=True)
+        for init in (base / "runners" / "__init__.py", pkg / "__init__.py"):
+            init.touch()
+        shutil.copy(sb.__file__, pkg / "sandbox.py")
+        wd = base / "wd"
+        wd.mkdir()
+        os.chown(wd, sb.NOBODY, sb.NOBODY)
+        for p in [base, *base.rglob("*")]:
+            p.chmod(p.stat().st_mode | 0o755 if p.is_dir() else 0o644)
+        launcher = f"""
+            import json, sys
+            sys.path.insert(0, {str(base)!r})
+            from runners.harness.sandbox import Limits, Sandbox
+            box = Sandbox({str(wd)!r}, Limits(wall_seconds=20))
+            o = box.start([sys.executable, "-c", "import os, socket\\n"
+                           "print(os.getuid(), len([p for p in os.listdir('/proc') if p.isdigit()]))\\n"
+                           "try:\\n    socket.create_connection(('127.0.0.1', {_free_port()}), timeout=1)\\n"
+                           "except OSError as e:\\n    print(type(e).__name__)"]).wait()
+            print(json.dumps([box.describe()["backend"], o.returncode, o.stdout, o.stderr]))
+        """
+        r = subprocess.run(
+            [
+                "setpriv",
+                f"--reuid={sb.NOBODY}",
+                f"--regid={sb.NOBODY}",
+                "--clear-groups",
+                py,
+                "-c",
+                textwrap.dedent(launcher),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd="/",
+            env={"PATH": os.defpath},
+        )
+        assert r.returncode == 0, r.stderr
+        backend, rc, out, err = json.loads(r.stdout.splitlines()[-1])
+        assert (backend, rc, out) == ("bubblewrap", 0, f"{sb.NOBODY} 2\nConnectionRefusedError\n"), err
+    finally:
+        shutil.rmtree(base)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
