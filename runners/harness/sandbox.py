@@ -33,6 +33,12 @@ costs up to a 64 MiB malloc arena + 8 MiB stack of *virtual* space, so budget
 Killing: the bwrap process is the one we started; with --die-with-parent its pid-namespace init
 gets SIGKILL when it dies, and the kernel then kills every process in the namespace, including
 double-forked, setsid'd descendants. The rlimits-only fallback can only kill the process group.
+
+Known gaps: no seccomp filter (the full syscall surface, incl. unprivileged user namespaces when
+bwrap ran as root, is reachable); RLIMIT_NPROC is per host uid, so concurrent sandboxes sharing a
+uid share it (pass `uid=` per worker slot); total disk use in the workdir is unbounded (FSIZE is
+per file); memory is per process (no cgroup); the fallback hides nothing of the filesystem
+beyond file modes and leaves the network open.
 """
 
 from __future__ import annotations
