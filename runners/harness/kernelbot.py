@@ -80,8 +80,9 @@ class ChildSession:
         self.waiter.join(grace_s)
         if self.waiter.is_alive():
             self.proc.kill()
-            self.waiter.join()
-        assert self.outcome is not None
+            self.waiter.join(grace_s)
+        if self.outcome is None:  # never block the result on a process tree that will not die
+            return Outcome(None, "", "", False, "the sandbox did not reap the process tree after kill()")
         return self.outcome
 
     def kill(self) -> None:
