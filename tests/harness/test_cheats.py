@@ -27,7 +27,7 @@ def test_cheat_gets_expected_verdict(tmp_path, cheat):
     if "# needs: isolation" in cheat.read_text() and not ISOLATED:
         pytest.skip("this defence needs the bubblewrap sandbox (pid namespace, uid drop)")
     result = run_submission(tmp_path, cheat, header(cheat, "mode"),
-                            timeouts={"test": 15, "benchmark": 30, "ranked": 30})
+                            timeouts={"test": 10, "benchmark": 30, "ranked": 30})
     assert result["status"] == "ok"
     assert result["verdict"] != "pass" and result["passed"] is False
     assert result["verdict"] in expected, (result["verdict"], result["error"])

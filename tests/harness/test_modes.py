@@ -1,0 +1,65 @@
+import json
+
+import pytest
+
+from .helpers import SUBMISSIONS, job_for, make_workdir, run_harness, run_submission
+
+pytestmark = pytest.mark.slow
+
+
+def test_test_mode_contract(tmp_path):
+    workdir = make_workdir(tmp_path, SUBMISSIONS / "chatty.py")
+    result, progress = run_harness(job_for(workdir, "test", nonce="n-123"))
+    assert (result["status"], result["verdict"], result["passed"], result["nonce"]) == ("ok", "pass", True, "n-123")
+    assert [t["spec"] for t in result["tests"]] == ["m: 16; n: 16; k: 16; seed: 1", "m: 33; n: 17; k: 9; seed: 2",
+                                                    "m: 64; n: 64; k: 64; seed: 3"]
+    assert progress[-1] == {"event": "progress", "phase": "test", "done": 3, "total": 3}
+    assert result["benchmarks"] == result["ranked"] == []
+    assert set(result["system"]) >= {"python", "torch", "device", "cpu", "platform", "sandbox"}
+    assert result["stdout"].startswith("x" * 1000) and len(result["stdout"]) < 70_000
+    assert "_harness_child.py" not in json.dumps(result["system"])
+
+
+def test_wrong_output_fails_with_message(tmp_path):
+    result = run_submission(tmp_path, SUBMISSIONS / "wrong.py", "test")
+    assert result["verdict"] == "fail" and "mismatched elements" in result["error"]
+    assert [t["status"] for t in result["tests"]] == ["fail"] * 3
+
+
+def test_benchmark_mode(tmp_path):
+    result = run_submission(tmp_path, SUBMISSIONS / "fast.py", "benchmark")
+    assert result["verdict"] == "pass" and result["tests"] == [] and result["ranked"] == []
+    for bench in result["benchmarks"]:
+        assert bench["runs"] >= 10 and bench["stop_reason"] in ("ci", "budget", "max_samples")
+        assert 0 < bench["best"] <= bench["mean"] <= bench["worst"] and bench["wall_ns"] > bench["mean"] * bench["runs"]
+
+
+def test_leaderboard_geom_ranks_every_benchmark(tmp_path):
+    result = run_submission(tmp_path, SUBMISSIONS / "fast.py", "leaderboard", ranking_by="geom")
+    assert result["verdict"] == "pass" and len(result["ranked"]) == 2
+    a, b = (r["mean"] for r in result["ranked"])
+    assert result["score"] == pytest.approx((a * b) ** 0.5)
+
+
+def test_profile_reports_cpu_profiler(tmp_path):
+    result = run_submission(tmp_path, SUBMISSIONS / "fast.py", "profile")
+    assert result["verdict"] == "pass"
+    assert "aten::mm" in result["profile"] and "no GPU profiler" in result["profiler"]
+
+
+def test_crash_reports_stderr_tail(tmp_path):
+    result = run_submission(tmp_path, SUBMISSIONS / "abort.py", "test")
+    assert result["verdict"] == "crash" and "about to abort" in result["error"] and "test phase" in result["error"]
+
+
+def test_cuda_without_toolchain_is_a_compile_error(tmp_path):
+    workdir = make_workdir(tmp_path, SUBMISSIONS / "fast.py")
+    (workdir / "kernel.cu").write_text("__global__ void k() {}\n")
+    result, _ = run_harness(job_for(workdir, "test", lang="cu", cuda={"sources": ["kernel.cu"]}))
+    assert result["verdict"] == "compile_error" and "CUDA toolchain not available" in result["error"]
+
+
+@pytest.mark.parametrize("stdin", ["not json", json.dumps({"mode": "test"}), json.dumps({"mode": "x", "workdir": "/"})])
+def test_invalid_job_is_an_infrastructure_error(stdin):
+    result, _ = run_harness(stdin)
+    assert result["status"] == "error" and result["passed"] is False and "invalid job" in result["error"]
