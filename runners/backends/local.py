@@ -111,7 +111,7 @@ class LocalBackend(RunnerBackend):
             if line.strip():
                 event = _parse(line)
                 if event.get("event") == "result":
-                    result = event
+                    result = {**event, "runner_timing": {"harness_s": round(now - started, 4)}}
                 elif event.get("event") == "progress" and now - last_progress >= PROGRESS_INTERVAL:
                     last_progress = now
                     actions.do_record_progress(run_id, attempt, event)
