@@ -54,6 +54,13 @@ def read_frame(fd: int) -> tuple[dict, bytes]:
     return json.loads(_read_exact(fd, hlen)), _read_exact(fd, plen)
 
 
+def _format_error() -> str:
+    """The current exception's traceback without the harness's own frames."""
+    exc = traceback.TracebackException(*sys.exc_info())
+    exc.stack = traceback.StackSummary.from_list([f for f in exc.stack if f.filename != __file__][-8:])
+    return "".join(exc.format())[-4000:]
+
+
 def _tasks() -> int:
     try:
         return len(os.listdir("/proc/self/task"))
@@ -200,7 +207,7 @@ class Runner:
                 else:
                     out = self.kernel(data)
             except Exception:
-                message = traceback.format_exc(limit=-8)
+                message = _format_error()
                 self.send({"op": "error", "id": rid, "kind": "kernel", "message": message})
                 continue
             self.finish(rid, out, data)
@@ -212,7 +219,7 @@ def main(argv: list[str]) -> int:
     try:
         runner.import_submission()
     except BaseException:
-        runner.send({"op": "error", "kind": "import", "message": traceback.format_exc(limit=-8)})
+        runner.send({"op": "error", "kind": "import", "message": _format_error()})
         return 0
     runner.send({"op": "hello"})
     with contextlib.suppress(EOFError):

@@ -64,7 +64,7 @@ class Job:
 
     def sandbox_limits(self) -> Limits:
         total = sum(self.timeout(p) for p in ("test", "benchmark", "ranked")) + 60
-        fields = {f.name for f in dataclasses.fields(Limits)}
+        fields = {f.name for f in dataclasses.fields(Limits)} - {"wall_seconds"}
         return Limits(wall_seconds=total, **{k: v for k, v in self.limits.items() if k in fields})
 
     @property

@@ -295,7 +295,7 @@ class KernelbotRun:
             result.flags.append("cpu-timing:no-l2-flush")
         self.problem = Problem(job.workdir)
         try:
-            self.start_phase("test")
+            self.start_phase({"benchmark": "benchmark", "profile": "profile"}.get(job.mode, "test"))
             self.session = ChildSession(job)
             self.session.expect("hello", None, self.deadline, 0)
             if job.mode == "profile":
