@@ -20,6 +20,7 @@ from .models import (
     BoardEntry,
     Code,
     Leaderboard,
+    Profile,
     Run,
     RunStatus,
     Submission,
@@ -87,6 +88,7 @@ def check_submission(user, leaderboard_name: str, gpu_names: list[str], mode: st
 
 def do_submit(user, request: SubmissionRequest) -> Submission:
     with transaction.atomic():
+        Profile.objects.get_or_create(user=user, defaults={"display_name": user.get_username()})
         code, _ = Code.objects.get_or_create(sha256=Code.digest(request.code), defaults={"text": request.code})
         submission = Submission.objects.create(
             user=user, leaderboard=request.leaderboard, problem=request.leaderboard.problem,

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import queue
+import secrets
 import shutil
 import signal
 import subprocess
@@ -88,6 +89,7 @@ class LocalBackend(RunnerBackend):
         python = settings.HARNESS_PYTHON or sys.executable
         env = {"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8", "PYTHONPATH": str(settings.BASE_DIR),
                "HOME": job["workdir"], "KERNELBOT_SANDBOX": os.environ.get("KERNELBOT_SANDBOX", "")}
+        job = {**job, "nonce": secrets.token_hex(16)}  # only the trusted parent's result echoes it
         proc = subprocess.Popen(
             [python, "-m", "runners.harness"], cwd=settings.BASE_DIR, env=env, stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_die_with_parent)
@@ -111,6 +113,10 @@ class LocalBackend(RunnerBackend):
             if line.strip():
                 event = _parse(line)
                 if event.get("event") == "result":
+                    if event.get("nonce") != job["nonce"] or result is not None:
+                        result = {"status": "ok", "verdict": "hacked", "passed": False,
+                                  "error": "a forged or repeated result reached the runner"}
+                        break
                     result = {**event, "runner_timing": {"harness_s": round(now - started, 4)}}
                 elif event.get("event") == "progress" and now - last_progress >= PROGRESS_INTERVAL:
                     last_progress = now

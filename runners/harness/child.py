@@ -213,9 +213,24 @@ class Runner:
             self.finish(rid, out, data)
 
 
+def calibrate(runner: Runner, in_fd: int) -> None:
+    """Before the submission exists in this process: echo (input, output) pairs so the parent can measure
+    what moving one call's data costs, a figure the submission cannot inflate."""
+    while True:
+        header, payload = read_frame(in_fd)
+        if header.get("op") != "echo":
+            return
+        split = int(header.get("split", 0))
+        runner.torch.load(io.BytesIO(payload[:split]), weights_only=True)
+        output = runner.torch.load(io.BytesIO(payload[split:]), weights_only=True)
+        runner.send({"op": "echo", "id": header.get("id")}, runner.serialize(output))
+
+
 def main(argv: list[str]) -> int:
     in_fd, out_fd = int(argv[1]), int(argv[2])
     runner = Runner(out_fd)
+    with contextlib.suppress(EOFError):
+        calibrate(runner, in_fd)
     try:
         runner.import_submission()
     except BaseException:

@@ -26,6 +26,7 @@ def test_leaderboard_submission_creates_public_and_secret_runs_and_enqueues_afte
     assert [(r.secret, r.status) for r in runs] == [(False, RunStatus.QUEUED), (True, RunStatus.QUEUED)]
     assert all(r.status_deadline > timezone.now() for r in runs)
     assert submission.problem == leaderboard.problem
+    assert user.profile.display_name == user.username
     assert len(callbacks) == 2  # one dispatch per run, only once the transaction commits
 
 
