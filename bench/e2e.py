@@ -9,6 +9,7 @@ Prints p50/p95 of submit → ranked, split into queue wait, dispatch, harness an
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import statistics
 import subprocess
@@ -48,11 +49,9 @@ def main() -> None:
 
     Path(settings.DATA_DIR).mkdir(parents=True, exist_ok=True)
     call_command("migrate", verbosity=0)
-    call_command("load_demo", stdout=open(os.devnull, "w"))
+    call_command("load_demo", stdout=io.StringIO())
     leaderboard = Leaderboard.objects.get(name=args.problem)
-    directory = settings.PROBLEMS_DIR / leaderboard.problem.definition["name"]
-    if not directory.exists():
-        directory = next(settings.PROBLEMS_DIR.glob(f"*/{leaderboard.problem.name}"))
+    directory = next(settings.PROBLEMS_DIR.rglob(f"{leaderboard.problem.name}/task.yml")).parent
     code = (directory / "solutions" / f"{args.solution}.py").read_bytes()
     user, _ = get_user_model().objects.get_or_create(username="bench")
 

@@ -9,6 +9,7 @@ from django.conf import settings
 
 from leaderboards.models import Run, SubmissionMode
 
+SANDBOX_UID_BASE = 61000  # + device: concurrent runs never share a uid, so never share RLIMIT_NPROC
 DEFAULT_LIMITS = {"memory_bytes": 16 << 30, "cpu_seconds": 3600, "processes": 256,
                   "file_size_bytes": 256 << 20, "output_bytes": 64 << 10}
 
@@ -31,7 +32,7 @@ def workdir_files(run: Run) -> dict[str, str]:
     return {**definition["files"], definition["submission_name"]: run.submission.code.text}
 
 
-def harness_job(run: Run, workdir: Path, devices: list[str]) -> dict:
+def harness_job(run: Run, workdir: Path, devices: list[str], gpu_pk: int) -> dict:
     definition = run.submission.problem.definition
     return {
         "mode": run.submission.mode,
@@ -50,6 +51,7 @@ def harness_job(run: Run, workdir: Path, devices: list[str]) -> dict:
         "limits": DEFAULT_LIMITS,
         "timing": settings.HARNESS_TIMING,
         "cuda": definition.get("config", {}) if definition["lang"] == "cu" else {},
+        "sandbox_uid": SANDBOX_UID_BASE + gpu_pk % 4000,
     }
 
 

@@ -52,7 +52,7 @@ class LocalBackend(RunnerBackend):
                 for name, text in workdir_files(run).items():
                     (workdir / name).write_text(text)
                 devices = [] if run.gpu_type.is_cpu else [str(gpu.index)]
-                job = harness_job(run, workdir, devices)
+                job = harness_job(run, workdir, devices, gpu.pk)
                 result, failure = self.run_harness(run_id, attempt, job, timeout)
             finally:
                 shutil.rmtree(workdir, ignore_errors=True)

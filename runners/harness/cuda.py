@@ -51,7 +51,7 @@ def compile_sources(job: Job) -> Result | None:
         return result.fail("compile_error", f"CUDA sources missing: {', '.join(missing) or 'none given'}")
     limits = Limits(wall_seconds=job.timeout("compile"), output_bytes=256 << 10)
     env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": job.workdir}
-    outcome = Sandbox(job.workdir, limits).start(nvcc_argv(job), env=env).wait()
+    outcome = Sandbox(job.workdir, limits, uid=job.sandbox_uid).start(nvcc_argv(job), env=env).wait()
     if outcome.timed_out or outcome.returncode != 0:
         why = "timed out" if outcome.timed_out else f"exit code {outcome.returncode}"
         result.stderr = outcome.stderr

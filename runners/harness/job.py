@@ -55,6 +55,9 @@ class Job:
     timing: Timing = Timing()
     cuda: Cuda = Cuda()
     nonce: str = ""  # echoed in the result so the caller can reject result lines forged by the child
+    # Host uid the child runs as (when the harness is root). RLIMIT_NPROC counts per uid, so concurrent
+    # runs on one machine get one uid per device slot.
+    sandbox_uid: int = 65534
 
     def __repr__(self) -> str:  # keep the seed out of tracebacks and logs
         return f"Job(mode={self.mode!r}, protocol={self.protocol!r}, workdir={self.workdir!r})"
@@ -126,4 +129,11 @@ def parse_job(raw: Any) -> Job:
             compile_flags=tuple(cuda.get("compile_flags") or ()),
         ),
         nonce=str(raw.get("nonce") or ""),
+        sandbox_uid=_uid(raw.get("sandbox_uid", 65534)),
     )
+
+
+def _uid(value) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 1000 <= value < 65535:
+        raise JobError(f"sandbox_uid must be an unprivileged uid (1000..65534), got {value!r}")
+    return value

@@ -55,7 +55,8 @@ class ChildSession:
         os.set_blocking(self.cmd_w, False)
         env = {"PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1"}
         argv = [sys.executable, CHILD_SCRIPT, str(cmd_r), str(res_w)]
-        sandbox = Sandbox(job.workdir, job.sandbox_limits(), devices=list(job.gpus) if job.gpus else None)
+        sandbox = Sandbox(job.workdir, job.sandbox_limits(), devices=list(job.gpus) if job.gpus else None,
+                          uid=job.sandbox_uid)
         self.description = sandbox.describe()
         self.proc = sandbox.start(argv, env=env, pass_fds=(cmd_r, res_w))
         os.close(cmd_r)

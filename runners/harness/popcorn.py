@@ -121,7 +121,7 @@ def run(job: Job, emitter: Emitter) -> Result:
     env = {"POPCORN_FD": str(write_fd), "POPCORN_SEED": str(derive_seed(job.seed, "popcorn", 0, 0)),
            "POPCORN_GPUS": ",".join(job.gpus), "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1"}
     limits = dataclasses.replace(job.sandbox_limits(), wall_seconds=job.timeout(phase))
-    sandbox = Sandbox(job.workdir, limits, devices=list(job.gpus) if job.gpus else None)
+    sandbox = Sandbox(job.workdir, limits, devices=list(job.gpus) if job.gpus else None, uid=job.sandbox_uid)
     result.sandbox = sandbox.describe()
     emitter.progress(phase, 0, len(cases))
     proc = sandbox.start([sys.executable, job.main, job.mode, CASES_FILE], env=env, pass_fds=(write_fd,))
