@@ -3,7 +3,15 @@
 from django.db import connection
 from ninja import NinjaAPI
 
+from access.api import router as access_router
+from leaderboards.api import router as leaderboards_router
+
+from .api_errors import install_error_handlers
+
 api = NinjaAPI(title="kernelbot", version="1", urls_namespace="api")
+install_error_handlers(api)
+api.add_router("/", leaderboards_router)
+api.add_router("/", access_router)
 
 
 @api.get("/health", tags=["meta"])

@@ -44,6 +44,8 @@ INSTALLED_APPS = [
     "leaderboards",
     "runners",
     "discordbot",
+    "access",
+    "popcorn",
 ]
 
 MIDDLEWARE = [
@@ -170,3 +172,22 @@ HARNESS_TIMING = {
     "case_budget_s": float(os.environ.get("KERNELBOT_CASE_BUDGET_S", "10")),
     "warmup_s": float(os.environ.get("KERNELBOT_WARMUP_S", "0.2")),
 }
+
+# --- API and CLI access (issue 4) ----------------------------------------------------------------
+# Bearer token for popcorn-cli's admin commands (/popcorn/admin/...); unset disables them.
+ADMIN_TOKEN = os.environ.get("KERNELBOT_ADMIN_TOKEN", os.environ.get("ADMIN_TOKEN", ""))
+
+
+def env_quota(name: str, default: str) -> tuple[int, int]:
+    count, _, seconds = os.environ.get(name, default).partition("/")
+    return int(count), int(seconds or 3600)
+
+
+# Default per-user, per-leaderboard submission quotas as "count/seconds" (0 = unlimited); organisers
+# override them per leaderboard in the admin (Access → Submission quotas).
+SUBMISSION_QUOTAS = {"test": env_quota("KERNELBOT_QUOTA_TEST", "60/3600"),
+                     "ranked": env_quota("KERNELBOT_QUOTA_RANKED", "20/3600")}
+# Optional OAuth apps for popcorn-cli's /auth/cli/{provider} callback (deployments that own them).
+POPCORN_OAUTH = {provider: {"client_id": os.environ.get(f"{provider.upper()}_CLIENT_ID", ""),
+                            "client_secret": os.environ.get(f"{provider.upper()}_CLIENT_SECRET", "")}
+                 for provider in ("discord", "github")}

@@ -1,5 +1,6 @@
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
+from django.views.generic import RedirectView
 
 from leaderboards import views
 
@@ -9,4 +10,7 @@ urlpatterns = [
     path("", views.home, name="home"),
     path("admin/", admin.site.urls),
     path("api/v1/", api.urls),
+    path("api/docs", RedirectView.as_view(url="/api/v1/docs", permanent=False)),
+    path("popcorn/", include("popcorn.urls")),
+    path("tokens/", include("access.urls")),
 ]

@@ -25,7 +25,6 @@ from .models import (
     RunStatus,
     Submission,
     SubmissionMode,
-    Visibility,
 )
 from .ranking import Candidate, rank, score_seconds
 
@@ -35,9 +34,9 @@ log = logging.getLogger(__name__)
 class SubmissionRejected(Exception):
     """A submission that cannot be accepted; `status` is the HTTP status a front-end should answer."""
 
-    def __init__(self, message: str, status: int = 400):
+    def __init__(self, message: str, status: int = 400, retry_after: int | None = None):
         super().__init__(message)
-        self.message, self.status = message, status
+        self.message, self.status, self.retry_after = message, status, retry_after
 
 
 @dataclass(frozen=True)
@@ -52,7 +51,9 @@ class SubmissionRequest:
 def check_submission(user, leaderboard_name: str, gpu_names: list[str], mode: str, file_name: str,
                      content: bytes) -> SubmissionRequest:
     leaderboard = Leaderboard.objects.select_related("problem").filter(name=leaderboard_name).first()
-    if leaderboard is None or (leaderboard.visibility == Visibility.CLOSED and not user.is_staff):
+    from access.actions import can_see, check_may_submit  # access builds on this module
+
+    if leaderboard is None or not can_see(user, leaderboard):
         raise SubmissionRejected(f"Unknown leaderboard '{leaderboard_name}'.", 404)
     if not leaderboard.is_open:
         raise SubmissionRejected(
@@ -83,6 +84,7 @@ def check_submission(user, leaderboard_name: str, gpu_names: list[str], mode: st
         raise SubmissionRejected(f"'{file_name}' is not UTF-8 text (invalid byte at offset {exc.start}).") from exc
     if "\x00" in code:
         raise SubmissionRejected(f"'{file_name}' contains NUL bytes; submit source text.")
+    check_may_submit(user, leaderboard, mode)
     return SubmissionRequest(leaderboard, list(dict.fromkeys(gpu_types)), mode, file_name[:255], code)
 
 
@@ -297,3 +299,14 @@ def do_recompute_ranks(leaderboard_id: int, gpu_type_id: int) -> bool:
         version = board.version
         transaction.on_commit(lambda: events.board_changed(leaderboard_id, gpu_type_id, version, snapshot))
         return True
+
+
+def do_delete_submission(submission: Submission) -> None:
+    """Cancel what is still running, delete the submission and re-rank the boards it was on."""
+    with transaction.atomic():
+        boards = set(BoardEntry.objects.filter(submission=submission).values_list("leaderboard_id", "gpu_type_id"))
+        for run in submission.runs.filter(status__in=[RunStatus.QUEUED, RunStatus.DISPATCHED, RunStatus.RUNNING]):
+            do_cancel_run(run, "submission deleted")
+        submission.delete()
+        for leaderboard_id, gpu_type_id in boards:
+            enqueue_on_commit("leaderboards.tasks.recompute_ranks", leaderboard_id, gpu_type_id)

@@ -1,0 +1,229 @@
+"""Service layer for API access: tokens, CLI logins, who may submit where and how often, queue estimates.
+`leaderboards.actions.check_submission` calls `check_may_submit`, so every front-end enforces the same rules."""
+
+from __future__ import annotations
+
+import hmac
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Min
+from django.utils import timezone
+
+from leaderboards.actions import SubmissionRejected
+from leaderboards.models import ACTIVE_STATUSES, Leaderboard, Run, Submission, SubmissionMode, Visibility
+from runners.models import Gpu
+
+from .models import (
+    ApiToken,
+    Ban,
+    Invite,
+    JobSwitch,
+    Membership,
+    PendingLogin,
+    QuotaKind,
+    SubmissionQuota,
+    digest,
+    new_secret,
+)
+
+LAST_USED_RESOLUTION = timedelta(seconds=60)
+
+
+class AccessDenied(Exception):
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.message, self.status = message, status
+
+
+# --- tokens ------------------------------------------------------------------------------------
+def do_create_token(user, name: str = "cli", expires_days: int | None = None) -> tuple[ApiToken, str]:
+    """A new token and its secret; the secret is not stored and cannot be shown again."""
+    raw = new_secret()
+    expires = timezone.now() + timedelta(days=expires_days) if expires_days else None
+    token = ApiToken.objects.create(user=user, name=name[:80] or "cli", digest=digest(raw), hint=raw[:10],
+                                    expires=expires)
+    return token, raw
+
+
+def do_revoke_token(user, token_id: int) -> bool:
+    return bool(ApiToken.objects.filter(user=user, pk=token_id, revoked__isnull=True)
+                .update(revoked=timezone.now()))
+
+
+def authenticate_token(raw: str | None):
+    """The active user a token belongs to, or None. Records last use at most once a minute."""
+    if not raw:
+        return None
+    token = ApiToken.objects.usable().select_related("user").filter(digest=digest(raw.strip())).first()
+    if token is None or not token.user.is_active:
+        return None
+    now = timezone.now()
+    if token.last_used is None or now - token.last_used > LAST_USED_RESOLUTION:
+        ApiToken.objects.filter(pk=token.pk).update(last_used=now)
+    return token.user
+
+
+def is_pending_login(raw: str | None) -> bool:
+    return bool(raw) and PendingLogin.objects.filter(digest=digest(raw.strip()), token__isnull=True).exists()
+
+
+def do_start_cli_login(provider: str) -> str:
+    """popcorn `/auth/init`: a new pending id; the CLI stores it as its cli_id until a user binds it."""
+    if provider not in ("discord", "github"):
+        raise AccessDenied(f"Unknown provider '{provider}'; use discord or github.")
+    PendingLogin.objects.filter(token__isnull=True, created__lt=timezone.now() - timedelta(days=1)).delete()
+    raw = new_secret()
+    PendingLogin.objects.create(digest=digest(raw), provider=provider)
+    return raw
+
+
+def do_bind_cli_login(user, raw: str) -> ApiToken:
+    """Make a pending id the user's token (the logged-in "link this CLI" page, or the OAuth callback)."""
+    with transaction.atomic():
+        pending = PendingLogin.objects.select_for_update().filter(digest=digest(raw.strip())).first()
+        if pending is None:
+            raise AccessDenied("Unknown or expired CLI id; run `popcorn-cli register` again.", 404)
+        if pending.token_id:
+            if pending.token.user_id != user.pk:
+                raise AccessDenied("This CLI id is already linked to another account.", 409)
+            return pending.token
+        pending.token = ApiToken.objects.create(user=user, name=f"popcorn-cli ({pending.provider})",
+                                                digest=pending.digest, hint=raw.strip()[:10])
+        pending.save(update_fields=["token"])
+        return pending.token
+
+
+def admin_token_matches(presented: str | None) -> bool:
+    expected = settings.ADMIN_TOKEN
+    return bool(expected) and presented is not None and hmac.compare_digest(presented.encode(), expected.encode())
+
+
+# --- who may submit where -----------------------------------------------------------------------
+def can_see(user, leaderboard: Leaderboard) -> bool:
+    if leaderboard.visibility != Visibility.CLOSED or (user.is_authenticated and user.is_staff):
+        return True
+    return user.is_authenticated and Membership.objects.filter(leaderboard=leaderboard, user=user).exists()
+
+
+def accepting_jobs() -> JobSwitch:
+    return JobSwitch.objects.filter(pk=1).first() or JobSwitch(pk=1)
+
+
+def do_set_accepting_jobs(accepting: bool, reason: str = "") -> JobSwitch:
+    switch, _ = JobSwitch.objects.update_or_create(pk=1, defaults={"accepting": accepting, "reason": reason})
+    return switch
+
+
+def quota_for(leaderboard: Leaderboard, kind: str) -> tuple[int, int]:
+    row = SubmissionQuota.objects.filter(leaderboard=leaderboard, kind=kind).first()
+    if row:
+        return row.max_submissions, row.window_seconds
+    return settings.SUBMISSION_QUOTAS[kind]
+
+
+def quota_kind(mode: str) -> str:
+    return QuotaKind.RANKED if mode == SubmissionMode.LEADERBOARD else QuotaKind.TEST
+
+
+def check_may_submit(user, leaderboard: Leaderboard, mode: str) -> None:
+    """Jobs switch, bans and the per-user quota; raises SubmissionRejected (503, 403, 429)."""
+    switch = accepting_jobs()
+    if not switch.accepting:
+        raise SubmissionRejected("Submissions are paused by the organisers"
+                                 + (f": {switch.reason}" if switch.reason else "") + "; try again later.", 503)
+    ban = Ban.objects.filter(user=user).filter(leaderboard__in=[leaderboard.pk, None]).first() \
+        if user.pk else None
+    if ban is not None:
+        where = f"'{leaderboard.name}'" if ban.leaderboard_id else "all leaderboards"
+        raise SubmissionRejected(f"You are banned from submitting to {where}"
+                                 + (f": {ban.reason}" if ban.reason else "") + ".", 403)
+    kind = quota_kind(mode)
+    limit, window = quota_for(leaderboard, kind)
+    if not limit:
+        return
+    modes = [SubmissionMode.LEADERBOARD] if kind == QuotaKind.RANKED else \
+        [m for m in SubmissionMode.values if m != SubmissionMode.LEADERBOARD]
+    since = timezone.now() - timedelta(seconds=window)
+    recent = Submission.objects.filter(user=user, leaderboard=leaderboard, mode__in=modes, created__gte=since)
+    stats = recent.aggregate(n=Count("pk"), oldest=Min("created"))
+    if stats["n"] >= limit:
+        retry = max(1, int((stats["oldest"] + timedelta(seconds=window) - timezone.now()).total_seconds()) + 1)
+        raise SubmissionRejected(
+            f"Rate limit: at most {limit} {kind} submission(s) per {window // 60 or window} "
+            f"{'minutes' if window >= 60 else 'seconds'} on '{leaderboard.name}'; retry in {retry} s.",
+            429, retry_after=retry)
+
+
+# --- invitations and bans -----------------------------------------------------------------------
+def do_create_invite(leaderboard: Leaderboard, max_uses: int = 1, expires_days: int | None = None) -> Invite:
+    expires = timezone.now() + timedelta(days=expires_days) if expires_days else None
+    return Invite.objects.create(leaderboard=leaderboard, max_uses=max(1, max_uses), expires=expires)
+
+
+def do_join(user, code: str) -> Membership:
+    with transaction.atomic():
+        invite = Invite.objects.select_for_update().select_related("leaderboard").filter(code=code.strip()).first()
+        if invite is None or (invite.expires and invite.expires <= timezone.now()):
+            raise AccessDenied("Unknown or expired invite code.", 404)
+        existing = Membership.objects.filter(leaderboard=invite.leaderboard, user=user).first()
+        if existing:
+            return existing
+        if invite.uses >= invite.max_uses:
+            raise AccessDenied("This invite code has been used up.", 410)
+        Invite.objects.filter(pk=invite.pk).update(uses=F("uses") + 1)
+        return Membership.objects.create(leaderboard=invite.leaderboard, user=user, invite=invite)
+
+
+def do_ban(user, leaderboard: Leaderboard | None, reason: str = "") -> Ban:
+    ban, _ = Ban.objects.update_or_create(user=user, leaderboard=leaderboard, defaults={"reason": reason})
+    return ban
+
+
+def do_unban(user, leaderboard: Leaderboard | None) -> int:
+    return Ban.objects.filter(user=user, leaderboard=leaderboard).delete()[0]
+
+
+# --- queue position and ETA ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class QueueEstimate:
+    runner: str
+    gpu: str
+    queued_jobs: int
+    position: int
+    eta_seconds: int
+
+
+_RUN_SECONDS: dict[int, tuple[float, float]] = {}  # gpu type → (mean seconds, measured at)
+DEFAULT_RUN_SECONDS = 60.0
+
+
+def mean_run_seconds(gpu_type_id: int) -> float:
+    cached = _RUN_SECONDS.get(gpu_type_id)
+    if cached and time.monotonic() - cached[1] < 60:
+        return cached[0]
+    recent = Run.objects.filter(gpu_type_id=gpu_type_id, started_at__isnull=False, finished_at__isnull=False) \
+        .order_by("-finished_at").values_list("pk", flat=True)[:50]
+    mean = Run.objects.filter(pk__in=list(recent)).aggregate(
+        d=Avg(ExpressionWrapper(F("finished_at") - F("started_at"), output_field=DurationField())))["d"]
+    seconds = mean.total_seconds() if mean else DEFAULT_RUN_SECONDS
+    _RUN_SECONDS[gpu_type_id] = (seconds, time.monotonic())
+    return seconds
+
+
+def queue_estimate(submission: Submission) -> QueueEstimate | None:
+    """Where the submission's first unfinished run stands in its GPU type's queue, and a rough ETA."""
+    run = submission.runs.filter(status__in=ACTIVE_STATUSES).select_related("gpu_type").order_by("pk").first()
+    if run is None:
+        return None
+    active = Run.objects.filter(gpu_type_id=run.gpu_type_id, status__in=ACTIVE_STATUSES)
+    ahead = active.filter(pk__lt=run.pk).count()
+    devices = max(1, Gpu.objects.filter(gpu_type_id=run.gpu_type_id, enabled=True, node__enabled=True,
+                                        node__pool__enabled=True).count())
+    mine = submission.runs.filter(status__in=ACTIVE_STATUSES).count()
+    eta = (ahead // devices + mine) * mean_run_seconds(run.gpu_type_id)
+    return QueueEstimate(runner=run.runner or "queue", gpu=run.gpu_type.name, queued_jobs=ahead + mine,
+                         position=ahead + 1, eta_seconds=round(eta))

@@ -1,0 +1,135 @@
+"""Who may call the API and submit where: API tokens (a popcorn cli id is one), pending CLI logins,
+submission quotas, invitations and memberships for closed leaderboards, bans, and the jobs switch."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+TOKEN_PREFIX = "kb_"
+
+
+def digest(raw: str) -> str:
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def new_secret() -> str:
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+class ApiTokenQuerySet(models.QuerySet):
+    def usable(self) -> ApiTokenQuerySet:
+        return self.filter(revoked__isnull=True).filter(
+            models.Q(expires__isnull=True) | models.Q(expires__gt=timezone.now()))
+
+
+class ApiToken(models.Model):
+    """A per-user secret for the API; only its sha256 is stored, the secret is shown once."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=80, default="cli")
+    digest = models.CharField(max_length=64, unique=True)
+    hint = models.CharField(max_length=12, help_text="First characters of the secret, to tell tokens apart.")
+    created = models.DateTimeField(auto_now_add=True)
+    expires = models.DateTimeField(null=True, blank=True)
+    last_used = models.DateTimeField(null=True, blank=True)
+    revoked = models.DateTimeField(null=True, blank=True)
+
+    objects = ApiTokenQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.hint}…) of {self.user}"
+
+
+class PendingLogin(models.Model):
+    """A popcorn `/auth/init` state: becomes the user's token once a logged-in user binds it."""
+
+    digest = models.CharField(max_length=64, unique=True)
+    provider = models.CharField(max_length=20)
+    created = models.DateTimeField(auto_now_add=True)
+    token = models.OneToOneField(ApiToken, null=True, blank=True, on_delete=models.CASCADE)
+
+    def __str__(self) -> str:
+        return f"{self.provider} login {self.digest[:8]}"
+
+
+class QuotaKind(models.TextChoices):
+    TEST = "test", "Test, benchmark and profile"
+    RANKED = "ranked", "Ranked (leaderboard)"
+
+
+class SubmissionQuota(models.Model):
+    """At most `max_submissions` per user in any `window_seconds`; no row → the settings default."""
+
+    leaderboard = models.ForeignKey("leaderboards.Leaderboard", on_delete=models.CASCADE, related_name="quotas")
+    kind = models.CharField(max_length=8, choices=QuotaKind.choices)
+    max_submissions = models.PositiveIntegerField(help_text="0 means unlimited.")
+    window_seconds = models.PositiveIntegerField(default=3600)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["leaderboard", "kind"], name="quota_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.leaderboard} {self.kind}: {self.max_submissions}/{self.window_seconds}s"
+
+
+def new_invite_code() -> str:
+    return secrets.token_urlsafe(9)
+
+
+class Invite(models.Model):
+    code = models.CharField(max_length=32, unique=True, default=new_invite_code)
+    leaderboard = models.ForeignKey("leaderboards.Leaderboard", on_delete=models.CASCADE, related_name="invites")
+    max_uses = models.PositiveIntegerField(default=1)
+    uses = models.PositiveIntegerField(default=0)
+    expires = models.DateTimeField(null=True, blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.code} → {self.leaderboard}"
+
+
+class Membership(models.Model):
+    """A user admitted to a closed leaderboard."""
+
+    leaderboard = models.ForeignKey("leaderboards.Leaderboard", on_delete=models.CASCADE, related_name="members")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    invite = models.ForeignKey(Invite, null=True, blank=True, on_delete=models.SET_NULL)
+    joined = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["leaderboard", "user"], name="membership_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.leaderboard}"
+
+
+class Ban(models.Model):
+    """A user barred from submitting to one leaderboard, or to all when `leaderboard` is empty."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="bans")
+    leaderboard = models.ForeignKey("leaderboards.Leaderboard", null=True, blank=True, on_delete=models.CASCADE,
+                                    related_name="bans")
+    reason = models.CharField(max_length=200, blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.user} banned from {self.leaderboard or 'everything'}"
+
+
+class JobSwitch(models.Model):
+    """Singleton row (pk=1): whether new submissions are accepted at all (popcorn `admin start|stop`)."""
+
+    accepting = models.BooleanField(default=True)
+    reason = models.CharField(max_length=200, blank=True)
+    changed = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return "accepting jobs" if self.accepting else f"jobs stopped: {self.reason}"

@@ -1,0 +1,9 @@
+from django.urls import path
+
+from . import views
+
+app_name = "access"
+urlpatterns = [
+    path("link-cli/", views.link_cli, name="link-cli"),
+    path("", views.tokens, name="tokens"),
+]

@@ -1,0 +1,42 @@
+"""Logged-in pages: link a popcorn-cli pending id to the account, and create / revoke API tokens."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_http_methods
+
+from . import actions
+from .models import ApiToken
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def link_cli(request):
+    """popcorn-cli's `register` stores a pending id; the user pastes it here (it is never put in a URL path)."""
+    if request.method == "POST":
+        try:
+            actions.do_bind_cli_login(request.user, request.POST.get("cli_id", ""))
+        except actions.AccessDenied as exc:
+            messages.error(request, exc.message)
+        else:
+            messages.success(request, "Your CLI is linked: popcorn-cli can submit as you now.")
+            return redirect("access:tokens")
+    return render(request, "access/link_cli.html", {"cli_id": request.GET.get("state", "")})
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def tokens(request):
+    created = None
+    if request.method == "POST" and request.POST.get("revoke"):
+        actions.do_revoke_token(request.user, int(request.POST["revoke"]))
+        return redirect("access:tokens")
+    if request.method == "POST":
+        days = request.POST.get("expires_days") or ""
+        _, created = actions.do_create_token(request.user, request.POST.get("name", "cli"),
+                                             int(days) if days.isdigit() else None)
+    return render(request, "access/tokens.html", {
+        "created": created, "tokens": ApiToken.objects.filter(user=request.user, revoked__isnull=True),
+        "api_url": request.build_absolute_uri("/popcorn").rstrip("/")})

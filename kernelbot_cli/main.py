@@ -1,0 +1,221 @@
+"""`kernelbot`: log in, list leaderboards, submit with live progress, manage submissions.
+
+Config: <user config dir>/kernelbot/config.json ({"url": ..., "token": ...}); KERNELBOT_URL and
+KERNELBOT_TOKEN override it."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+from platformdirs import user_config_path
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from .directives import parse_directives
+
+app = typer.Typer(help="Submit GPU kernels to a kernelbot server.", no_args_is_help=True)
+submissions_app = typer.Typer(help="Your submissions.", no_args_is_help=True)
+app.add_typer(submissions_app, name="submissions")
+console = Console()
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+def config_file() -> Path:
+    return Path(os.environ.get("KERNELBOT_CONFIG") or user_config_path("kernelbot") / "config.json")
+
+
+def load_config() -> dict[str, str]:
+    path = config_file()
+    config = json.loads(path.read_text()) if path.exists() else {}
+    config["url"] = os.environ.get("KERNELBOT_URL") or config.get("url") or DEFAULT_URL
+    if os.environ.get("KERNELBOT_TOKEN"):
+        config["token"] = os.environ["KERNELBOT_TOKEN"]
+    return config
+
+
+def save_config(config: dict[str, str]) -> Path:
+    path = config_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(config, indent=2))
+    path.chmod(0o600)
+    return path
+
+
+def client(token: str | None = None, *, need_token: bool = True) -> httpx.Client:
+    config = load_config()
+    token = token or config.get("token")
+    if need_token and not token:
+        fail("Not logged in: run `kernelbot login` first.")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.Client(base_url=config["url"].rstrip("/") + "/api/v1", headers=headers, timeout=60)
+
+
+def fail(message: str, code: int = 1) -> None:
+    console.print(f"[red]error:[/red] {message}")
+    raise typer.Exit(code)
+
+
+def check(response: httpx.Response) -> Any:
+    if response.is_success:
+        return response.json() if response.content else None
+    try:
+        detail = response.json().get("detail")
+    except ValueError:
+        detail = None
+    if not isinstance(detail, str):
+        detail = response.text
+    retry = response.headers.get("Retry-After")
+    fail(f"{detail} (HTTP {response.status_code}{f', retry after {retry} s' if retry else ''})")
+
+
+@app.command()
+def login(url: str = typer.Option(None, help="Server base URL, e.g. https://kernelbot.example.org"),
+          token: str = typer.Option(None, help="An API token from the site's token page."),
+          username: str = typer.Option(None, help="Trade a site password for a token."),
+          password: str = typer.Option(None, help="With --username; prompted when omitted.")) -> None:
+    """Store a token for a server: --token, --username/--password, or (neither) link via the browser."""
+    config = load_config()
+    if url:
+        config["url"] = url.rstrip("/")
+    save_config(config)
+    if username:
+        password = password or typer.prompt("Password", hide_input=True)
+        with client(need_token=False) as c:
+            token = check(c.post("/auth/password", json={"username": username, "password": password}))["token"]
+    elif not token:
+        with client(need_token=False) as c:
+            started = check(c.post("/auth/cli"))
+        console.print(f"Open [bold]{started['link_url']}[/bold], log in and paste this id:\n\n"
+                      f"  {started['cli_id']}\n\nWaiting for the link…")
+        token = started["cli_id"]
+        with client(token) as c:
+            while c.get("/me").status_code == 401:
+                time.sleep(2)
+    with client(token) as c:
+        me = check(c.get("/me"))
+    config["token"] = token
+    path = save_config(config)
+    console.print(f"Logged in to {config['url']} as [bold]{me['username']}[/bold] (config: {path}).")
+
+
+@app.command()
+def leaderboards() -> None:
+    """List the leaderboards with their GPU types and deadlines."""
+    with client(need_token=False) as c:
+        rows = check(c.get("/leaderboards"))
+    table = Table("name", "GPU types", "deadline", "lang", "open")
+    for b in rows:
+        table.add_row(b["name"], ", ".join(b["gpu_types"]), b["deadline"][:16].replace("T", " "), b["lang"],
+                      "yes" if b["is_open"] else "no")
+    console.print(table)
+
+
+def fmt_seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value * 1e6:.2f} µs" if value < 1e-3 else f"{value * 1e3:.3f} ms"
+
+
+def status_table(sub: dict[str, Any]) -> Table:
+    table = Table(title=f"#{sub['id']} {sub['file_name']} → {sub['leaderboard']} ({sub['mode']}): {sub['status']}")
+    for column in ("GPU", "run", "status", "tests", "score", "detail"):
+        table.add_column(column)
+    for run in sub["runs"]:
+        tests = run["tests"]
+        passed = sum(t["status"] == "pass" for t in tests)
+        progress = run["progress"]
+        detail = run["error"][:80] or (f"{progress.get('phase', '')} {progress.get('done', '')}/"
+                                       f"{progress.get('total', '')}" if progress else "")
+        table.add_row(run["gpu"], "secret" if run["secret"] else "public", run["status"],
+                      f"{passed}/{len(tests)}" if tests else "-", fmt_seconds(run["score"]), detail)
+    queue = sub.get("queue")
+    if queue and not sub["done"]:
+        table.caption = f"queue position {queue['position']} on {queue['gpu']}, ETA ~{queue['eta_seconds']} s"
+    return table
+
+
+def follow(c: httpx.Client, submission_id: int, initial: dict[str, Any]) -> dict[str, Any]:
+    """Live display from the server-sent progress stream; falls back to polling if the stream breaks."""
+    latest = initial
+    with Live(status_table(latest), console=console, refresh_per_second=4) as live:
+        try:
+            with c.stream("GET", f"/submissions/{submission_id}/events", timeout=None) as stream:
+                event = None
+                for line in stream.iter_lines():
+                    if line.startswith("event:"):
+                        event = line[6:].strip()
+                    elif line.startswith("data:") and event == "submission":
+                        latest = json.loads(line[5:])
+                        live.update(status_table(latest))
+                    elif line.startswith("data:") and event in ("done", "error"):
+                        break
+        except httpx.HTTPError:
+            pass
+        while not latest["done"]:
+            time.sleep(2)
+            latest = check(c.get(f"/submissions/{submission_id}"))
+            live.update(status_table(latest))
+    return latest
+
+
+@app.command()
+def submit(file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, readable=True)],
+           leaderboard: str = typer.Option(None, "--leaderboard", "-l", help="Default: #!POPCORN leaderboard."),
+           gpu: str = typer.Option(None, "--gpu", "-g", help="Default: #!POPCORN gpu."),
+           mode: str = typer.Option("leaderboard", "--mode", "-m", help="test, benchmark, leaderboard or profile."),
+           wait: bool = typer.Option(True, help="Follow the progress until the result.")) -> None:
+    """Submit FILE and show live progress and the result table."""
+    content = file.read_bytes()
+    found = parse_directives(content.decode("utf-8", errors="replace"))
+    leaderboard = leaderboard or found.get("leaderboard")
+    gpu = gpu or found.get("gpu")
+    if not leaderboard:
+        fail("Name a leaderboard with --leaderboard or a `#!POPCORN leaderboard <name>` line.")
+    data = {"leaderboard": leaderboard, "mode": mode, **({"gpu": gpu} if gpu else {})}
+    with client() as c:
+        sub = check(c.post("/submissions", data=data, files={"file": (file.name, content)}))
+        console.print(f"Submitted #{sub['id']} to {leaderboard} ({mode}).")
+        if wait:
+            sub = follow(c, sub["id"], sub)
+    if sub["status"] not in ("succeeded", "pending", "running"):
+        raise typer.Exit(2)
+
+
+@submissions_app.command("list")
+def list_(leaderboard: str = typer.Option("", "--leaderboard", "-l"), limit: int = 20) -> None:
+    """Your latest submissions."""
+    with client() as c:
+        page = check(c.get("/submissions", params={"leaderboard": leaderboard, "limit": limit}))
+    table = Table("id", "leaderboard", "file", "mode", "submitted", "status", "score")
+    for s in page["results"]:
+        table.add_row(str(s["id"]), s["leaderboard"], s["file_name"], s["mode"], s["created"][:19].replace("T", " "),
+                      s["status"], fmt_seconds(s["score"]))
+    console.print(table)
+
+
+@submissions_app.command()
+def show(submission_id: int) -> None:
+    """One submission's status and per-run results."""
+    with client() as c:
+        console.print(status_table(check(c.get(f"/submissions/{submission_id}"))))
+
+
+@submissions_app.command()
+def delete(submission_id: int, yes: bool = typer.Option(False, "--yes", "-y")) -> None:
+    """Delete one of your submissions."""
+    if not yes:
+        typer.confirm(f"Delete submission {submission_id}?", abort=True)
+    with client() as c:
+        check(c.delete(f"/submissions/{submission_id}"))
+    console.print(f"Deleted submission {submission_id}.")
+
+
+if __name__ == "__main__":
+    app()

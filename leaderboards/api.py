@@ -1,0 +1,196 @@
+"""API v1: leaderboards, paged rankings, submissions (create, status, list, delete, progress stream).
+Thin: validation and writes are `actions`; shapes are `schemas`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+from django.http import HttpRequest, StreamingHttpResponse
+from ninja import File, Form, Router
+from ninja.errors import HttpError
+from ninja.files import UploadedFile
+
+from access import actions as access
+from access.api import token_auth
+from kernelbot_cli.directives import parse_directives
+from popcorn import wire
+
+from . import actions
+from .models import BoardEntry, Leaderboard, Run, Submission, Visibility
+from .progress import in_pool, run_snapshots, sse
+from .schemas import (
+    DeletedOut,
+    ErrorOut,
+    LeaderboardOut,
+    RankingPageOut,
+    SubmissionOut,
+    SubmissionPageOut,
+)
+
+router = Router(tags=["leaderboards"])
+ERRORS = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 413: ErrorOut, 429: ErrorOut, 503: ErrorOut}
+
+
+def leaderboard_out(b: Leaderboard) -> dict[str, Any]:
+    task = wire.public_task(b)
+    return {"id": b.pk, "name": b.name, "description": b.description, "deadline": b.deadline,
+            "is_open": b.is_open, "gpu_types": [g.name for g in b.gpu_types.all()], "lang": b.problem.lang,
+            "ranking_by": b.ranking_by, "templates": task.get("templates", {}), "task": task}
+
+
+def visible(request: HttpRequest, name: str) -> Leaderboard:
+    board = Leaderboard.objects.select_related("problem").prefetch_related("gpu_types").filter(name=name).first()
+    if board is None or not access.can_see(request.user, board):
+        raise HttpError(404, f"Unknown leaderboard '{name}'.")
+    return board
+
+
+@router.get("/leaderboards", response=list[LeaderboardOut], auth=None)
+def list_leaderboards(request):
+    """Public leaderboards, with GPU types, deadlines and templates."""
+    boards = Leaderboard.objects.filter(visibility=Visibility.PUBLIC).select_related("problem") \
+        .prefetch_related("gpu_types")
+    return [leaderboard_out(b) for b in boards]
+
+
+@router.get("/leaderboards/{name}", response={200: LeaderboardOut, 404: ErrorOut}, auth=None)
+def get_leaderboard(request, name: str):
+    return leaderboard_out(visible(request, name))
+
+
+@router.get("/leaderboards/{name}/rankings/{gpu}", response={200: RankingPageOut, 404: ErrorOut}, auth=None)
+def rankings(request, name: str, gpu: str, page: int = 1, page_size: int = 50):
+    """One board (leaderboard × GPU type), best first; `page` from 1, `page_size` up to 200."""
+    board = visible(request, name)
+    gpu_type = next((g for g in board.gpu_types.all() if g.name.lower() == gpu.lower()), None)
+    if gpu_type is None:
+        raise HttpError(404, f"Leaderboard '{name}' does not run on GPU '{gpu}'.")
+    page, page_size = max(1, min(page, 10**6)), max(1, min(page_size, 200))
+    entries = BoardEntry.objects.for_board(board, gpu_type).select_related("user")
+    start = (page - 1) * page_size
+    return {"leaderboard": board.name, "gpu": gpu_type.name, "count": entries.count(), "page": page,
+            "page_size": page_size, "results": [
+                {"rank": e.rank, "user": e.user.get_username(), "score": e.score, "submission_id": e.submission_id,
+                 "submitted_at": e.submitted_at} for e in entries[start:start + page_size]]}
+
+
+def queue_out(submission: Submission) -> dict[str, Any] | None:
+    estimate = access.queue_estimate(submission)
+    return estimate.__dict__ if estimate else None
+
+
+def run_out(run: Run) -> dict[str, Any]:
+    result = {} if run.secret else (run.result or {})
+    return {"id": run.pk, "gpu": run.gpu_type.name, "secret": run.secret, "status": run.status,
+            "passed": run.passed, "score": None if run.secret else run.score, "error": run.error,
+            "queued_at": run.queued_at, "started_at": run.started_at, "finished_at": run.finished_at,
+            "progress": {} if run.secret else run.progress,
+            "tests": [case(c) for c in result.get("tests") or []],
+            "benchmarks": [case(c) for c in result.get("benchmarks") or []],
+            "stdout": "" if run.secret else run.stdout, "stderr": "" if run.secret else run.stderr}
+
+
+def case(c: dict) -> dict[str, Any]:
+    mean = c.get("mean")
+    return {"spec": str(c.get("spec", "")), "status": str(c.get("status", "")),
+            "mean": float(mean) if isinstance(mean, int | float) else None,
+            "message": str(c["message"]) if c.get("message") else None}
+
+
+def submission_out(submission: Submission, runs: list[Run], queue: dict | None = None) -> dict[str, Any]:
+    done, status, _ = wire.job_state(runs)
+    return {"id": submission.pk, "leaderboard": submission.leaderboard.name, "file_name": submission.file_name,
+            "mode": submission.mode, "created": submission.created, "done": done, "status": status,
+            "runs": [run_out(r) for r in runs], "queue": queue}
+
+
+def own(request: HttpRequest, submission_id: int) -> Submission:
+    submission = Submission.objects.select_related("leaderboard").filter(pk=submission_id).first()
+    if submission is None or (submission.user_id != request.auth.pk and not request.auth.is_staff):
+        raise HttpError(404, f"Submission {submission_id} not found.")
+    return submission
+
+
+@router.post("/submissions", response={201: SubmissionOut, **ERRORS}, auth=token_auth)
+def create_submission(request, file: File[UploadedFile], leaderboard: Form[str] = "", gpu: Form[str] = "",
+                      mode: Form[str] = "leaderboard"):
+    """Submit a file (multipart). `leaderboard` and `gpu` default to the file's `#!POPCORN` directives."""
+    content = file.read(settings.MAX_SUBMISSION_BYTES + 1)
+    found = parse_directives(content.decode("utf-8", errors="replace"))
+    leaderboard = leaderboard or found.get("leaderboard", "")
+    gpus = [g for g in (gpu or found.get("gpu", "")).split(",") if g.strip()]
+    if not leaderboard:
+        raise HttpError(400, "Name a leaderboard (form field or a #!POPCORN leaderboard line).")
+    checked = actions.check_submission(request.auth, leaderboard, gpus, mode.lower(), file.name or "submission",
+                                       content)
+    submission = actions.do_submit(request.auth, checked)
+    runs = list(submission.runs.select_related("gpu_type", "submission"))
+    return 201, submission_out(submission, runs, queue_out(submission))
+
+
+@router.get("/submissions", response=SubmissionPageOut, auth=token_auth)
+def list_submissions(request, leaderboard: str = "", limit: int = 50, offset: int = 0):
+    """The caller's submissions, newest first."""
+    qs = Submission.objects.filter(user=request.auth).select_related("leaderboard").prefetch_related("runs")
+    if leaderboard:
+        qs = qs.filter(leaderboard__name=leaderboard)
+    limit, offset = max(1, min(limit, 200)), max(0, min(offset, 10**9))
+    rows = []
+    for s in qs[offset:offset + limit]:
+        runs = list(s.runs.all())
+        done, status, _ = wire.job_state(runs)
+        scores = [r.score for r in runs if not r.secret and r.score is not None]
+        rows.append({"id": s.pk, "leaderboard": s.leaderboard.name, "file_name": s.file_name, "mode": s.mode,
+                     "created": s.created, "done": done, "status": status, "score": min(scores, default=None)})
+    return {"count": qs.count(), "results": rows}
+
+
+@router.get("/submissions/{submission_id}", response={200: SubmissionOut, 404: ErrorOut}, auth=token_auth)
+def get_submission(request, submission_id: int):
+    """Status with per-phase (tests, benchmarks) results of each run."""
+    submission = own(request, submission_id)
+    runs = list(submission.runs.select_related("gpu_type", "submission"))
+    return submission_out(submission, runs, queue_out(submission))
+
+
+@router.delete("/submissions/{submission_id}", response={200: DeletedOut, 404: ErrorOut}, auth=token_auth)
+def delete_submission(request, submission_id: int):
+    """Delete one of your submissions (its unfinished runs are cancelled)."""
+    submission = own(request, submission_id)
+    if submission.user_id != request.auth.pk:
+        raise HttpError(404, f"Submission {submission_id} not found.")
+    actions.do_delete_submission(submission)
+    return {"status": "ok", "submission_id": submission_id}
+
+
+@router.get("/submissions/{submission_id}/events", auth=token_auth,
+            response={200: None, 404: ErrorOut}, openapi_extra={"responses": {200: {
+                "description": "text/event-stream: `event: submission` snapshots (as GET /submissions/{id}), "
+                               "then `event: done`; `: keepalive` comments every 15 s.",
+                "content": {"text/event-stream": {"schema": {"type": "string"}}}}}})
+def submission_events(request, submission_id: int):
+    """Server-sent progress of one submission until all its runs finish."""
+    own(request, submission_id)
+    # this request's thread would otherwise keep its database connection until the stream ends
+    connection.close()
+    response = StreamingHttpResponse(progress_stream(submission_id), content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response
+
+
+async def progress_stream(submission_id: int, heartbeat: float = 15.0):
+    version = 0
+    async for submission, runs, changed in run_snapshots(submission_id, heartbeat):
+        if submission is None:
+            yield sse("error", {"detail": "The submission was deleted."})
+            return
+        if not changed:
+            yield b": keepalive\n\n"
+            continue
+        version += 1
+        queue = None if all(r.is_terminal for r in runs) else await in_pool(queue_out, submission)
+        yield sse("submission", {"version": version, **submission_out(submission, runs, queue)})
+    yield sse("done", {"submission_id": submission_id})

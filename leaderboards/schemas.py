@@ -1,0 +1,108 @@
+"""API v1 shapes for leaderboards, rankings and submissions."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from ninja import Schema
+
+
+class ErrorOut(Schema):
+    detail: str
+
+
+class LeaderboardOut(Schema):
+    id: int
+    name: str
+    description: str
+    deadline: datetime
+    is_open: bool
+    gpu_types: list[str]
+    lang: str
+    ranking_by: str
+    templates: dict[str, str]
+    task: dict[str, Any]
+
+
+class RankingEntryOut(Schema):
+    rank: int
+    user: str
+    score: float
+    submission_id: int
+    submitted_at: datetime
+
+
+class RankingPageOut(Schema):
+    leaderboard: str
+    gpu: str
+    count: int
+    page: int
+    page_size: int
+    results: list[RankingEntryOut]
+
+
+class QueueOut(Schema):
+    runner: str
+    gpu: str
+    queued_jobs: int
+    position: int
+    eta_seconds: int
+
+
+class CaseOut(Schema):
+    spec: str = ""
+    status: str = ""
+    mean: float | None = None
+    message: str | None = None
+
+
+class RunOut(Schema):
+    id: int
+    gpu: str
+    secret: bool
+    status: str
+    passed: bool | None
+    score: float | None
+    error: str
+    queued_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    progress: dict[str, Any]
+    tests: list[CaseOut]
+    benchmarks: list[CaseOut]
+    stdout: str
+    stderr: str
+
+
+class SubmissionOut(Schema):
+    id: int
+    leaderboard: str
+    file_name: str
+    mode: str
+    created: datetime
+    done: bool
+    status: str
+    runs: list[RunOut]
+    queue: QueueOut | None
+
+
+class SubmissionListItem(Schema):
+    id: int
+    leaderboard: str
+    file_name: str
+    mode: str
+    created: datetime
+    done: bool
+    status: str
+    score: float | None
+
+
+class SubmissionPageOut(Schema):
+    count: int
+    results: list[SubmissionListItem]
+
+
+class DeletedOut(Schema):
+    status: str
+    submission_id: int

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class PopcornConfig(AppConfig):
+    name = "popcorn"
+    verbose_name = "popcorn-cli wire compatibility"

@@ -1,0 +1,12 @@
+"""Mounted at /popcorn/ in kernelbot/urls.py: POPCORN_API_URL=https://<host>/popcorn."""
+
+from django.urls import path
+
+from .api import api
+from .stream import stream_submit
+
+urlpatterns = [
+    *api.urls[0],
+    # after the fixed routes: three free segments would otherwise shadow e.g. user/submissions/<id>
+    path("<str:leaderboard>/<str:gpu>/<str:mode>", stream_submit, name="popcorn-stream"),
+]
