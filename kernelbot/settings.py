@@ -41,6 +41,11 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "django_q",
+    "allauth",
+    "allauth.account",
+    "allauth.socialaccount",
+    "allauth.socialaccount.providers.discord",
+    "allauth.socialaccount.providers.github",
     "leaderboards",
     "runners",
     "discordbot",
@@ -56,6 +61,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    "allauth.account.middleware.AccountMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
@@ -98,6 +104,8 @@ if REDIS_URL:
     }
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+# Seconds between polls of the live-event outbox that carries events across processes without Redis.
+LIVE_OUTBOX_POLL = float(os.environ.get("KERNELBOT_LIVE_OUTBOX_POLL", "0.25"))
 
 Q_CLUSTER = {
     "name": "kernelbot",
@@ -114,6 +122,25 @@ if REDIS_URL:
     Q_CLUSTER["redis"] = REDIS_URL
 else:
     Q_CLUSTER["orm"] = "default"
+
+# Accounts (django-allauth): local sign-up plus Discord/GitHub OAuth, each shown only when its env vars are set.
+AUTHENTICATION_BACKENDS = [
+    "django.contrib.auth.backends.ModelBackend",
+    "allauth.account.auth_backends.AuthenticationBackend",
+]
+LOGIN_REDIRECT_URL = "/"
+ACCOUNT_LOGIN_METHODS = {"username"}
+ACCOUNT_SIGNUP_FIELDS = ["username*", "email", "password1*", "password2*"]
+ACCOUNT_EMAIL_VERIFICATION = "none"
+SOCIALACCOUNT_EMAIL_VERIFICATION = "none"
+SOCIALACCOUNT_ONLY = False
+SOCIALACCOUNT_PROVIDERS = {
+    provider: {"APPS": [{"client_id": os.environ[f"{provider.upper()}_CLIENT_ID"],
+                         "secret": os.environ.get(f"{provider.upper()}_CLIENT_SECRET", ""), "key": ""}],
+               "SCOPE": scope}
+    for provider, scope in (("discord", ["identify"]), ("github", ["read:user"]))
+    if os.environ.get(f"{provider.upper()}_CLIENT_ID")
+}
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

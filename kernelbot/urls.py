@@ -2,12 +2,11 @@ from django.contrib import admin
 from django.urls import include, path
 from django.views.generic import RedirectView
 
-from leaderboards import views
-
 from .api import api
 
 urlpatterns = [
-    path("", views.home, name="home"),
+    path("", include("leaderboards.urls")),
+    path("accounts/", include("allauth.urls")),
     path("admin/", admin.site.urls),
     path("api/v1/", api.urls),
     path("api/docs", RedirectView.as_view(url="/api/v1/docs", permanent=False)),

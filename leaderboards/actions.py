@@ -294,10 +294,11 @@ def do_recompute_ranks(leaderboard_id: int, gpu_type_id: int) -> bool:
             return False
         board.version += 1
         board.save(update_fields=["version", "updated"])
-        snapshot = [{"user": r.user_id, "submission": r.submission_id, "score": r.score, "rank": r.rank}
-                    for r in ranked]
-        version = board.version
-        transaction.on_commit(lambda: events.board_changed(leaderboard_id, gpu_type_id, version, snapshot))
+        changed = {e.user_id for e in to_create + to_update}
+        delta = [{"user": r.user_id, "submission": r.submission_id, "score": r.score, "rank": r.rank}
+                 for r in ranked if r.user_id in changed]
+        removed, version = list(existing), board.version
+        transaction.on_commit(lambda: events.board_changed(leaderboard_id, gpu_type_id, version, delta, removed))
         return True
 
 

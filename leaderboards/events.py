@@ -9,17 +9,24 @@ from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from django.contrib.auth import get_user_model
 from django.db import transaction
+
+from . import live
 
 log = logging.getLogger(__name__)
 
 
 def send(group: str, event_type: str, payload: dict[str, Any]) -> None:
+    """Deliver on this process's layer; with a per-process layer also write the outbox (see live.py)."""
     layer = get_channel_layer()
     if layer is None:
         return
+    message = {"type": event_type, **payload}
     try:
-        async_to_sync(layer.group_send)(group, {"type": event_type, **payload})
+        async_to_sync(layer.group_send)(group, message)
+        if live.uses_outbox():
+            live.write_outbox(group, message)
     except Exception:  # a lost live update must never fail the work that caused it
         log.exception("could not send %s to %s", event_type, group)
 
@@ -29,13 +36,25 @@ def send_on_commit(group: str, event_type: str, payload: dict[str, Any]) -> None
 
 
 def run_changed(run) -> None:
-    send(f"submission.{run.submission_id}", "submission.update", {
-        "run": run.pk, "status": run.status, "attempt": run.attempt, "secret": run.secret,
-        "gpu": run.gpu_type.name, "progress": run.progress, "passed": run.passed, "score": run.score,
-    })
+    send(f"submission.{run.submission_id}", "submission.update", run_state(run))
 
 
-def board_changed(leaderboard_id: int, gpu_type_id: int, version: int, entries: list[dict]) -> None:
+def run_state(run) -> dict[str, Any]:
+    """A run's live state; the submission page's snapshot and deltas share it. Secret runs: pass/fail only."""
+    stamps = {name: (getattr(run, name).isoformat() if getattr(run, name) else None)
+              for name in ("queued_at", "dispatched_at", "started_at", "finished_at")}
+    return {"run": run.pk, "status": run.status, "attempt": run.attempt, "secret": run.secret,
+            "gpu": run.gpu_type.name, "progress": {} if run.secret else run.progress, "passed": run.passed,
+            "score": None if run.secret else run.score, **stamps}
+
+
+def board_changed(leaderboard_id: int, gpu_type_id: int, version: int, entries: list[dict],
+                  removed: list[int] | None = None) -> None:
+    """A delta: the entries that were added or changed and the users who left, with display names."""
+    ids = [e["user"] for e in entries]
+    names = {str(pk): display or username for pk, username, display in get_user_model().objects.filter(
+        pk__in=ids).values_list("pk", "username", "profile__display_name")} if ids else {}
     send(f"leaderboard.{leaderboard_id}", "leaderboard.ranks", {
-        "gpu_type": gpu_type_id, "version": version, "entries": entries,
+        "gpu_type": gpu_type_id, "version": version, "entries": entries, "removed": removed or [],
+        "names": names,
     })

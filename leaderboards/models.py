@@ -89,6 +89,8 @@ class Leaderboard(models.Model):
     visibility = models.CharField(max_length=10, choices=Visibility.choices, default=Visibility.PUBLIC)
     gpu_types = models.ManyToManyField(GpuType, related_name="leaderboards")
     secret_seed = models.BigIntegerField(default=new_secret_seed, editable=False)
+    code_public_after_deadline = models.BooleanField(
+        default=False, help_text="After the deadline, everyone may read every submission's code.")
     created = models.DateTimeField(auto_now_add=True)
 
     objects = LeaderboardQuerySet.as_manager()
@@ -306,3 +308,16 @@ class BoardEntry(models.Model):
 
 
 PASSING_RANKED = Q(status=RunStatus.SUCCEEDED, passed=True, score__isnull=False)
+
+
+class LiveEvent(models.Model):
+    """Outbox for live updates when the channel layer is per-process (no REDIS_URL): a worker writes the
+    event after commit and each ASGI process tails this table and re-sends it on its own layer."""
+
+    group = models.CharField(max_length=100)
+    payload = models.JSONField()
+    origin = models.CharField(max_length=64, help_text="host:pid of the writer; it already delivered locally.")
+    created = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    def __str__(self) -> str:
+        return f"{self.group} {self.payload.get('type')}"

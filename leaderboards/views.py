@@ -1,11 +1,193 @@
-from django.shortcuts import render
+"""Public pages. Thin: reads go through querysets, the one write (submit) through `actions`."""
 
-from .models import BoardEntry, Leaderboard
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth import get_user_model
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.db.models import Count, Min, Q
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+
+from . import actions
+from .history import board_history
+from .models import (
+    Board,
+    BoardEntry,
+    Leaderboard,
+    Run,
+    Submission,
+    SubmissionMode,
+    Visibility,
+)
+from .web_forms import SubmitForm
+
+PAGE_ROWS = 50
+LOG_PREVIEW = 8 * 1024
 
 
-def home(request):
-    leaderboards = list(Leaderboard.objects.listed().prefetch_related("gpu_types"))
-    leaders = {e.leaderboard_id: e for e in BoardEntry.objects.filter(rank=1).select_related("user", "gpu_type")}
+def visible_leaderboards(user) -> Any:
+    boards = Leaderboard.objects.all()
+    return boards if user.is_staff else boards.exclude(visibility=Visibility.CLOSED)
+
+
+def home(request: HttpRequest) -> HttpResponse:
+    leaderboards = list(Leaderboard.objects.listed().select_related("competition").prefetch_related("gpu_types")
+                        .annotate(entrants=Count("entries__user", distinct=True)))
+    leaders = {e.leaderboard_id: e for e in BoardEntry.objects.filter(rank=1).select_related(
+        "user__profile", "gpu_type").order_by("score")}
     for leaderboard in leaderboards:
         leaderboard.leader = leaders.get(leaderboard.pk)
-    return render(request, "leaderboards/home.html", {"leaderboards": leaderboards})
+    now = timezone.now()
+    return render(request, "leaderboards/home.html", {
+        "active": [lb for lb in leaderboards if lb.deadline > now],
+        "past": [lb for lb in leaderboards if lb.deadline <= now][::-1],
+    })
+
+
+def leaderboard(request: HttpRequest, name: str) -> HttpResponse:
+    lb = get_object_or_404(visible_leaderboards(request.user).select_related("problem"), name=name)
+    gpu_types = list(lb.gpu_types.all())
+    if not gpu_types:
+        raise Http404("This leaderboard has no GPU types yet.")
+    gpu = next((g for g in gpu_types if g.name.lower() == request.GET.get("gpu", "").lower()), gpu_types[0])
+    version = Board.objects.filter(leaderboard=lb, gpu_type=gpu).values_list("version", flat=True).first() or 0
+    page = Paginator(BoardEntry.objects.for_board(lb, gpu).select_related("user__profile", "submission"),
+                     PAGE_ROWS).get_page(request.GET.get("page"))
+    entries = list(page.object_list)
+    breakdown = dict(Run.objects.filter(submission__in=[e.submission_id for e in entries], gpu_type=gpu,
+                                        secret=False).values_list("submission_id", "result__ranked"))
+    for entry in entries:
+        entry.benchmarks = breakdown.get(entry.submission_id) or []
+        entry.ci = _score_interval(entry.benchmarks)
+    history = board_history(lb.pk, gpu.pk, version)
+    chart = {"records": history["records"], "names": {str(k): v for k, v in history["names"].items()},
+             "users": {str(e.user_id): history["users"].get(e.user_id, []) for e in entries},
+             "userNames": {str(e.user_id): str(e.user.profile if hasattr(e.user, "profile") else e.user)
+                           for e in entries}}
+    definition = lb.problem.definition
+    return render(request, "leaderboards/leaderboard.html", {
+        "lb": lb, "gpu": gpu, "gpu_types": gpu_types, "page": page, "entries": entries, "version": version,
+        "chart": chart, "templates": sorted((definition.get("templates") or {}).keys()),
+        "files": sorted((definition.get("files") or {}).keys()), "live": page.number == 1,
+    })
+
+
+def _score_interval(benchmarks: list[dict]) -> tuple[float, float] | None:
+    """The last ranked benchmark's 95 % interval in ns, shown next to the score."""
+    last = benchmarks[-1] if benchmarks else None
+    if not last or last.get("ci_low") is None or last.get("ci_high") is None:
+        return None
+    return last["ci_low"], last["ci_high"]
+
+
+def leaderboard_file(request: HttpRequest, name: str, kind: str, key: str) -> HttpResponse:
+    """Download a template (`kind=template`, key = language) or a public task file (`kind=file`).
+    Only what `definition['templates']`/`['files']` hold is served; the secret seed lives elsewhere."""
+    if kind not in ("template", "file"):
+        raise Http404("No such file.")
+    lb = get_object_or_404(visible_leaderboards(request.user).select_related("problem"), name=name)
+    source = (lb.problem.definition.get("templates" if kind == "template" else "files") or {})
+    if key not in source:
+        raise Http404("No such file.")
+    filename = (lb.problem.definition.get("submission_name") or "submission.py") if kind == "template" else key
+    response = HttpResponse(source[key], content_type="text/plain; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{filename.replace(chr(34), "")}"'
+    return response
+
+
+def can_see_code(user, submission: Submission) -> bool:
+    lb = submission.leaderboard
+    return (user.is_staff or submission.user_id == user.pk
+            or (lb.code_public_after_deadline and not lb.is_open))
+
+
+def visible_submission(request: HttpRequest, pk: int) -> Submission:
+    """Owners and staff see every submission; others only ranked ones on a non-closed leaderboard."""
+    submission = get_object_or_404(Submission.objects.select_related("leaderboard", "user__profile", "code"), pk=pk)
+    user = request.user
+    if user.is_staff or submission.user_id == user.pk:
+        return submission
+    if submission.mode != SubmissionMode.LEADERBOARD or submission.leaderboard.visibility == Visibility.CLOSED:
+        raise Http404("No such submission.")
+    return submission
+
+
+def submission(request: HttpRequest, pk: int) -> HttpResponse:
+    sub = visible_submission(request, pk)
+    runs = list(sub.runs.select_related("gpu_type"))
+    for run in runs:
+        run.stdout_preview, run.stderr_preview = run.stdout[:LOG_PREVIEW], run.stderr[:LOG_PREVIEW]
+        run.log_truncated = len(run.stdout) > LOG_PREVIEW or len(run.stderr) > LOG_PREVIEW
+    owner = request.user.is_staff or sub.user_id == request.user.pk
+    return render(request, "leaderboards/submission.html", {
+        "sub": sub, "runs": runs, "owner": owner, "show_code": can_see_code(request.user, sub),
+        "done": all(r.is_terminal for r in runs),
+    })
+
+
+def submission_log(request: HttpRequest, pk: int, run_id: int, stream: str) -> HttpResponse:
+    sub = visible_submission(request, pk)
+    run = get_object_or_404(Run, pk=run_id, submission=sub)
+    if stream not in ("stdout", "stderr") or run.secret:
+        raise Http404("No such log.")
+    response = HttpResponse(getattr(run, stream), content_type="text/plain; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-{stream}.txt"'
+    return response
+
+
+def submission_code(request: HttpRequest, pk: int) -> HttpResponse:
+    sub = visible_submission(request, pk)
+    if not can_see_code(request.user, sub):
+        return HttpResponseForbidden("This submission's code is visible to its author and staff only.")
+    response = HttpResponse(sub.code.text, content_type="text/plain; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{sub.file_name.replace(chr(34), "")}"'
+    return response
+
+
+def user_page(request: HttpRequest, username: str) -> HttpResponse:
+    person = get_object_or_404(get_user_model().objects.select_related("profile"), username=username)
+    mine = request.user.is_staff or request.user.pk == person.pk
+    subs = Submission.objects.filter(user=person).select_related("leaderboard")
+    if not mine:
+        subs = subs.filter(mode=SubmissionMode.LEADERBOARD).exclude(leaderboard__visibility=Visibility.CLOSED)
+    page = Paginator(subs.annotate(
+        best=Min("runs__score", filter=Q(runs__passed=True, runs__secret=False))), 50).get_page(request.GET.get("page"))
+    ranks = BoardEntry.objects.filter(user=person).select_related("leaderboard", "gpu_type").order_by("leaderboard")
+    if not mine:
+        ranks = ranks.exclude(leaderboard__visibility=Visibility.CLOSED)
+    history = (Run.objects.ranked().filter(submission__user=person, secret=False, passed=True, score__isnull=False)
+               .order_by("submission__created").values_list("submission__leaderboard__name", "gpu_type__name",
+                                                            "submission__created", "score")[:2000])
+    series: dict[str, list] = {}
+    for board, gpu, created, score in history:
+        series.setdefault(f"{board} · {gpu}", []).append([created.isoformat(), score])
+    return render(request, "leaderboards/user.html", {"person": person, "page": page, "ranks": ranks,
+                                                      "series": series, "mine": mine})
+
+
+@login_required
+def submit(request: HttpRequest) -> HttpResponse:
+    choices = list(visible_leaderboards(request.user).open().prefetch_related("gpu_types"))
+    form = SubmitForm(request.POST or None, request.FILES or None, leaderboards=choices,
+                      initial={"leaderboard": request.GET.get("leaderboard"), "gpu": request.GET.get("gpu")})
+    status = 200
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        try:
+            checked = actions.check_submission(request.user, data["leaderboard"], [data["gpu"]], data["mode"],
+                                               data["file_name"], data["content"])
+        except actions.SubmissionRejected as exc:
+            form.add_error(None, exc.message)
+            status = exc.status
+        else:
+            sub = actions.do_submit(request.user, checked)
+            messages.success(request, f"Submission #{sub.pk} is queued.")
+            return redirect("submission", pk=sub.pk)
+    elif request.method == "POST":
+        status = 400
+    return render(request, "leaderboards/submit.html", {"form": form, "leaderboards": choices}, status=status)

@@ -1,0 +1,138 @@
+"""Websocket consumers: snapshots, versioned deltas, access rules, and delivery across processes."""
+
+import asyncio
+import os
+import sys
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
+from channels.routing import URLRouter
+from channels.testing import WebsocketCommunicator
+from django.conf import settings
+from django.contrib.auth.models import AnonymousUser
+from django.db import connection
+
+from leaderboards import actions
+from leaderboards.routing import websocket_urlpatterns
+
+from ..conftest import REPO
+from ..factories import UserFactory, ranked_result, submission
+from ..leaderboards.test_lifecycle import dispatch
+from .test_views import ranked_board
+
+app = URLRouter(websocket_urlpatterns)
+
+
+@pytest.fixture(autouse=True)
+def _keep_test_connection(monkeypatch):
+    """database_sync_to_async closes stale connections between calls, which would end the test transaction."""
+    monkeypatch.setattr("channels.db.close_old_connections", lambda: None)
+
+
+def communicator(path: str, user) -> WebsocketCommunicator:
+    ws = WebsocketCommunicator(app, path)
+    ws.scope["user"] = user
+    return ws
+
+
+def run(coroutine_function):
+    return async_to_sync(coroutine_function)()
+
+
+@pytest.mark.django_db
+def test_leaderboard_consumer_sends_snapshot_then_versioned_deltas(leaderboard, cpu_pool,
+                                                                   django_capture_on_commit_callbacks):
+    ranked_board(leaderboard, 2)
+    gpu = cpu_pool.cpu
+
+    async def scenario():
+        ws = communicator(f"/ws/leaderboard/{leaderboard.pk}/{gpu.pk}/", AnonymousUser())
+        assert (await ws.connect())[0]
+        snapshot = await ws.receive_json_from()
+        assert snapshot["type"] == "snapshot" and snapshot["version"] == 1
+        assert [e["name"] for e in snapshot["entries"]] == ["racer0", "racer1"]
+
+        def newcomer():
+            sub = submission(leaderboard, user=UserFactory(username="speedy"))
+            for r in sub.runs.all():
+                actions.do_ingest_result(r.pk, dispatch(r), ranked_result([500.0]))
+            with django_capture_on_commit_callbacks(execute=True):
+                actions.do_recompute_ranks(leaderboard.pk, gpu.pk)
+        await database_sync_to_async(newcomer)()
+        delta = await ws.receive_json_from(timeout=5)
+        assert delta["type"] == "delta" and delta["version"] == 2 and delta["removed"] == []
+        by_name = {e["name"]: e["rank"] for e in delta["entries"]}
+        assert by_name == {"speedy": 1, "racer0": 2, "racer1": 3}  # only rows that changed travel
+        await ws.send_json_to({"type": "resync"})
+        assert (await ws.receive_json_from())["version"] == 2
+        await ws.disconnect()
+    run(scenario)
+
+
+@pytest.mark.django_db
+def test_leaderboard_consumer_refuses_unknown_or_closed_boards(leaderboard, cpu_pool):
+    async def scenario():
+        for path in (f"/ws/leaderboard/{leaderboard.pk}/999/", f"/ws/leaderboard/999/{cpu_pool.cpu.pk}/"):
+            ws = communicator(path, AnonymousUser())
+            connected, code = await ws.connect()
+            assert not connected and code == 4404
+    run(scenario)
+
+
+@pytest.mark.django_db
+def test_submission_consumer_streams_to_owner_and_staff_only(leaderboard, django_capture_on_commit_callbacks):
+    sub = submission(leaderboard, mode="leaderboard")
+    staff, nosy = UserFactory(username="staff", is_staff=True), UserFactory(username="nosy")
+
+    async def scenario():
+        ws = communicator(f"/ws/submission/{sub.pk}/", nosy)
+        assert (await ws.connect())[1] == 4403
+        for user in (sub.user, staff):
+            ws = communicator(f"/ws/submission/{sub.pk}/", user)
+            assert (await ws.connect())[0]
+            snapshot = await ws.receive_json_from()
+            assert {r["status"] for r in snapshot["runs"]} == {"queued"}
+            await ws.disconnect()
+        ws = communicator(f"/ws/submission/{sub.pk}/", sub.user)
+        await ws.connect()
+        await ws.receive_json_from()
+
+        def finish():
+            for r in sub.runs.all():
+                with django_capture_on_commit_callbacks(execute=True):
+                    actions.do_ingest_result(r.pk, dispatch(r), ranked_result([800.0]))
+        await database_sync_to_async(finish)()
+        seen = {}
+        while len(seen) < 2 or any(s["status"] != "succeeded" for s in seen.values()):
+            msg = await ws.receive_json_from(timeout=5)
+            seen[msg["run"]] = msg
+        secret = [m for m in seen.values() if m["secret"]][0]
+        public = [m for m in seen.values() if not m["secret"]][0]
+        assert secret["score"] is None and public["score"] == pytest.approx(8e-7)
+        await ws.disconnect()
+    run(scenario)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_event_written_by_another_process_reaches_a_websocket_client(postgres, leaderboard, cpu_pool):
+    """The embedded setup: per-process in-memory layers, bridged by the LiveEvent outbox."""
+    db = connection.settings_dict
+    url = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"} | {"DATABASE_URL": url}
+    script = ("import django; django.setup(); from leaderboards import events; "
+              f"events.board_changed({leaderboard.pk}, {cpu_pool.cpu.pk}, 1, "
+              "[{'user': 1, 'submission': 7, 'score': 1e-6, 'rank': 1}])")
+    assert settings.CHANNEL_LAYERS["default"]["BACKEND"].endswith("InMemoryChannelLayer")
+
+    async def scenario():
+        ws = communicator(f"/ws/leaderboard/{leaderboard.pk}/{cpu_pool.cpu.pk}/", AnonymousUser())
+        assert (await ws.connect())[0]
+        assert (await ws.receive_json_from())["version"] == 0
+        await asyncio.sleep(0.5)  # the tailer has read its starting point
+        worker = await asyncio.create_subprocess_exec(sys.executable, "-c", script, cwd=REPO, env=env)
+        assert await worker.wait() == 0
+        delta = await ws.receive_json_from(timeout=5)
+        assert delta["type"] == "delta" and delta["version"] == 1 and delta["entries"][0]["submission"] == 7
+        await ws.disconnect()
+    run(scenario)
