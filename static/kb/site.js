@@ -84,6 +84,7 @@
         for (const u of msg.removed) rows.delete(u);
         for (const e of msg.entries) rows.set(e.user, e);
         version = msg.version; live.dataset.version = version; render(true);
+        if (window.kbChartRecord) for (const e of msg.entries) window.kbChartRecord(e);
       }
     }, live);
   }
@@ -140,8 +141,13 @@
     const data = JSON.parse(chartData.textContent), el = $("#chart");
     const base = { label: "record", cls: "record", points: data.records, names: data.names };
     const draw = (uid) => chart(el, uid && data.users[uid] ? [base, { label: data.userNames[uid], cls: "user", points: data.users[uid] }] : [base]);
-    draw(null);
     let pinned = null;
+    draw(null);
+    // a live delta that beats the record extends the progression without a reload
+    window.kbChartRecord = (e) => {
+      const best = data.records.length ? data.records[data.records.length - 1][1] : Infinity;
+      if (e.score < best) { data.records.push([new Date().toISOString(), e.score, e.user]); data.names[e.user] = e.name; draw(pinned); }
+    };
     for (const tr of $$("#ranking tr[data-user]")) {
       tr.addEventListener("mouseenter", () => draw(pinned || tr.dataset.user));
       tr.addEventListener("mouseleave", () => draw(pinned));

@@ -1,0 +1,157 @@
+"""In a real browser (Debian's chromium driven by Playwright): a new user signs up, submits a correct demo
+kernel from the Submit page and watches it run live, while a second, anonymous page on the leaderboard
+sees their rank appear without reloading; a wrong kernel shows the checker's message.
+
+Daphne and a django-q2 cluster run as separate processes on the embedded defaults (ORM broker,
+per-process channel layers bridged by the LiveEvent outbox) against the PostgreSQL test database, so
+every live update genuinely crosses processes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from django.db import connection
+
+from ..conftest import IN_CI, REPO
+from ..factories import LeaderboardFactory, local_cpu_pool, problem_from
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+SOLUTIONS = REPO / "problems" / "demo" / "vectoradd_py" / "solutions"
+SHOTS = REPO / "docs" / "screenshots"
+CHROMIUM = os.environ.get("KERNELBOT_CHROMIUM", "/usr/bin/chromium")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def browser():
+    if not os.path.exists(CHROMIUM):
+        if IN_CI:
+            pytest.fail(f"{CHROMIUM} is missing; .ci/run installs Debian's chromium")
+        pytest.skip(f"{CHROMIUM} not installed")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def platform(postgres, tmp_path, demo_task, monkeypatch):
+    """The demo leaderboard, then daphne + qcluster subprocesses on the test database."""
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync API runs an event loop
+    pool = local_cpu_pool()
+    board = LeaderboardFactory(name="vectoradd", problem=problem_from(demo_task), gpu_types=[pool.cpu])
+    db = connection.settings_dict
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DJANGO_ALLOW_ASYNC_UNSAFE")} | {
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
+        "KERNELBOT_RUNS_DIR": str(tmp_path / "runs"), "Q_WORKERS": "2", "KERNELBOT_REL_CI": "0.05",
+        "KERNELBOT_CASE_BUDGET_S": "0.5", "KERNELBOT_MAX_SAMPLES": "100", "KERNELBOT_LIVE_OUTBOX_POLL": "0.1"}
+    port = free_port()
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    children = [
+        subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                          "kernelbot.asgi:application"], cwd=REPO, env=env, start_new_session=True,
+                         stdout=(logs / "daphne.log").open("w"), stderr=subprocess.STDOUT),
+        subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=REPO, env=env, start_new_session=True,
+                         stdout=(logs / "qcluster.log").open("w"), stderr=subprocess.STDOUT),
+    ]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.2)
+    try:
+        yield f"http://127.0.0.1:{port}", board
+    finally:
+        for child in children:
+            os.killpg(child.pid, signal.SIGTERM)
+        for child in children:
+            try:
+                child.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, signal.SIGKILL)
+            reap_group(child.pid)
+        if os.environ.get("KERNELBOT_KEEP_LOGS"):
+            shutil.copytree(logs, REPO / "var" / "browser-logs", dirs_exist_ok=True)
+
+
+def reap_group(pgid: int, timeout: float = 10) -> None:
+    """Wait until every process of the group (the cluster's workers too) is gone, so none holds the test DB."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.killpg(pgid, signal.SIGKILL)
+
+
+def shot(page, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def test_sign_up_submit_watch_live_and_see_the_rank_appear(browser, platform):
+    base, board = platform
+    spectator = browser.new_context(viewport={"width": 1200, "height": 900}).new_page()
+    spectator.goto(f"{base}/lb/{board.name}/")
+    spectator.wait_for_selector("#live-status.on", timeout=15_000)
+    spectator.evaluate("window.kbNoReload = true")
+    assert "No ranked submissions yet" in spectator.inner_text("#ranking")
+
+    page = browser.new_context(viewport={"width": 1200, "height": 900}).new_page()
+    page.goto(f"{base}/accounts/signup/")
+    page.fill("input[name=username]", "ada")
+    page.fill("input[name=password1]", "kernels-are-fun-42")
+    page.fill("input[name=password2]", "kernels-are-fun-42")
+    shot(page, "signup")
+    page.click("form [type=submit]")
+    page.wait_for_url(f"{base}/")
+    page.click("text=Submit")
+    page.select_option("select[name=leaderboard]", board.name)
+    page.select_option("select[name=mode]", "leaderboard")
+    page.set_input_files("input[name=file]", str(SOLUTIONS / "fast.py"))
+    shot(page, "submit")
+    page.click("#submit-form button[type=submit]")
+    page.wait_for_url(f"{base}/s/*/")
+    page.wait_for_selector("#live-status.on", timeout=15_000)
+    page.evaluate("window.kbNoReload = true")
+    # the badge moves on without a reload: dispatched/running arrive over the websocket
+    page.wait_for_function("""() => [...document.querySelectorAll('[data-field=status]')]
+        .some(b => /running|dispatched/.test(b.textContent)) && window.kbNoReload""", timeout=60_000)
+    shot(page, "submission-running")
+    page.wait_for_selector("text=Ranked benchmarks", timeout=180_000)  # the page reloads itself once done
+    shot(page, "submission-done")
+    assert page.locator("section.run [data-field=status]").all_inner_texts() == ["Succeeded", "Succeeded"]
+
+    spectator.wait_for_selector("#ranking tr[data-user] >> text=ada", timeout=60_000)
+    assert spectator.evaluate("window.kbNoReload") is True  # it arrived live, no reload
+    assert spectator.inner_text("#ranking tr[data-user] td.num").strip() == "1"
+    shot(spectator, "leaderboard-live")
+
+    page.goto(f"{base}/submit/?leaderboard={board.name}")
+    page.select_option("select[name=mode]", "test")
+    page.fill("textarea[name=code]", (SOLUTIONS / "wrong.py").read_text())
+    page.click("#submit-form button[type=submit]")
+    page.wait_for_selector("td.checker:not(:empty)", timeout=120_000)
+    message = page.inner_text("td.checker:not(:empty)")
+    assert message.strip(), "the checker's message is shown"
+    shot(page, "wrong-kernel")
