@@ -31,6 +31,21 @@ from .models import (
 )
 
 LAST_USED_RESOLUTION = timedelta(seconds=60)
+_cache: dict[tuple, tuple[float, object]] = {}
+
+
+def cached(key: tuple, seconds: float, compute):
+    """A per-process value kept `seconds`: for settings read on every submission (switch, quotas, devices)."""
+    hit = _cache.get(key)
+    if hit and time.monotonic() - hit[0] < seconds:
+        return hit[1]
+    value = compute()
+    _cache[key] = (time.monotonic(), value)
+    return value
+
+
+def clear_cache() -> None:
+    _cache.clear()
 
 
 class AccessDenied(Exception):
@@ -109,20 +124,23 @@ def can_see(user, leaderboard: Leaderboard) -> bool:
     return user.is_authenticated and Membership.objects.filter(leaderboard=leaderboard, user=user).exists()
 
 
+SETTINGS_TTL = 2.0  # seconds a process may act on a stale jobs switch or quota
+
+
 def accepting_jobs() -> JobSwitch:
-    return JobSwitch.objects.filter(pk=1).first() or JobSwitch(pk=1)
+    return cached(("switch",), SETTINGS_TTL, lambda: JobSwitch.objects.filter(pk=1).first() or JobSwitch(pk=1))
 
 
 def do_set_accepting_jobs(accepting: bool, reason: str = "") -> JobSwitch:
     switch, _ = JobSwitch.objects.update_or_create(pk=1, defaults={"accepting": accepting, "reason": reason})
+    clear_cache()
     return switch
 
 
 def quota_for(leaderboard: Leaderboard, kind: str) -> tuple[int, int]:
-    row = SubmissionQuota.objects.filter(leaderboard=leaderboard, kind=kind).first()
-    if row:
-        return row.max_submissions, row.window_seconds
-    return settings.SUBMISSION_QUOTAS[kind]
+    rows = cached(("quotas", leaderboard.pk), SETTINGS_TTL, lambda: {
+        q.kind: (q.max_submissions, q.window_seconds) for q in SubmissionQuota.objects.filter(leaderboard=leaderboard)})
+    return rows.get(kind) or settings.SUBMISSION_QUOTAS[kind]
 
 
 def quota_kind(mode: str) -> str:
@@ -197,33 +215,34 @@ class QueueEstimate:
     eta_seconds: int
 
 
-_RUN_SECONDS: dict[int, tuple[float, float]] = {}  # gpu type → (mean seconds, measured at)
 DEFAULT_RUN_SECONDS = 60.0
 
 
 def mean_run_seconds(gpu_type_id: int) -> float:
-    cached = _RUN_SECONDS.get(gpu_type_id)
-    if cached and time.monotonic() - cached[1] < 60:
-        return cached[0]
+    return cached(("run-seconds", gpu_type_id), 60, lambda: _mean_run_seconds(gpu_type_id))
+
+
+def _mean_run_seconds(gpu_type_id: int) -> float:
     recent = Run.objects.filter(gpu_type_id=gpu_type_id, started_at__isnull=False, finished_at__isnull=False) \
         .order_by("-finished_at").values_list("pk", flat=True)[:50]
     mean = Run.objects.filter(pk__in=list(recent)).aggregate(
         d=Avg(ExpressionWrapper(F("finished_at") - F("started_at"), output_field=DurationField())))["d"]
-    seconds = mean.total_seconds() if mean else DEFAULT_RUN_SECONDS
-    _RUN_SECONDS[gpu_type_id] = (seconds, time.monotonic())
-    return seconds
+    return mean.total_seconds() if mean else DEFAULT_RUN_SECONDS
 
 
 def queue_estimate(submission: Submission) -> QueueEstimate | None:
     """Where the submission's first unfinished run stands in its GPU type's queue, and a rough ETA."""
-    run = submission.runs.filter(status__in=ACTIVE_STATUSES).select_related("gpu_type").order_by("pk").first()
-    if run is None:
+    mine = list(submission.runs.filter(status__in=ACTIVE_STATUSES).order_by("pk")
+                .values_list("pk", "gpu_type_id", "gpu_type__name", "runner"))
+    if not mine:
         return None
-    active = Run.objects.filter(gpu_type_id=run.gpu_type_id, status__in=ACTIVE_STATUSES)
-    ahead = active.filter(pk__lt=run.pk).count()
-    devices = max(1, Gpu.objects.filter(gpu_type_id=run.gpu_type_id, enabled=True, node__enabled=True,
-                                        node__pool__enabled=True).count())
-    mine = submission.runs.filter(status__in=ACTIVE_STATUSES).count()
-    eta = (ahead // devices + mine) * mean_run_seconds(run.gpu_type_id)
-    return QueueEstimate(runner=run.runner or "queue", gpu=run.gpu_type.name, queued_jobs=ahead + mine,
+    run_id, gpu_type_id, gpu_name, runner = mine[0]
+    ahead = Run.objects.filter(gpu_type_id=gpu_type_id, status__in=ACTIVE_STATUSES, pk__lt=run_id).count()
+    eta = (ahead // devices_serving(gpu_type_id) + len(mine)) * mean_run_seconds(gpu_type_id)
+    return QueueEstimate(runner=runner or "queue", gpu=gpu_name, queued_jobs=ahead + len(mine),
                          position=ahead + 1, eta_seconds=round(eta))
+
+
+def devices_serving(gpu_type_id: int) -> int:
+    return cached(("devices", gpu_type_id), 30, lambda: max(1, Gpu.objects.filter(
+        gpu_type_id=gpu_type_id, enabled=True, node__enabled=True, node__pool__enabled=True).count()))

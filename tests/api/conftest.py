@@ -59,3 +59,12 @@ def error_text(response) -> str:
 @pytest.fixture
 def popcorn(client, alice):
     return Popcorn(client, alice.raw_token)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_access_cache():
+    from access.actions import clear_cache
+
+    clear_cache()
+    yield
+    clear_cache()
