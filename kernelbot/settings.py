@@ -105,7 +105,12 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 REDIS_URL = os.environ.get("REDIS_URL", "")
 if REDIS_URL:
     CHANNEL_LAYERS = {
-        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}
+        # pubsub: one Redis message per group event, fanned out inside each ASGI process (1,000 clients: see
+        # bench/RESULTS.md); KERNELBOT_CHANNEL_LAYER=core selects the list-based layer instead.
+        "default": {"BACKEND": {"pubsub": "channels_redis.pubsub.RedisPubSubChannelLayer",
+                                "core": "channels_redis.core.RedisChannelLayer"}[
+                                    os.environ.get("KERNELBOT_CHANNEL_LAYER", "pubsub")],
+                    "CONFIG": {"hosts": [REDIS_URL]}}
     }
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
@@ -120,7 +125,7 @@ Q_CLUSTER = {
     "max_attempts": 1,  # our own reaper retries runs; a task is never replayed blindly
     "ack_failures": True,
     "catch_up": False,
-    "poll": 0.2,
+    "poll": float(os.environ.get("Q_POLL", "0.05")),  # ORM broker: seconds between queue checks
     "label": "Django Q2",
 }
 if REDIS_URL:
@@ -201,7 +206,7 @@ HARNESS_TIMING = {
     "rel_ci": float(os.environ.get("KERNELBOT_REL_CI", "0.01")),
     "min_samples": int(os.environ.get("KERNELBOT_MIN_SAMPLES", "10")),
     "max_samples": int(os.environ.get("KERNELBOT_MAX_SAMPLES", "1000")),
-    "case_budget_s": float(os.environ.get("KERNELBOT_CASE_BUDGET_S", "10")),
+    "case_budget_s": float(os.environ.get("KERNELBOT_CASE_BUDGET_S", "3")),
     "warmup_s": float(os.environ.get("KERNELBOT_WARMUP_S", "0.2")),
 }
 

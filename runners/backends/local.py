@@ -83,7 +83,7 @@ class LocalBackend(RunnerBackend):
                 finally:
                     handle.close()
                 return
-            time.sleep(0.1)
+            time.sleep(0.02)
 
     def run_harness(self, run_id: int, attempt: int, job: dict, timeout: int) -> tuple[dict | None, str]:
         python = settings.HARNESS_PYTHON or sys.executable
@@ -113,11 +113,12 @@ class LocalBackend(RunnerBackend):
             if line.strip():
                 event = _parse(line)
                 if event.get("event") == "result":
-                    if event.get("nonce") != job["nonce"] or result is not None:
+                    if event.get("nonce") != job["nonce"]:
                         result = {"status": "ok", "verdict": "hacked", "passed": False,
-                                  "error": "a forged or repeated result reached the runner"}
+                                  "error": "a result line without the run's nonce reached the runner (forged)"}
                         break
                     result = {**event, "runner_timing": {"harness_s": round(now - started, 4)}}
+                    break  # the verdict is final; don't wait for the interpreter's teardown
                 elif event.get("event") == "progress" and now - last_progress >= PROGRESS_INTERVAL:
                     last_progress = now
                     actions.do_record_progress(run_id, attempt, event)
