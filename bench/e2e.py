@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -55,6 +56,7 @@ def main() -> None:
     code = (directory / "solutions" / f"{args.solution}.py").read_bytes()
     user, _ = get_user_model().objects.get_or_create(username="bench")
 
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # run the finally below: never orphan the cluster
     cluster = subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=REPO, start_new_session=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     rows = []
@@ -85,7 +87,7 @@ def main() -> None:
             print(f"  {i + 1:3d}/{args.n}: submit→ranked {e2e:6.2f} s, harness {harness:6.2f} s, "
                   f"overhead {e2e - harness:5.2f} s", flush=True)
     finally:
-        os.killpg(cluster.pid, 15)
+        os.killpg(cluster.pid, signal.SIGTERM)
         cluster.wait()
 
     db = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]

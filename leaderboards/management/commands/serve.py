@@ -24,6 +24,7 @@ class Command(BaseCommand):
         if not no_demo:
             call_command("load_demo", stdout=self.stdout)
         call_command("ensure_admin", stdout=self.stdout)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop the children below on SIGTERM too
         manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
         children = [
             subprocess.Popen([*manage, "qcluster"]),
@@ -35,7 +36,7 @@ class Command(BaseCommand):
         try:
             while all(child.poll() is None for child in children):
                 time.sleep(0.5)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, SystemExit):
             pass
         finally:
             for child in children:
