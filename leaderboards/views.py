@@ -56,7 +56,7 @@ def leaderboard(request: HttpRequest, name: str) -> HttpResponse:
         raise Http404("This leaderboard has no GPU types yet.")
     gpu = next((g for g in gpu_types if g.name.lower() == request.GET.get("gpu", "").lower()), gpu_types[0])
     version = Board.objects.filter(leaderboard=lb, gpu_type=gpu).values_list("version", flat=True).first() or 0
-    page = Paginator(BoardEntry.objects.for_board(lb, gpu).select_related("user__profile", "submission"),
+    page = Paginator(BoardEntry.objects.for_board(lb, gpu).select_related("user__profile"),
                      PAGE_ROWS).get_page(request.GET.get("page"))
     entries = list(page.object_list)
     breakdown = dict(Run.objects.filter(submission__in=[e.submission_id for e in entries], gpu_type=gpu,

@@ -136,3 +136,35 @@ def test_event_written_by_another_process_reaches_a_websocket_client(postgres, l
         assert delta["type"] == "delta" and delta["version"] == 1 and delta["entries"][0]["submission"] == 7
         await ws.disconnect()
     run(scenario)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_event_from_another_process_arrives_through_the_redis_layer(redis_url, postgres, leaderboard, cpu_pool,
+                                                                    settings):
+    """With REDIS_URL (the production default, channels-redis pubsub): no outbox, Redis carries it."""
+    from channels.layers import channel_layers
+
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+                                           "CONFIG": {"hosts": [redis_url], "prefix": "kernelbot-web-test"}}}
+    channel_layers.backends.clear()
+    db = connection.settings_dict
+    env = {**os.environ, "REDIS_URL": redis_url,
+           "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"}
+    script = ("import django; django.setup(); from django.conf import settings; "
+              "settings.CHANNEL_LAYERS['default']['CONFIG']['prefix'] = 'kernelbot-web-test'; "
+              "from leaderboards import events, models; "
+              f"[events.board_changed({leaderboard.pk}, {cpu_pool.cpu.pk}, v, []) for v in (1, 2)]; "
+              "assert not models.LiveEvent.objects.exists()")
+
+    async def scenario():
+        ws = communicator(f"/ws/leaderboard/{leaderboard.pk}/{cpu_pool.cpu.pk}/", AnonymousUser())
+        assert (await ws.connect())[0]
+        await ws.receive_json_from()
+        worker = await asyncio.create_subprocess_exec(sys.executable, "-c", script, cwd=REPO, env=env)
+        assert await worker.wait() == 0
+        assert [(await ws.receive_json_from(timeout=5))["version"] for _ in range(2)] == [1, 2]
+        await ws.disconnect()
+    try:
+        run(scenario)
+    finally:
+        channel_layers.backends.clear()
