@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.db import DataError
 from ninja import NinjaAPI
 
 from access.actions import AccessDenied
@@ -19,3 +20,9 @@ def install_error_handlers(api: NinjaAPI) -> None:
     @api.exception_handler(AccessDenied)
     def access_denied(request, exc: AccessDenied):
         return api.create_response(request, {"detail": exc.message}, status=exc.status)
+
+    @api.exception_handler(DataError)
+    def data_error(request, exc: DataError):
+        # e.g. a NUL byte in a name: the database refuses the value itself
+        return api.create_response(request, {"detail": "The request holds characters that cannot be stored or "
+                                             "looked up (such as NUL bytes)."}, status=400)

@@ -1,6 +1,7 @@
-"""Server-sent progress of one submission, for the API streams. Runs on the event loop: it waits on the
-channel layer (`submission.<id>` events) with a timeout and re-reads the runs from the database through a
-small shared thread pool, so an open stream holds no thread and no database connection."""
+"""Server-sent progress of one submission, for the API streams. Runs on the event loop and re-reads the runs
+every POLL_SECONDS through a small shared thread pool, one read per submission per process however many
+streams watch it, so an open stream holds no thread and no database connection. (Waiting on the channel
+layer instead was tried: hundreds of concurrent cancelled receives time out channels-redis.)"""
 
 from __future__ import annotations
 
@@ -11,8 +12,6 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from channels.layers import get_channel_layer
-from django.conf import settings
 from django.db import connection
 
 from .models import Run, Submission
@@ -44,38 +43,36 @@ def load_runs(submission_id: int) -> tuple[Submission | None, list[Run]]:
     return submission, list(submission.runs.select_related("gpu_type", "submission").order_by("gpu_type", "secret"))
 
 
-def poll_seconds() -> float:
-    return 10.0 if settings.REDIS_URL else 2.0
+POLL_SECONDS = 1.0
+_reads: dict[int, tuple[float, asyncio.Future]] = {}
+
+
+async def shared_read(submission_id: int) -> tuple[Submission | None, list[Run]]:
+    """At most one database read per submission per POLL_SECONDS in this process, however many streams
+    watch it; readers of the same submission share the result."""
+    now = time.monotonic()
+    hit = _reads.get(submission_id)
+    if hit is None or now - hit[0] >= POLL_SECONDS:
+        if len(_reads) > 1000:
+            for key in [k for k, (at, _) in _reads.items() if now - at > 10 * POLL_SECONDS]:
+                del _reads[key]
+        hit = (now, asyncio.ensure_future(in_pool(load_runs, submission_id)))
+        _reads[submission_id] = hit
+    return await asyncio.shield(hit[1])
 
 
 async def run_snapshots(submission_id: int, heartbeat: float) -> AsyncIterator[tuple[Submission | None,
                                                                                     list[Run], bool]]:
     """Yields (submission, runs, changed) after every change and at least every `heartbeat` seconds;
     stops after yielding a snapshot whose runs are all finished (or a deleted submission)."""
-    layer = get_channel_layer()
-    channel = await layer.new_channel() if layer else None
-    group = f"submission.{submission_id}"
-    if channel:
-        await layer.group_add(group, channel)
-    try:
-        last_state, last_beat = None, time.monotonic()
-        while True:
-            submission, runs = await in_pool(load_runs, submission_id)
-            state = [(r.pk, r.status, r.attempt, json.dumps(r.progress, sort_keys=True, default=str)) for r in runs]
-            changed = state != last_state
-            if changed or time.monotonic() - last_beat >= heartbeat:
-                last_state, last_beat = state, time.monotonic()
-                yield submission, runs, changed
-            if submission is None or (runs and all(r.is_terminal for r in runs)):
-                return
-            wait = min(poll_seconds(), max(0.05, heartbeat - (time.monotonic() - last_beat)))
-            try:
-                if channel:
-                    await asyncio.wait_for(layer.receive(channel), timeout=wait)
-                else:
-                    await asyncio.sleep(wait)
-            except TimeoutError:
-                pass
-    finally:
-        if channel:
-            await layer.group_discard(group, channel)
+    last_state, last_beat = None, time.monotonic()
+    while True:
+        submission, runs = await shared_read(submission_id)
+        state = [(r.pk, r.status, r.attempt, json.dumps(r.progress, sort_keys=True, default=str)) for r in runs]
+        changed = state != last_state
+        if changed or time.monotonic() - last_beat >= heartbeat:
+            last_state, last_beat = state, time.monotonic()
+            yield submission, runs, changed
+        if submission is None or (runs and all(r.is_terminal for r in runs)):
+            return
+        await asyncio.sleep(min(POLL_SECONDS, max(0.05, heartbeat - (time.monotonic() - last_beat))))

@@ -13,7 +13,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db import transaction
+from django.db import DataError, transaction
 from django.db.models import Count, Q
 from django.http import Http404, HttpRequest, HttpResponse
 from django.urls import reverse
@@ -62,6 +62,12 @@ def http_error(request, exc: HttpError):
 def validation_error(request, exc: ValidationError):
     parts = [f"{'.'.join(str(p) for p in e.get('loc', [])[1:]) or 'request'}: {e.get('msg')}" for e in exc.errors]
     return detail(request, "Invalid request: " + "; ".join(parts), 400)
+
+
+@api.exception_handler(DataError)
+def data_error(request, exc: DataError):
+    return detail(request, "The request holds characters that cannot be stored or looked up (such as NUL bytes).",
+                  400)
 
 
 @api.exception_handler(Http404)

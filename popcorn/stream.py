@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+from django.db import DataError
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from ninja.errors import HttpError
@@ -40,6 +41,8 @@ async def stream_submit(request: HttpRequest, leaderboard: str, gpu: str, mode: 
         return error(exc.message, exc.status, exc.retry_after)
     except AccessDenied as exc:
         return error(exc.message, exc.status)
+    except DataError:
+        return error("The request holds characters that cannot be stored or looked up (such as NUL bytes).", 400)
     response = StreamingHttpResponse(events(submission.pk), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"

@@ -88,3 +88,10 @@ def test_unknown_submission_and_admin_without_token(client, popcorn, settings):
     assert response.status_code == 403 and "no ADMIN_TOKEN" in error_text(response)
     response = popcorn.get("user/submissions?limit=abc")
     assert response.status_code == 400 and error_text(response).startswith("Invalid request")
+
+
+def test_nul_bytes_in_names_are_a_400_not_a_500(popcorn, leaderboard):
+    response = popcorn.submit(leaderboard.name, "CPU", "test", GOOD, "a\x00b.py")
+    assert response.status_code in (200, 400)  # the multipart parser drops the NUL; never a 500
+    response = popcorn.get("gpus/a%00b")
+    assert response.status_code == 400 and "NUL" in error_text(response)
