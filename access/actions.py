@@ -31,6 +31,7 @@ from .models import (
 )
 
 LAST_USED_RESOLUTION = timedelta(seconds=60)
+MAX_DAYS = 3650  # longest token or invite lifetime
 _cache: dict[tuple, tuple[float, object]] = {}
 
 
@@ -58,7 +59,7 @@ class AccessDenied(Exception):
 def do_create_token(user, name: str = "cli", expires_days: int | None = None) -> tuple[ApiToken, str]:
     """A new token and its secret; the secret is not stored and cannot be shown again."""
     raw = new_secret()
-    expires = timezone.now() + timedelta(days=expires_days) if expires_days else None
+    expires = timezone.now() + timedelta(days=min(max(expires_days, 1), MAX_DAYS)) if expires_days else None
     token = ApiToken.objects.create(user=user, name=name[:80] or "cli", digest=digest(raw), hint=raw[:10],
                                     expires=expires)
     return token, raw
@@ -178,8 +179,8 @@ def check_may_submit(user, leaderboard: Leaderboard, mode: str) -> None:
 
 # --- invitations and bans -----------------------------------------------------------------------
 def do_create_invite(leaderboard: Leaderboard, max_uses: int = 1, expires_days: int | None = None) -> Invite:
-    expires = timezone.now() + timedelta(days=expires_days) if expires_days else None
-    return Invite.objects.create(leaderboard=leaderboard, max_uses=max(1, max_uses), expires=expires)
+    expires = timezone.now() + timedelta(days=min(max(expires_days, 1), MAX_DAYS)) if expires_days else None
+    return Invite.objects.create(leaderboard=leaderboard, max_uses=min(max(1, max_uses), 10**6), expires=expires)
 
 
 def do_join(user, code: str) -> Membership:

@@ -2,7 +2,9 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from ninja import Schema
+from ninja import Field, Schema
+
+MAX_DAYS = 3650
 
 
 class MeOut(Schema):
@@ -22,8 +24,8 @@ class TokenOut(Schema):
 
 
 class TokenIn(Schema):
-    name: str = "cli"
-    expires_days: int | None = None
+    name: str = Field("cli", max_length=80)
+    expires_days: int | None = Field(None, ge=1, le=MAX_DAYS)
 
 
 class TokenCreatedOut(TokenOut):
@@ -33,8 +35,8 @@ class TokenCreatedOut(TokenOut):
 class PasswordLoginIn(Schema):
     username: str
     password: str
-    name: str = "kernelbot-cli"
-    expires_days: int | None = None
+    name: str = Field("kernelbot-cli", max_length=80)
+    expires_days: int | None = Field(None, ge=1, le=MAX_DAYS)
 
 
 class CliLoginOut(Schema):
