@@ -75,8 +75,8 @@ def upsert_leaderboard(name: str, task: TaskDefinition, deadline: datetime, gpu_
         raise ImportRejected([f"leaderboard {name} is running with {existing.submissions.count()} submissions; "
                               "changing its files or benchmarks needs an explicit force (--force)"])
     problem, _ = store_problem(task, harness)
-    values = {"problem": problem, "deadline": deadline, "description": task.description,
-              "ranking_by": task.ranking_by, "competition": competition}
+    # The problem carries its description; a leaderboard's own description holds organisers' extra notes.
+    values = {"problem": problem, "deadline": deadline, "ranking_by": task.ranking_by, "competition": competition}
     if existing is None:
         leaderboard = Leaderboard.objects.create(name=name, **values)
         report.created.append(name)
