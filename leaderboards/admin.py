@@ -4,6 +4,7 @@ from django.urls import path
 from django.utils.html import format_html
 
 from . import actions
+from .access.models import ApiToken, Ban, Invite, JobSwitch, Membership, PendingLogin, SubmissionQuota
 from .forms import ProblemUploadForm
 from .importing import ImportRejected, do_import_task
 from .models import Board, BoardEntry, Code, Competition, Leaderboard, Problem, Profile, Run, Submission
@@ -85,9 +86,35 @@ class RunInline(admin.TabularInline):
     extra = 0
     can_delete = False
     show_change_link = True
-    fields = ["gpu_type", "secret", "status", "attempt", "verdict", "score", "queued_at", "dispatched_at",
-              "started_at", "finished_at", "error"]
+    fields = ["gpu_type", "secret", "status", "attempt", "verdict", "score_us", "queued", "dispatched", "started",
+              "finished", "error"]
     readonly_fields = fields
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    @admin.display(description="score (µs)")
+    def score_us(self, run: Run) -> str:
+        return "-" if run.score is None else f"{run.score * 1e6:.3f}"
+
+    def _stamp(self, value) -> str:
+        return value.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] if value else "-"
+
+    @admin.display(description="queued")
+    def queued(self, run: Run) -> str:
+        return self._stamp(run.queued_at)
+
+    @admin.display(description="dispatched")
+    def dispatched(self, run: Run) -> str:
+        return self._stamp(run.dispatched_at)
+
+    @admin.display(description="started")
+    def started(self, run: Run) -> str:
+        return self._stamp(run.started_at)
+
+    @admin.display(description="finished")
+    def finished(self, run: Run) -> str:
+        return self._stamp(run.finished_at)
 
 
 @admin.register(Submission)
@@ -144,3 +171,45 @@ class BoardAdmin(admin.ModelAdmin):
 
 
 admin.site.register(Code)
+
+
+# --- API access, quotas and invitations ----------------------------------------------------------
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    list_display = ["user", "name", "hint", "created", "expires", "last_used", "revoked"]
+    search_fields = ["user__username", "name", "hint"]
+    readonly_fields = ["digest", "hint", "created", "last_used"]
+
+
+@admin.register(PendingLogin)
+class PendingLoginAdmin(admin.ModelAdmin):
+    list_display = ["provider", "created", "token"]
+    readonly_fields = ["digest"]
+
+
+@admin.register(SubmissionQuota)
+class SubmissionQuotaAdmin(admin.ModelAdmin):
+    list_display = ["leaderboard", "kind", "max_submissions", "window_seconds"]
+    list_filter = ["kind"]
+
+
+@admin.register(Invite)
+class InviteAdmin(admin.ModelAdmin):
+    list_display = ["code", "leaderboard", "uses", "max_uses", "expires", "created"]
+
+
+@admin.register(Membership)
+class MembershipAdmin(admin.ModelAdmin):
+    list_display = ["leaderboard", "user", "joined"]
+    search_fields = ["user__username"]
+
+
+@admin.register(Ban)
+class BanAdmin(admin.ModelAdmin):
+    list_display = ["user", "leaderboard", "reason", "created"]
+    search_fields = ["user__username"]
+
+
+@admin.register(JobSwitch)
+class JobSwitchAdmin(admin.ModelAdmin):
+    list_display = ["accepting", "reason", "changed"]
