@@ -14,7 +14,9 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -24,7 +26,8 @@ from ..factories import LeaderboardFactory, local_cpu_pool, problem_from
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 SOLUTIONS = REPO / "problems" / "demo" / "vectoradd_py" / "solutions"
-SHOTS = REPO / "docs" / "screenshots"
+# Regenerate the README's pictures with KERNELBOT_SCREENSHOTS_DIR=docs/screenshots; a plain run leaves the tree clean.
+SHOTS = Path(os.environ.get("KERNELBOT_SCREENSHOTS_DIR") or Path(tempfile.gettempdir()) / "kernelbot-screenshots")
 CHROMIUM = os.environ.get("KERNELBOT_CHROMIUM", "/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
