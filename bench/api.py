@@ -47,7 +47,7 @@ import django; django.setup()
 from django.core.management import call_command
 call_command("migrate", verbosity=0); call_command("load_demo", verbosity=0)
 from django.contrib.auth import get_user_model
-from access.actions import do_create_token
+from leaderboards.access.actions import do_create_token
 for i in range(50):
     print(do_create_token(get_user_model().objects.create(username=f"bench{i}"))[1])
 """

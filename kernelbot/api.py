@@ -3,7 +3,7 @@
 from django.db import connection
 from ninja import NinjaAPI
 
-from access.api import router as access_router
+from leaderboards.access.api import router as access_router
 from leaderboards.api import router as leaderboards_router
 
 from .api_errors import install_error_handlers

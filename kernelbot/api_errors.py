@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db import DataError
 from ninja import NinjaAPI
 
-from access.actions import AccessDenied
+from leaderboards.access.actions import AccessDenied
 from leaderboards.actions import SubmissionRejected
 
 

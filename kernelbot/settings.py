@@ -49,8 +49,6 @@ INSTALLED_APPS = [
     "leaderboards",
     "runners",
     "discordbot",
-    "access",
-    "popcorn",
 ]
 
 MIDDLEWARE = [
@@ -221,7 +219,7 @@ def env_quota(name: str, default: str) -> tuple[int, int]:
 
 
 # Default per-user, per-leaderboard submission quotas as "count/seconds" (0 = unlimited); organisers
-# override them per leaderboard in the admin (Access → Submission quotas).
+# override them per leaderboard in the admin (Leaderboards → Submission quotas).
 SUBMISSION_QUOTAS = {"test": env_quota("KERNELBOT_QUOTA_TEST", "60/3600"),
                      "ranked": env_quota("KERNELBOT_QUOTA_RANKED", "20/3600")}
 # Optional OAuth apps for popcorn-cli's /auth/cli/{provider} callback (deployments that own them).

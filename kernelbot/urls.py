@@ -10,6 +10,6 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", api.urls),
     path("api/docs", RedirectView.as_view(url="/api/v1/docs", permanent=False)),
-    path("popcorn/", include("popcorn.urls")),
-    path("tokens/", include("access.urls")),
+    path("popcorn/", include("leaderboards.popcorn.urls")),
+    path("tokens/", include("leaderboards.access.urls")),
 ]

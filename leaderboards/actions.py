@@ -51,7 +51,7 @@ class SubmissionRequest:
 def check_submission(user, leaderboard_name: str, gpu_names: list[str], mode: str, file_name: str,
                      content: bytes) -> SubmissionRequest:
     leaderboard = Leaderboard.objects.select_related("problem").filter(name=leaderboard_name).first()
-    from access.actions import can_see, check_may_submit  # access builds on this module
+    from .access.actions import can_see, check_may_submit  # access builds on this module
 
     if leaderboard is None or not can_see(user, leaderboard):
         raise SubmissionRejected(f"Unknown leaderboard '{leaderboard_name}'.", 404)

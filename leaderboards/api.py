@@ -12,13 +12,13 @@ from ninja import File, Form, Router
 from ninja.errors import HttpError
 from ninja.files import UploadedFile
 
-from access import actions as access
-from access.api import token_auth
-from kernelbot_cli.directives import parse_directives
-from popcorn import wire
+from kernelbot.cli.directives import parse_directives
 
 from . import actions
+from .access import actions as access
+from .access.api import token_auth
 from .models import BoardEntry, Leaderboard, Run, Submission, Visibility
+from .popcorn import wire
 from .progress import in_pool, run_snapshots, sse
 from .schemas import (
     DeletedOut,

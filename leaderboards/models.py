@@ -9,7 +9,19 @@ from django.utils import timezone
 
 from runners.models import GpuType
 
+# API tokens, CLI logins, quotas, invitations, bans and the jobs switch are defined in access/models.py; the
+# import below registers them with this app (and lets `from leaderboards.models import ApiToken` work).
 from . import events
+from .access.models import (  # noqa: F401
+    ApiToken,
+    Ban,
+    Invite,
+    JobSwitch,
+    Membership,
+    PendingLogin,
+    QuotaKind,
+    SubmissionQuota,
+)
 
 
 def new_secret_seed() -> int:

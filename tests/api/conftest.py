@@ -5,7 +5,7 @@ import uuid
 
 import pytest
 
-from access.actions import do_create_token
+from leaderboards.access.actions import do_create_token
 
 from ..factories import UserFactory
 
@@ -63,7 +63,7 @@ def popcorn(client, alice):
 
 @pytest.fixture(autouse=True)
 def _fresh_access_cache():
-    from access.actions import clear_cache
+    from leaderboards.access.actions import clear_cache
 
     clear_cache()
     yield

@@ -7,8 +7,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from access.actions import do_ban, do_revoke_token, do_set_accepting_jobs
-from access.models import ApiToken, SubmissionQuota
+from leaderboards.access.actions import do_ban, do_revoke_token, do_set_accepting_jobs
+from leaderboards.access.models import ApiToken, SubmissionQuota
 from leaderboards.models import Leaderboard, Submission
 
 from .conftest import Popcorn, error_text, multipart

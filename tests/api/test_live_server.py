@@ -17,7 +17,7 @@ import httpx
 import pytest
 from django.conf import settings
 
-from access.actions import do_create_token
+from leaderboards.access.actions import do_create_token
 from leaderboards.models import BoardEntry
 
 from ..conftest import REPO
@@ -69,7 +69,7 @@ def server(transactional_db, postgres, demo_task, tmp_path):
 
 def cli(base: str, config, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "KERNELBOT_CONFIG": str(config), "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "kernelbot_cli.main", *args], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "kernelbot.cli.main", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
 
 

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import content_type_conformance, response_schema_conformance
 
-from access.actions import do_create_token
+from leaderboards.access.actions import do_create_token
 
 from ..factories import UserFactory, submission
 

@@ -7,7 +7,7 @@ from datetime import datetime
 
 import pytest
 
-from access.models import ApiToken, Invite, Membership
+from leaderboards.access.models import ApiToken, Invite, Membership
 from leaderboards.models import Leaderboard, Submission, Visibility
 
 from ..conftest import REPO
@@ -57,7 +57,7 @@ def test_submission_is_accepted_polled_until_done_listed_and_deleted(popcorn, le
     assert listed[0]["runs"][0]["gpu_type"] == "CPU"
 
     other = Popcorn(popcorn.client, None)
-    other.cli_id = __import__("access.actions", fromlist=["x"]).do_create_token(UserFactory())[1]
+    other.cli_id = __import__("leaderboards.access.actions", fromlist=["x"]).do_create_token(UserFactory())[1]
     assert other.delete(f"user/submissions/{sub_id}").status_code == 404
     response = popcorn.delete(f"user/submissions/{sub_id}")
     assert json.loads(response.content) == {"status": "ok", "submission_id": sub_id}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from access.models import ApiToken, SubmissionQuota
+from leaderboards.access.models import ApiToken, SubmissionQuota
 
 from ..factories import UserFactory, ranked_result, submission
 from .conftest import error_text
@@ -76,7 +76,7 @@ def test_submission_create_status_list_delete(client, leaderboard, alice):
     assert status["done"] is False and status["status"] == "pending"
     assert client.get("/api/v1/submissions", headers=bearer(alice)).json()["count"] == 1
     other = UserFactory()
-    from access.actions import do_create_token
+    from leaderboards.access.actions import do_create_token
     other_headers = {"Authorization": f"Bearer {do_create_token(other)[1]}"}
     assert client.get(f"/api/v1/submissions/{body['id']}", headers=other_headers).status_code == 404
     assert client.delete(f"/api/v1/submissions/{body['id']}", headers=bearer(alice)).json()["status"] == "ok"

@@ -10,7 +10,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.views.decorators.csrf import csrf_exempt
 from ninja.errors import HttpError
 
-from access.actions import AccessDenied
+from leaderboards.access.actions import AccessDenied
 from leaderboards.actions import SubmissionRejected
 from leaderboards.progress import in_pool, run_snapshots, sse
 

@@ -21,10 +21,10 @@ from django.utils import timezone
 from ninja import NinjaAPI, Schema
 from ninja.errors import HttpError, ValidationError
 
-from access import actions as access
-from access.models import Invite
-from kernelbot_cli.directives import parse_directives
+from kernelbot.cli.directives import parse_directives
 from leaderboards import actions
+from leaderboards.access import actions as access
+from leaderboards.access.models import Invite
 from leaderboards.importing import ImportRejected, do_import_task
 from leaderboards.models import Leaderboard, Run, Submission, Visibility
 from leaderboards.taskfile import TaskFileError, load_competition, load_task, load_task_from_zip

@@ -23,7 +23,7 @@ def link_cli(request):
         else:
             messages.success(request, "Your CLI is linked: popcorn-cli can submit as you now.")
             return redirect("access:tokens")
-    return render(request, "access/link_cli.html", {"cli_id": request.GET.get("state", "")})
+    return render(request, "leaderboards/access/link_cli.html", {"cli_id": request.GET.get("state", "")})
 
 
 @login_required
@@ -37,6 +37,6 @@ def tokens(request):
         days = request.POST.get("expires_days") or ""
         _, created = actions.do_create_token(request.user, request.POST.get("name", "cli"),
                                              int(days) if days.isdigit() else None)
-    return render(request, "access/tokens.html", {
+    return render(request, "leaderboards/access/tokens.html", {
         "created": created, "tokens": ApiToken.objects.filter(user=request.user, revoked__isnull=True),
         "api_url": request.build_absolute_uri("/popcorn").rstrip("/")})

@@ -1,0 +1,1 @@
+"""popcorn-cli wire-compatible routes, mounted at /popcorn/ (see urls.py)."""
