@@ -15,6 +15,8 @@ from runners.models import GpuPool, GpuType
 from runners.queue import enqueue_on_commit
 
 from . import events
+from .access.actions import can_see, check_may_submit
+from .errors import SubmissionRejected
 from .models import (
     Board,
     BoardEntry,
@@ -31,14 +33,6 @@ from .ranking import Candidate, rank, score_seconds
 log = logging.getLogger(__name__)
 
 
-class SubmissionRejected(Exception):
-    """A submission that cannot be accepted; `status` is the HTTP status a front-end should answer."""
-
-    def __init__(self, message: str, status: int = 400, retry_after: int | None = None):
-        super().__init__(message)
-        self.message, self.status, self.retry_after = message, status, retry_after
-
-
 @dataclass(frozen=True)
 class SubmissionRequest:
     leaderboard: Leaderboard
@@ -51,8 +45,6 @@ class SubmissionRequest:
 def check_submission(user, leaderboard_name: str, gpu_names: list[str], mode: str, file_name: str,
                      content: bytes) -> SubmissionRequest:
     leaderboard = Leaderboard.objects.select_related("problem").filter(name=leaderboard_name).first()
-    from .access.actions import can_see, check_may_submit  # access builds on this module
-
     if leaderboard is None or not can_see(user, leaderboard):
         raise SubmissionRejected(f"Unknown leaderboard '{leaderboard_name}'.", 404)
     if not leaderboard.is_open:

@@ -13,7 +13,7 @@ from django.db import transaction
 from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Min
 from django.utils import timezone
 
-from leaderboards.actions import SubmissionRejected
+from leaderboards.errors import SubmissionRejected
 from leaderboards.models import ACTIVE_STATUSES, Leaderboard, Run, Submission, SubmissionMode, Visibility
 from runners.models import Gpu
 
