@@ -47,7 +47,10 @@ def check_submission(user, leaderboard_name: str, gpu_names: list[str], mode: st
     leaderboard = Leaderboard.objects.select_related("problem").filter(name=leaderboard_name).first()
     if leaderboard is None or not can_see(user, leaderboard):
         raise SubmissionRejected(f"Unknown leaderboard '{leaderboard_name}'.", 404)
-    if not leaderboard.is_open:
+    if not leaderboard.has_started:
+        raise SubmissionRejected(f"Leaderboard '{leaderboard.name}' opens at {leaderboard.starts_at:%Y-%m-%d %H:%M} "
+                                 "UTC; it does not accept submissions yet.", 403)
+    if leaderboard.is_finished:
         raise SubmissionRejected(
             f"Leaderboard '{leaderboard.name}' closed at {leaderboard.deadline:%Y-%m-%d %H:%M} UTC; "
             "it no longer accepts submissions.", 403)

@@ -84,7 +84,8 @@ class Visibility(models.TextChoices):
 
 class LeaderboardQuerySet(models.QuerySet):
     def open(self) -> "LeaderboardQuerySet":
-        return self.filter(deadline__gt=timezone.now())
+        now = timezone.now()
+        return self.filter(Q(starts_at__isnull=True) | Q(starts_at__lte=now), deadline__gt=now)
 
     def listed(self) -> "LeaderboardQuerySet":
         return self.filter(visibility=Visibility.PUBLIC)
@@ -96,6 +97,8 @@ class Leaderboard(models.Model):
                                     related_name="leaderboards")
     problem = models.ForeignKey(Problem, on_delete=models.PROTECT, related_name="leaderboards")
     description = models.TextField(blank=True)
+    starts_at = models.DateTimeField(null=True, blank=True,
+                                     help_text="UTC. Submissions open then; empty: open as soon as it exists.")
     deadline = models.DateTimeField(help_text="UTC. No submissions are accepted after it.")
     ranking_by = models.CharField(max_length=8, choices=RankingRule.choices, default=RankingRule.LAST)
     visibility = models.CharField(max_length=10, choices=Visibility.choices, default=Visibility.PUBLIC)
@@ -114,8 +117,16 @@ class Leaderboard(models.Model):
         return self.name
 
     @property
+    def has_started(self) -> bool:
+        return self.starts_at is None or self.starts_at <= timezone.now()
+
+    @property
+    def is_finished(self) -> bool:
+        return self.deadline <= timezone.now()
+
+    @property
     def is_open(self) -> bool:
-        return self.deadline > timezone.now()
+        return self.has_started and not self.is_finished
 
 
 class Code(models.Model):

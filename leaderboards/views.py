@@ -44,7 +44,8 @@ def home(request: HttpRequest) -> HttpResponse:
         leaderboard.leader = leaders.get(leaderboard.pk)
     now = timezone.now()
     return render(request, "leaderboards/home.html", {
-        "active": [lb for lb in leaderboards if lb.deadline > now],
+        "upcoming": [lb for lb in leaderboards if lb.starts_at and lb.starts_at > now],
+        "active": [lb for lb in leaderboards if lb.deadline > now and not (lb.starts_at and lb.starts_at > now)],
         "past": [lb for lb in leaderboards if lb.deadline <= now][::-1],
     })
 
@@ -103,7 +104,7 @@ def leaderboard_file(request: HttpRequest, name: str, kind: str, key: str) -> Ht
 def can_see_code(user, submission: Submission) -> bool:
     lb = submission.leaderboard
     return (user.is_staff or submission.user_id == user.pk
-            or (lb.code_public_after_deadline and not lb.is_open))
+            or (lb.code_public_after_deadline and lb.is_finished))
 
 
 def visible_submission(request: HttpRequest, pk: int) -> Submission:

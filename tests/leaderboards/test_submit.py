@@ -86,3 +86,18 @@ def test_gpu_without_an_enabled_pool_is_unavailable(leaderboard, cpu_pool):
     with pytest.raises(SubmissionRejected) as info:
         submit(leaderboard)
     assert info.value.status == 503 and "No runner currently serves GPU 'CPU'" in info.value.message
+
+
+@pytest.mark.django_db
+def test_upcoming_leaderboard_rejects_submissions_until_it_opens(leaderboard, client):
+    leaderboard.starts_at = timezone.now() + timedelta(hours=2)
+    leaderboard.save()
+    with pytest.raises(SubmissionRejected) as info:
+        submit(leaderboard)
+    assert info.value.status == 403 and "does not accept submissions yet" in info.value.message
+    assert Submission.objects.count() == 0
+    page = client.get("/").content.decode()
+    assert page.index("Upcoming") < page.index(leaderboard.name) < page.index("Past")
+    leaderboard.starts_at = timezone.now() - timedelta(minutes=1)
+    leaderboard.save()
+    assert submit(leaderboard)[1].leaderboard == leaderboard
