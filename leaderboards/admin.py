@@ -81,6 +81,15 @@ class LeaderboardAdmin(admin.ModelAdmin):
             self.message_user(request, f"{leaderboard}: {changed} scores changed; ranks are being recomputed.")
 
 
+def stamp(field: str, label: str):
+    """A read-only column showing a run's timestamp to the millisecond."""
+    @admin.display(description=label)
+    def show(self, run: Run) -> str:
+        value = getattr(run, field)
+        return value.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] if value else "-"
+    return show
+
+
 class RunInline(admin.TabularInline):
     model = Run
     extra = 0
@@ -97,24 +106,8 @@ class RunInline(admin.TabularInline):
     def score_us(self, run: Run) -> str:
         return "-" if run.score is None else f"{run.score * 1e6:.3f}"
 
-    def _stamp(self, value) -> str:
-        return value.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] if value else "-"
-
-    @admin.display(description="queued")
-    def queued(self, run: Run) -> str:
-        return self._stamp(run.queued_at)
-
-    @admin.display(description="dispatched")
-    def dispatched(self, run: Run) -> str:
-        return self._stamp(run.dispatched_at)
-
-    @admin.display(description="started")
-    def started(self, run: Run) -> str:
-        return self._stamp(run.started_at)
-
-    @admin.display(description="finished")
-    def finished(self, run: Run) -> str:
-        return self._stamp(run.finished_at)
+    queued, dispatched, started, finished = (
+        stamp(f"{step}_at", step) for step in ("queued", "dispatched", "started", "finished"))
 
 
 @admin.register(Submission)
