@@ -15,7 +15,7 @@ from runners.models import GpuPool, GpuType
 from runners.queue import enqueue_on_commit
 
 from . import events
-from .access.actions import can_see, check_may_submit
+from .access.actions import SETTINGS_TTL, cached, can_see, check_may_submit
 from .errors import SubmissionRejected
 from .models import (
     Board,
@@ -56,7 +56,7 @@ def check_submission(user, leaderboard_name: str, gpu_names: list[str], mode: st
             "it no longer accepts submissions.", 403)
     if mode not in SubmissionMode.values:
         raise SubmissionRejected(f"Unknown mode '{mode}'; use one of: {', '.join(SubmissionMode.values)}.")
-    accepted = {g.name.lower(): g for g in leaderboard.gpu_types.all()}
+    accepted = serving_gpu_types(leaderboard)
     if not gpu_names:
         raise SubmissionRejected(f"Choose a GPU type for '{leaderboard.name}': {', '.join(sorted(accepted))}.")
     gpu_types = []
@@ -65,7 +65,7 @@ def check_submission(user, leaderboard_name: str, gpu_names: list[str], mode: st
         if gpu is None:
             raise SubmissionRejected(f"Leaderboard '{leaderboard.name}' does not run on GPU '{name}'; "
                                      f"available: {', '.join(g.name for g in accepted.values()) or 'none'}.")
-        if not GpuPool.objects.serving(gpu).exists():
+        if not gpu.served:
             raise SubmissionRejected(f"No runner currently serves GPU '{gpu.name}'; try again later.", 503)
         gpu_types.append(gpu)
     if not content.strip():
@@ -83,19 +83,34 @@ def check_submission(user, leaderboard_name: str, gpu_names: list[str], mode: st
     return SubmissionRequest(leaderboard, list(dict.fromkeys(gpu_types)), mode, file_name[:255], code)
 
 
+def serving_gpu_types(leaderboard: Leaderboard) -> dict[str, GpuType]:
+    """The leaderboard's GPU types by lower-cased name, each marked `served` when an enabled pool has one;
+    kept ≤ 2 s per process like the other settings read on every submission."""
+    def compute() -> dict[str, GpuType]:
+        gpu_types = {g.name.lower(): g for g in leaderboard.gpu_types.all()}
+        for gpu in gpu_types.values():
+            gpu.served = GpuPool.objects.serving(gpu).exists()
+        return gpu_types
+    return cached(("serving", leaderboard.pk), SETTINGS_TTL, compute)
+
+
 def do_submit(user, request: SubmissionRequest) -> Submission:
     with transaction.atomic():
-        Profile.objects.get_or_create(user=user, defaults={"display_name": user.get_username()})
-        code, _ = Code.objects.get_or_create(sha256=Code.digest(request.code), defaults={"text": request.code})
+        if not hasattr(user, "profile"):
+            Profile.objects.get_or_create(user=user, defaults={"display_name": user.get_username()})
+        # one upsert instead of select + savepoint + insert; the no-op update makes it return the id
+        (code,) = Code.objects.bulk_create([Code(sha256=Code.digest(request.code), text=request.code)],
+                                           update_conflicts=True, unique_fields=["sha256"], update_fields=["sha256"])
         submission = Submission.objects.create(
             user=user, leaderboard=request.leaderboard, problem=request.leaderboard.problem,
             file_name=request.file_name, code=code, mode=request.mode)
         secrets = [False, True] if request.mode == SubmissionMode.LEADERBOARD else [False]
-        for gpu_type in request.gpu_types:
-            for secret in secrets:
-                run = Run.objects.create(submission=submission, gpu_type=gpu_type, secret=secret,
-                                         status_deadline=Run.deadline_for(RunStatus.QUEUED))
-                enqueue_on_commit("runners.tasks.dispatch_run", run.pk)
+        deadline = Run.deadline_for(RunStatus.QUEUED)
+        runs = Run.objects.bulk_create([Run(submission=submission, gpu_type=gpu_type, secret=secret,
+                                            status_deadline=deadline)
+                                        for gpu_type in request.gpu_types for secret in secrets])
+        for run in runs:
+            enqueue_on_commit("runners.tasks.dispatch_run", run.pk)
     return submission
 
 

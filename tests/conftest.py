@@ -10,6 +10,7 @@ import pytest
 from django.conf import settings
 from django_q.conf import Conf
 
+from leaderboards.access.actions import clear_cache
 from leaderboards.taskfile import load_task
 
 from . import factories
@@ -49,6 +50,7 @@ def postgres(settings) -> None:
 def _isolated_runtime(settings, tmp_path):
     """Each test gets its own runs directory and an in-memory channel layer unless it asks for Redis."""
     settings.RUNS_DIR = tmp_path / "runs"
+    clear_cache()  # per-process settings caches (jobs switch, quotas, bans, served GPUs) start empty
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 

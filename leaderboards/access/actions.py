@@ -74,7 +74,7 @@ def authenticate_token(raw: str | None):
     """The active user a token belongs to, or None. Records last use at most once a minute."""
     if not raw:
         return None
-    token = ApiToken.objects.usable().select_related("user").filter(digest=digest(raw.strip())).first()
+    token = ApiToken.objects.usable().select_related("user__profile").filter(digest=digest(raw.strip())).first()
     if token is None or not token.user.is_active:
         return None
     now = timezone.now()
@@ -154,8 +154,8 @@ def check_may_submit(user, leaderboard: Leaderboard, mode: str) -> None:
     if not switch.accepting:
         raise SubmissionRejected("Submissions are paused by the organisers"
                                  + (f": {switch.reason}" if switch.reason else "") + "; try again later.", 503)
-    ban = Ban.objects.filter(user=user).filter(leaderboard__in=[leaderboard.pk, None]).first() \
-        if user.pk else None
+    bans = cached(("bans", user.pk), SETTINGS_TTL, lambda: list(Ban.objects.filter(user=user))) if user.pk else []
+    ban = next((b for b in bans if b.leaderboard_id in (leaderboard.pk, None)), None)
     if ban is not None:
         where = f"'{leaderboard.name}'" if ban.leaderboard_id else "all leaderboards"
         raise SubmissionRejected(f"You are banned from submitting to {where}"
@@ -199,11 +199,14 @@ def do_join(user, code: str) -> Membership:
 
 def do_ban(user, leaderboard: Leaderboard | None, reason: str = "") -> Ban:
     ban, _ = Ban.objects.update_or_create(user=user, leaderboard=leaderboard, defaults={"reason": reason})
+    clear_cache()
     return ban
 
 
 def do_unban(user, leaderboard: Leaderboard | None) -> int:
-    return Ban.objects.filter(user=user, leaderboard=leaderboard).delete()[0]
+    removed = Ban.objects.filter(user=user, leaderboard=leaderboard).delete()[0]
+    clear_cache()
+    return removed
 
 
 # --- queue position and ETA ---------------------------------------------------------------------
