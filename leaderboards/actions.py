@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from runners.models import GpuPool, GpuType
@@ -95,22 +95,31 @@ def serving_gpu_types(leaderboard: Leaderboard) -> dict[str, GpuType]:
 
 
 def do_submit(user, request: SubmissionRequest) -> Submission:
-    with transaction.atomic():
-        if not hasattr(user, "profile"):
-            Profile.objects.get_or_create(user=user, defaults={"display_name": user.get_username()})
-        # one upsert instead of select + savepoint + insert; the no-op update makes it return the id
-        (code,) = Code.objects.bulk_create([Code(sha256=Code.digest(request.code), text=request.code)],
-                                           update_conflicts=True, unique_fields=["sha256"], update_fields=["sha256"])
-        submission = Submission.objects.create(
-            user=user, leaderboard=request.leaderboard, problem=request.leaderboard.problem,
-            file_name=request.file_name, code=code, mode=request.mode)
-        secrets = [False, True] if request.mode == SubmissionMode.LEADERBOARD else [False]
-        deadline = Run.deadline_for(RunStatus.QUEUED)
-        runs = Run.objects.bulk_create([Run(submission=submission, gpu_type=gpu_type, secret=secret,
-                                            status_deadline=deadline)
-                                        for gpu_type in request.gpu_types for secret in secrets])
-        for run in runs:
-            enqueue_on_commit("runners.tasks.dispatch_run", run.pk)
+    """Writes the submission, its code and its queued runs in one transaction and enqueues the runs after commit.
+    The new runs (with their GPU types) are on `submission.new_runs`, to report without another query."""
+    sha256 = Code.digest(request.code)
+    try:
+        with transaction.atomic():
+            if not hasattr(user, "profile"):
+                Profile.objects.get_or_create(user=user, defaults={"display_name": user.get_username()})
+            # DO NOTHING takes no row lock on an existing file (an upsert's would serialise every concurrent
+            # submission of the same file until commit); code rows are content-addressed and never change
+            Code.objects.bulk_create([Code(sha256=sha256, text=request.code)], ignore_conflicts=True)
+            code_id = Code.objects.filter(sha256=sha256).values_list("pk", flat=True).get()
+            (submission,) = Submission.objects.bulk_create([Submission(
+                user=user, leaderboard=request.leaderboard, problem=request.leaderboard.problem,
+                file_name=request.file_name, code_id=code_id, mode=request.mode)])
+            secrets = [False, True] if request.mode == SubmissionMode.LEADERBOARD else [False]
+            deadline = Run.deadline_for(RunStatus.QUEUED)
+            runs = Run.objects.bulk_create([Run(submission=submission, gpu_type=gpu_type, secret=secret,
+                                                status_deadline=deadline)
+                                            for gpu_type in request.gpu_types for secret in secrets])
+            for run in runs:
+                enqueue_on_commit("runners.tasks.dispatch_run", run.pk)
+    except IntegrityError as exc:  # the leaderboard, problem or GPU type was deleted after check_submission
+        raise SubmissionRejected(f"Leaderboard '{request.leaderboard.name}' changed while your submission was "
+                                 "being saved; submit again.", 409) from exc
+    submission.new_runs = runs
     return submission
 
 

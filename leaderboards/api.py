@@ -76,8 +76,8 @@ def rankings(request, name: str, gpu: str, page: int = 1, page_size: int = 50):
                  "submitted_at": e.submitted_at} for e in entries[start:start + page_size]]}
 
 
-def queue_out(submission: Submission) -> dict[str, Any] | None:
-    estimate = access.queue_estimate(submission)
+def queue_out(submission: Submission, runs: list[Run] | None = None) -> dict[str, Any] | None:
+    estimate = access.queue_estimate(submission, runs)
     return estimate.__dict__ if estimate else None
 
 
@@ -126,8 +126,7 @@ def create_submission(request, file: File[UploadedFile], leaderboard: Form[str] 
     checked = actions.check_submission(request.auth, leaderboard, gpus, mode.lower(), file.name or "submission",
                                        content)
     submission = actions.do_submit(request.auth, checked)
-    runs = list(submission.runs.select_related("gpu_type", "submission"))
-    return 201, submission_out(submission, runs, queue_out(submission))
+    return 201, submission_out(submission, submission.new_runs, queue_out(submission, submission.new_runs))
 
 
 @router.get("/submissions", response=SubmissionPageOut, auth=token_auth)
@@ -152,7 +151,7 @@ def get_submission(request, submission_id: int):
     """Status with per-phase (tests, benchmarks) results of each run."""
     submission = own(request, submission_id)
     runs = list(submission.runs.select_related("gpu_type", "submission"))
-    return submission_out(submission, runs, queue_out(submission))
+    return submission_out(submission, runs, queue_out(submission, runs))
 
 
 @router.delete("/submissions/{submission_id}", response={200: DeletedOut, 404: ErrorOut}, auth=token_auth)
@@ -191,6 +190,6 @@ async def progress_stream(submission_id: int, heartbeat: float = 15.0):
             yield b": keepalive\n\n"
             continue
         version += 1
-        queue = None if all(r.is_terminal for r in runs) else await in_pool(queue_out, submission)
+        queue = None if all(r.is_terminal for r in runs) else await in_pool(queue_out, submission, runs)
         yield sse("submission", {"version": version, **submission_out(submission, runs, queue)})
     yield sse("done", {"submission_id": submission_id})

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hmac
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -74,10 +75,11 @@ def authenticate_token(raw: str | None):
     """The active user a token belongs to, or None. Records last use at most once a minute."""
     if not raw:
         return None
-    token = ApiToken.objects.usable().select_related("user__profile").filter(digest=digest(raw.strip())).first()
-    if token is None or not token.user.is_active:
-        return None
+    # one unique-index lookup; revocation and expiry checked here rather than in SQL (see ApiToken.is_usable)
+    token = ApiToken.objects.select_related("user__profile").filter(digest=digest(raw.strip())).first()
     now = timezone.now()
+    if token is None or not token.is_usable(now) or not token.user.is_active:
+        return None
     if token.last_used is None or now - token.last_used > LAST_USED_RESOLUTION:
         ApiToken.objects.filter(pk=token.pk).update(last_used=now)
     return token.user
@@ -234,16 +236,18 @@ def _mean_run_seconds(gpu_type_id: int) -> float:
     return mean.total_seconds() if mean else DEFAULT_RUN_SECONDS
 
 
-def queue_estimate(submission: Submission) -> QueueEstimate | None:
-    """Where the submission's first unfinished run stands in its GPU type's queue, and a rough ETA."""
-    mine = list(submission.runs.filter(status__in=ACTIVE_STATUSES).order_by("pk")
-                .values_list("pk", "gpu_type_id", "gpu_type__name", "runner"))
+def queue_estimate(submission: Submission, runs: Iterable[Run] | None = None) -> QueueEstimate | None:
+    """Where the submission's first unfinished run stands in its GPU type's queue, and a rough ETA.
+    `runs`: the submission's runs with their GPU types, when the caller holds them already."""
+    if runs is None:
+        runs = submission.runs.filter(status__in=ACTIVE_STATUSES).select_related("gpu_type")
+    mine = sorted((run for run in runs if run.status in ACTIVE_STATUSES), key=lambda run: run.pk)
     if not mine:
         return None
-    run_id, gpu_type_id, gpu_name, runner = mine[0]
-    ahead = Run.objects.filter(gpu_type_id=gpu_type_id, status__in=ACTIVE_STATUSES, pk__lt=run_id).count()
-    eta = (ahead // devices_serving(gpu_type_id) + len(mine)) * mean_run_seconds(gpu_type_id)
-    return QueueEstimate(runner=runner or "queue", gpu=gpu_name, queued_jobs=ahead + len(mine),
+    first = mine[0]
+    ahead = Run.objects.filter(gpu_type_id=first.gpu_type_id, status__in=ACTIVE_STATUSES, pk__lt=first.pk).count()
+    eta = (ahead // devices_serving(first.gpu_type_id) + len(mine)) * mean_run_seconds(first.gpu_type_id)
+    return QueueEstimate(runner=first.runner or "queue", gpu=first.gpu_type.name, queued_jobs=ahead + len(mine),
                          position=ahead + 1, eta_seconds=round(eta))
 
 

@@ -23,6 +23,7 @@ def new_secret() -> str:
 
 class ApiTokenQuerySet(models.QuerySet):
     def usable(self) -> ApiTokenQuerySet:
+        """In SQL what `ApiToken.is_usable` checks in Python."""
         return self.filter(revoked__isnull=True).filter(
             models.Q(expires__isnull=True) | models.Q(expires__gt=timezone.now()))
 
@@ -46,6 +47,9 @@ class ApiToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.hint}…) of {self.user}"
+
+    def is_usable(self, now=None) -> bool:
+        return self.revoked is None and (self.expires is None or self.expires > (now or timezone.now()))
 
 
 class PendingLogin(models.Model):

@@ -165,8 +165,8 @@ def accept(user, leaderboard: str, gpu: str, mode: str, file_name: str, content:
     return actions.do_submit(user, request)
 
 
-def runner_queue(submission: Submission) -> dict[str, Any] | None:
-    estimate = access.queue_estimate(submission)
+def runner_queue(submission: Submission, runs: list[Run]) -> dict[str, Any] | None:
+    estimate = access.queue_estimate(submission, runs)
     if estimate is None:
         return None
     return {"runner": estimate.runner, "gpu": estimate.gpu, "queued_jobs": estimate.queued_jobs,
@@ -178,7 +178,8 @@ def submit(request, leaderboard: str, gpu: str, mode: str):
     user = cli_user(request)
     file_name, content = read_upload(request)
     submission = accept(user, leaderboard, gpu, mode, file_name, content)
-    return {"details": {"id": submission.pk}, "status": "accepted", "runner_queue": runner_queue(submission)}
+    return {"details": {"id": submission.pk}, "status": "accepted",
+            "runner_queue": runner_queue(submission, submission.new_runs)}
 
 
 def owned_submission(user, submission_id: int) -> Submission:
@@ -190,7 +191,7 @@ def owned_submission(user, submission_id: int) -> Submission:
 
 def detail_of(submission: Submission) -> dict[str, Any]:
     runs = list(submission.runs.select_related("gpu_type", "submission").order_by("gpu_type", "secret"))
-    return wire.submission_detail(submission, runs, runner_queue(submission))
+    return wire.submission_detail(submission, runs, runner_queue(submission, runs))
 
 
 @api.get("/user/submissions/{submission_id}")

@@ -101,3 +101,28 @@ def test_upcoming_leaderboard_rejects_submissions_until_it_opens(leaderboard, cl
     leaderboard.starts_at = timezone.now() - timedelta(minutes=1)
     leaderboard.save()
     assert submit(leaderboard)[1].leaderboard == leaderboard
+
+
+@pytest.mark.django_db(transaction=True)  # foreign keys are checked at commit, which a test transaction never reaches
+def test_a_leaderboard_deleted_between_check_and_write_is_a_clear_conflict_and_writes_nothing(leaderboard):
+    user, request = submit(leaderboard)
+    leaderboard.delete()
+    with pytest.raises(SubmissionRejected) as info:
+        do_submit(user, request)
+    assert info.value.status == 409 and "changed while your submission was being saved" in info.value.message
+    assert Submission.objects.count() == 0 and Run.objects.count() == 0 and Code.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_the_new_runs_come_back_with_the_submission_for_the_queue_estimate(leaderboard, django_assert_num_queries):
+    from leaderboards.access.actions import queue_estimate
+
+    user, request = submit(leaderboard)
+    submission = do_submit(user, request)
+    read_itself = queue_estimate(submission)  # reads the runs (and warms the cached ETA inputs)
+    runs = submission.new_runs
+    with django_assert_num_queries(1):  # only the count of runs ahead: the runs themselves are at hand
+        estimate = queue_estimate(submission, runs)
+    assert [r.secret for r in runs] == [False, True] and all(r.pk for r in runs)
+    assert (estimate.position, estimate.queued_jobs, estimate.gpu) == (1, 2, "CPU")
+    assert estimate == read_itself
