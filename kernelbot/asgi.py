@@ -1,9 +1,13 @@
 import os
 
-from django.core.asgi import get_asgi_application
+import django
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "kernelbot.settings")
-django_asgi_app = get_asgi_application()
+django.setup(set_prefix=False)
+
+from kernelbot.handlers import SyncWorkerASGIHandler  # noqa: E402
+
+django_asgi_app = SyncWorkerASGIHandler()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402 - needs the app registry loaded
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

@@ -95,7 +95,7 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
         {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"}
     )
 if DATABASES["default"]["ENGINE"].endswith("postgresql") and env_bool("DB_POOL", False):
-    # ASGI runs each request's sync code in a new thread, so persistent connections are never reused; a pool is.
+    # one pool per process for its request thread, the SSE stream readers and the websocket consumers' threads
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": 2, "max_size": int(os.environ.get("DB_POOL_SIZE", "16")), "timeout": 30}

@@ -1,6 +1,7 @@
-"""Against a real server on 127.0.0.1 (daphne + a django-q2 cluster, as `./dev serve` runs them) sharing the
-test database: the kernelbot CLI logs in and submits a demo kernel that gets ranked; popcorn's SSE route
-streams to a final result; many progress streams stay open at once."""
+"""Against a real server on 127.0.0.1 (granian with two workers, as docs/operations.md runs it in production, and
+a django-q2 cluster) sharing the test database: the kernelbot CLI logs in and submits a demo kernel that gets
+ranked and shows up on the board's websocket; popcorn's SSE route streams to a final result; many progress
+streams stay open at once. (The browser test runs daphne, as `./dev serve` does.)"""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import time
 
+import aiohttp
 import httpx
 import pytest
 from django.conf import settings
@@ -43,8 +45,8 @@ def server(transactional_db, postgres, demo_task, tmp_path):
            "KERNELBOT_LIVE_OUTBOX_POLL": "0.25", "Q_WORKERS": "1"}
     env.pop("REDIS_URL", None)  # ORM broker in the test database: isolated from any other cluster on this Redis
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                               "kernelbot.asgi:application"], cwd=REPO, env=env),
+    procs = [subprocess.Popen([sys.executable, "-m", "granian", "--interface", "asginl", "--host", "127.0.0.1",
+                               "--port", str(port), "--workers", "2", "kernelbot.asgi:application"], cwd=REPO, env=env),
              subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=REPO, env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     base = f"http://127.0.0.1:{port}"
@@ -90,10 +92,19 @@ def test_cli_logs_in_submits_and_sees_its_ranked_result(server, tmp_path):
     listed = cli(base, config, "submissions", "list").stdout
     assert "fast.py" in listed and "succeeded" in listed
     assert f"#{entry.submission_id}" in cli(base, config, "submissions", "show", str(entry.submission_id)).stdout
+    snapshot = asyncio.run(first_websocket_message(base, f"/ws/leaderboard/{board.pk}/{entry.gpu_type_id}/"))
+    assert snapshot["type"] == "snapshot" and snapshot["entries"][0]["submission"] == entry.submission_id
     wrong = tmp_path / "wrong.py"
     wrong.write_text((SOLUTIONS / "wrong.py").read_text())
     out = cli(base, config, "submit", str(wrong), "-l", board.name, "-g", "cpu", "-m", "test")
     assert out.returncode == 2 and "failed" in out.stdout
+
+
+async def first_websocket_message(base: str, path: str) -> dict:
+    """As a browser on the site connects: the origin header is checked against ALLOWED_HOSTS."""
+    async with aiohttp.ClientSession() as session, \
+            session.ws_connect(base.replace("http", "ws", 1) + path, origin=base) as ws:
+        return await ws.receive_json(timeout=30)
 
 
 def test_popcorn_sse_route_streams_status_then_one_result(server):

@@ -1,0 +1,89 @@
+"""kernelbot.asgi's HTTP handler: each process's sync request code on one thread, streams from the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+from asgiref.sync import iscoroutinefunction
+from asgiref.testing import ApplicationCommunicator
+
+from kernelbot.handlers import SyncWorkerASGIHandler
+from leaderboards.access.actions import do_create_token
+from leaderboards.actions import check_submission, do_submit
+from leaderboards.models import RunStatus
+
+from .factories import UserFactory
+
+
+def http_scope(path: str, headers: list[tuple[bytes, bytes]]) -> dict:
+    return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
+            "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+            "headers": [(b"host", b"testserver"), *headers], "client": ("127.0.0.1", 5000),
+            "server": ("testserver", 80)}
+
+
+async def get(app, path: str, headers: list[tuple[bytes, bytes]] = ()) -> tuple[int, bytes]:
+    comm = ApplicationCommunicator(app, http_scope(path, list(headers)))
+    await comm.send_input({"type": "http.request", "body": b"", "more_body": False})
+    start = await comm.receive_output(10)
+    body = b""
+    while True:
+        message = await comm.receive_output(10)
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return start["status"], body
+
+
+def test_the_middleware_chain_is_loaded_sync():
+    handler = SyncWorkerASGIHandler()
+    assert not iscoroutinefunction(handler._middleware_chain)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sync_view_answers_through_the_handler():
+    status, body = asyncio.run(get(SyncWorkerASGIHandler(), "/api/v1/health"))
+    assert status == 200 and b"ok" in body
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_requests_run_their_sync_code_one_at_a_time_on_one_thread():
+    handler = SyncWorkerASGIHandler()
+    inside, peak, threads, lock = 0, 0, set(), threading.Lock()
+    original = handler.get_response
+
+    def slow_get_response(request):
+        nonlocal inside, peak
+        with lock:
+            inside += 1
+            peak = max(peak, inside)
+            threads.add(threading.get_ident())
+        time.sleep(0.05)
+        with lock:
+            inside -= 1
+        return original(request)
+
+    handler.get_response = slow_get_response
+
+    async def six():
+        return await asyncio.gather(*(get(handler, "/api/v1/health") for _ in range(6)))
+
+    results = asyncio.run(six())
+    assert [status for status, _ in results] == [200] * 6
+    assert peak == 1 and len(threads) == 1 and threading.get_ident() not in threads
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_async_streaming_view_still_streams_through_the_sync_chain(leaderboard):
+    """The SSE progress stream: an async generator behind the sync middleware chain, sent from the event loop."""
+    user = UserFactory()
+    token = do_create_token(user)[1]
+    submission = do_submit(user, check_submission(user, leaderboard.name, ["CPU"], "test", "a.py", b"x = 1\n"))
+    submission.runs.update(status=RunStatus.SUCCEEDED)
+    headers = [(b"authorization", f"Bearer {token}".encode())]
+    status, body = asyncio.run(get(SyncWorkerASGIHandler(), f"/api/v1/submissions/{submission.pk}/events", headers))
+    assert status == 200
+    assert body.startswith(b"event: submission\n") and body.endswith(b"event: done\ndata: {\"submission_id\":"
+                                                                      + str(submission.pk).encode() + b"}\n\n")
