@@ -1,13 +1,19 @@
 """API throughput and open streams, against a real server process on 127.0.0.1 and PostgreSQL.
 
-    python bench/api.py submit  [-n 3000] [-c 32] [--server daphne|uvicorn] [--workers 1]
-    python bench/api.py streams [-n 500] [--hold 20]
+    python bench/api.py submit  [-n 3000] [-c 32] [--server granian|uvicorn|daphne] [--workers 2] [--client wrk]
+    python bench/api.py streams [-n 500] [--hold 20] [--server ...]
+    python bench/api.py health  [--seconds 20] [-c 32] [--server ...]   # wrk on GET /api/v1/health
+    python bench/api.py submit|health --against REF [--rounds 3] ...   # by turns with git REF: ratio of medians
 
 Creates (or resets) the database `kernelbot_bench` on $BENCH_PG (default postgres://postgres@127.0.0.1:5432),
 migrates it, loads the demo, creates 50 users with tokens, and starts the server with unlimited quotas and
 the django-q2 broker on Redis db 5 (no worker runs: `submit` measures accepted-and-queued).
-`submit`: popcorn-cli's exact `POST /popcorn/submission/<lb>/CPU/test` (raw multipart) from an aiohttp
-client with `-c` requests in flight; every answer must be 200 with `status: accepted`.
+`submit`: popcorn-cli's exact `POST /popcorn/submission/<lb>/CPU/test` (raw multipart) with `-c` requests in
+flight, from an aiohttp client (`-n` requests) or from wrk (`--client wrk`, `--seconds` long; a C client, so the
+load generator takes less of the 2 shared cores than aiohttp's ~2.3 ms of CPU per request); every answer must be
+200 with `status: accepted`, and the database must hold one submission per accepted answer (plus at most the
+`-c` requests wrk leaves unanswered when it stops).
+`health`: the request path's floor. wrk is Debian's package `wrk`.
 `streams`: one queued submission, `-n` concurrent `GET /api/v1/submissions/<id>/events` held open for
 `--hold` seconds; each must deliver its first event and stay open without error."""
 
@@ -15,11 +21,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -38,7 +46,7 @@ def server_env() -> dict[str, str]:
             "KERNELBOT_QUOTA_TEST": "0", "KERNELBOT_QUOTA_RANKED": "0", "DJANGO_SETTINGS_MODULE": "kernelbot.settings"}
 
 
-def prepare() -> list[str]:
+def prepare(tree: Path = REPO) -> list[str]:
     subprocess.run(["psql", PG + "/postgres", "-qc", "DROP DATABASE IF EXISTS kernelbot_bench WITH (FORCE)"],
                    check=True)
     subprocess.run(["psql", PG + "/postgres", "-qc", "CREATE DATABASE kernelbot_bench"], check=True)
@@ -51,21 +59,25 @@ from leaderboards.access.actions import do_create_token
 for i in range(50):
     print(do_create_token(get_user_model().objects.create(username=f"bench{i}"))[1])
 """
-    out = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=server_env(), check=True,
+    out = subprocess.run([sys.executable, "-c", script], cwd=tree, env={**server_env(), "PYTHONPATH": str(tree)},
+                         check=True,
                          capture_output=True, text=True).stdout
     return [line for line in out.splitlines() if line.startswith("kb_")]
 
 
-def start_server(kind: str, workers: int) -> tuple[subprocess.Popen, str]:
+def start_server(kind: str, workers: int, tree: Path = REPO) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    if kind == "uvicorn":
+    if kind == "granian":  # the production server (docs/operations.md)
+        cmd = [sys.executable, "-m", "granian", "--interface", "asginl", "--port", str(port), "--workers",
+               str(workers), "--log-level", "warning", "--no-ws", "kernelbot.asgi:application"]
+    elif kind == "uvicorn":
         cmd = [sys.executable, "-m", "uvicorn", "kernelbot.asgi:application", "--port", str(port), "--workers",
                str(workers), "--no-access-log", "--log-level", "warning"]
     else:
         cmd = [sys.executable, "-m", "daphne", "-p", str(port), "--verbosity", "0", "kernelbot.asgi:application"]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=server_env())
+    proc = subprocess.Popen(cmd, cwd=tree, env={**server_env(), "PYTHONPATH": str(tree)})
     base = f"http://127.0.0.1:{port}"
     for _ in range(100):
         try:
@@ -112,6 +124,93 @@ async def submit(base: str, tokens: list[str], n: int, concurrency: int) -> dict
             "p50_ms": 1000 * statistics.median(latencies), "p95_ms": 1000 * latencies[int(0.95 * len(latencies))]}
 
 
+WRK_SCRIPT = """
+local tokens, body, ctype, n, threads = %s, %s, %s, 0, {}
+bad, first_bad = 0, ""  -- globals, read by done() through thread:get
+function setup(thread) table.insert(threads, thread) end
+function request()
+  n = n + 1
+  return wrk.format("POST", "/popcorn/submission/vectoradd/CPU/test",
+                    {["Content-Type"] = ctype, ["X-Popcorn-Cli-Id"] = tokens[n %% #tokens + 1]}, body)
+end
+function response(status, headers, resp)
+  if status ~= 200 or not resp:find('"status": "accepted"', 1, true) then
+    bad = bad + 1
+    if first_bad == "" then first_bad = status .. " " .. resp:sub(1, 200) end
+  end
+end
+function done(summary, latency, requests)
+  local errors, first = 0, ""
+  for _, t in ipairs(threads) do
+    errors = errors + t:get("bad")
+    if first == "" then first = t:get("first_bad") end
+  end
+  io.write(string.format('{"requests": %%d, "seconds": %%f, "errors": %%d, "socket_errors": %%d, "p50_ms": %%f, '
+    .. '"p95_ms": %%f, "first_error": %%q}\\n', summary.requests, summary.duration / 1e6, errors,
+    summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.status
+    + summary.errors.timeout, latency:percentile(50) / 1000, latency:percentile(95) / 1000, first))
+end
+"""
+
+
+def lua(value) -> str:
+    if isinstance(value, list):
+        return "{" + ", ".join(lua(v) for v in value) + "}"
+    return "\"" + "".join(c if c.isalnum() or c in " _-./;=" else f"\\{ord(c):03d}" for c in value) + "\""
+
+
+def submit_wrk(base: str, tokens: list[str], seconds: int, concurrency: int) -> dict:
+    data, content_type = body()
+    with tempfile.NamedTemporaryFile("w", suffix=".lua") as script:
+        script.write(WRK_SCRIPT % (lua(tokens), lua(data.decode()), lua(content_type)))
+        script.flush()
+        warm = subprocess.run(["wrk", "-t1", f"-c{concurrency}", "-d2s", "-s", script.name, base],
+                              capture_output=True, text=True)
+        if warm.returncode:
+            raise SystemExit(f"wrk failed: {warm.stdout}{warm.stderr}")
+        time.sleep(1)  # let the warm-up's last requests land
+        before = submissions_in_db()
+        out = subprocess.run(["wrk", "-t1", f"-c{concurrency}", f"-d{seconds}s", "--timeout", "10s", "-s",
+                              script.name, base], check=True, capture_output=True, text=True).stdout
+    time.sleep(1)
+    result = json.loads(out.strip().splitlines()[-1])
+    stored = submissions_in_db() - before  # wrk stops with up to `concurrency` requests unanswered
+    accepted = result["requests"] - result["errors"]
+    return {"n": result["requests"], "elapsed": result["seconds"], "rate": accepted / result["seconds"],
+            "errors": result["errors"] + result["socket_errors"], "first_error": result["first_error"],
+            "stored": stored, "stored_ok": 0 <= stored - accepted <= concurrency, "p50_ms": result["p50_ms"],
+            "p95_ms": result["p95_ms"]}
+
+
+HEALTH_SCRIPT = """
+function done(summary, latency, requests)
+  io.write(string.format('{"requests": %d, "seconds": %f, "errors": %d, "p50_ms": %f, "p95_ms": %f}\\n',
+    summary.requests, summary.duration / 1e6, summary.errors.connect + summary.errors.read + summary.errors.write
+    + summary.errors.status + summary.errors.timeout, latency:percentile(50) / 1000, latency:percentile(95) / 1000))
+end
+"""
+
+
+def health_wrk(base: str, seconds: int, concurrency: int) -> dict:
+    """The request path's floor: `GET /api/v1/health` (middleware, ninja, one `SELECT 1`)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".lua") as script:
+        script.write(HEALTH_SCRIPT)
+        script.flush()
+        command = ["wrk", "-t1", f"-c{concurrency}", "-s", script.name, f"{base}/api/v1/health"]
+        subprocess.run([*command[:3], "-d2s", *command[3:]], check=True, capture_output=True)
+        out = subprocess.run([*command[:3], f"-d{seconds}s", *command[3:]], check=True, capture_output=True,
+                             text=True).stdout
+    result = json.loads(out.strip().splitlines()[-1])
+    return {"n": result["requests"], "elapsed": result["seconds"], "rate": result["requests"] / result["seconds"],
+            "errors": result["errors"], "p50_ms": result["p50_ms"], "p95_ms": result["p95_ms"]}
+
+
+def submissions_in_db() -> int:
+    out = subprocess.run(["psql", DB_URL, "-Atc", "SELECT count(*) FROM leaderboards_submission"], check=True,
+                         capture_output=True, text=True).stdout
+    return int(out)
+
+
 async def streams(base: str, token: str, n: int, hold: float) -> dict:
     data, content_type = body()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
@@ -153,27 +252,82 @@ async def streams(base: str, token: str, n: int, hold: float) -> dict:
             "first_event_max_ms": 1000 * first[-1] if first else None, "elapsed": time.perf_counter() - started}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["submit", "streams"])
-    parser.add_argument("-n", type=int, default=None)
-    parser.add_argument("-c", type=int, default=32)
-    parser.add_argument("--server", choices=["daphne", "uvicorn"], default="daphne")
-    parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--hold", type=float, default=20)
-    args = parser.parse_args()
-    tokens = prepare()
-    proc, base = start_server(args.server, args.workers)
+def server_cpu_seconds(proc: subprocess.Popen) -> float:
+    """User + system CPU of the server process and its workers so far."""
+    children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    total = 0
+    for pid in [str(proc.pid), *children]:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def host_speed_ns() -> float:
+    """ns per `sum(range(100))`: this shared machine's speed drifts by up to 2x within minutes."""
+    started = time.perf_counter()
+    for _ in range(100_000):
+        sum(range(100))
+    return (time.perf_counter() - started) * 1e4
+
+
+def run_once(args, tree: Path) -> dict:
+    tokens = prepare(tree)  # each tree migrates its own schema
+    speed = host_speed_ns()
+    proc, base = start_server(args.server, args.workers, tree)
     try:
-        if args.what == "submit":
+        cpu_before = server_cpu_seconds(proc)
+        if args.what == "health":
+            result = health_wrk(base, args.seconds, args.c)
+        elif args.what == "submit" and args.client == "wrk":
+            result = submit_wrk(base, tokens, args.seconds, args.c)
+        elif args.what == "submit":
             result = asyncio.run(submit(base, tokens, args.n or 3000, args.c))
         else:
             result = asyncio.run(streams(base, tokens[0], args.n or 500, args.hold))
+        result["server_cpu_ms_per_request"] = 1000 * (server_cpu_seconds(proc) - cpu_before) / result["n"]
     finally:
         proc.terminate()
         proc.wait(timeout=20)
-    print({"server": f"{args.server} x{args.workers}", **{k: round(v, 2) if isinstance(v, float) else v
-                                                          for k, v in result.items()}})
+    client = "wrk" if args.what == "health" else args.client
+    return {"server": f"{args.server} x{args.workers}", "client": client, "host_ns": speed, **result}
+
+
+def against(args) -> None:
+    """Alternate runs of `--against REF` (exported from git) and of this tree, so drift hits both alike."""
+    with tempfile.TemporaryDirectory() as baseline:
+        archive = subprocess.run(["git", "archive", args.against], cwd=REPO, check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", baseline], input=archive, check=True)
+        rates: dict[str, list[float]] = {args.against: [], "current": []}
+        for round_ in range(args.rounds):
+            for label, tree in ((args.against, Path(baseline)), ("current", REPO)):
+                result = run_once(args, tree)
+                rates[label].append(result["rate"])
+                print({"round": round_ + 1, "tree": label, **rounded(result)}, flush=True)
+    medians = {label: statistics.median(values) for label, values in rates.items()}
+    print({"median_rate": rounded(medians), "ratio": round(medians["current"] / medians[args.against], 2)})
+
+
+def rounded(result: dict) -> dict:
+    return {k: round(v, 2) if isinstance(v, float) else v for k, v in result.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=["submit", "streams", "health"])
+    parser.add_argument("-n", type=int, default=None)
+    parser.add_argument("-c", type=int, default=32)
+    parser.add_argument("--server", choices=["granian", "uvicorn", "daphne"], default="granian")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--client", choices=["aiohttp", "wrk"], default="aiohttp")
+    parser.add_argument("--seconds", type=int, default=20, help="wrk run length")
+    parser.add_argument("--hold", type=float, default=20)
+    parser.add_argument("--against", metavar="REF", help="git ref to compare with, run by turns with this tree")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    if args.against:
+        against(args)
+    else:
+        print(rounded(run_once(args, REPO)))
 
 
 if __name__ == "__main__":
