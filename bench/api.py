@@ -60,8 +60,7 @@ for i in range(50):
     print(do_create_token(get_user_model().objects.create(username=f"bench{i}"))[1])
 """
     out = subprocess.run([sys.executable, "-c", script], cwd=tree, env={**server_env(), "PYTHONPATH": str(tree)},
-                         check=True,
-                         capture_output=True, text=True).stdout
+                         check=True, capture_output=True, text=True).stdout
     return [line for line in out.splitlines() if line.startswith("kb_")]
 
 
@@ -124,10 +123,23 @@ async def submit(base: str, tokens: list[str], n: int, concurrency: int) -> dict
             "p50_ms": 1000 * statistics.median(latencies), "p95_ms": 1000 * latencies[int(0.95 * len(latencies))]}
 
 
-WRK_SCRIPT = """
-local tokens, body, ctype, n, threads = %s, %s, %s, 0, {}
-bad, first_bad = 0, ""  -- globals, read by done() through thread:get
+WRK_SUMMARY = """
+bad, first_bad, threads = 0, "", {}  -- bad and first_bad: per-thread globals, read by done() through thread:get
 function setup(thread) table.insert(threads, thread) end
+function done(summary, latency, requests)
+  local errors, first = 0, ""
+  for _, t in ipairs(threads) do
+    errors = errors + t:get("bad")
+    if first == "" then first = t:get("first_bad") end
+  end
+  io.write(string.format('{"requests": %d, "seconds": %f, "errors": %d, "socket_errors": %d, "p50_ms": %f, '
+    .. '"p95_ms": %f, "first_error": %q}\\n', summary.requests, summary.duration / 1e6, errors,
+    summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.status
+    + summary.errors.timeout, latency:percentile(50) / 1000, latency:percentile(95) / 1000, first))
+end
+"""
+SUBMIT_SCRIPT = """
+local tokens, body, ctype, n = %s, %s, %s, 0
 function request()
   n = n + 1
   return wrk.format("POST", "/popcorn/submission/vectoradd/CPU/test",
@@ -139,17 +151,6 @@ function response(status, headers, resp)
     if first_bad == "" then first_bad = status .. " " .. resp:sub(1, 200) end
   end
 end
-function done(summary, latency, requests)
-  local errors, first = 0, ""
-  for _, t in ipairs(threads) do
-    errors = errors + t:get("bad")
-    if first == "" then first = t:get("first_bad") end
-  end
-  io.write(string.format('{"requests": %%d, "seconds": %%f, "errors": %%d, "socket_errors": %%d, "p50_ms": %%f, '
-    .. '"p95_ms": %%f, "first_error": %%q}\\n', summary.requests, summary.duration / 1e6, errors,
-    summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.status
-    + summary.errors.timeout, latency:percentile(50) / 1000, latency:percentile(95) / 1000, first))
-end
 """
 
 
@@ -159,22 +160,28 @@ def lua(value) -> str:
     return "\"" + "".join(c if c.isalnum() or c in " _-./;=" else f"\\{ord(c):03d}" for c in value) + "\""
 
 
-def submit_wrk(base: str, tokens: list[str], seconds: int, concurrency: int) -> dict:
-    data, content_type = body()
-    with tempfile.NamedTemporaryFile("w", suffix=".lua") as script:
-        script.write(WRK_SCRIPT % (lua(tokens), lua(data.decode()), lua(content_type)))
-        script.flush()
-        warm = subprocess.run(["wrk", "-t1", f"-c{concurrency}", "-d2s", "-s", script.name, base],
-                              capture_output=True, text=True)
+def run_wrk(url: str, script: str, seconds: int, concurrency: int) -> dict:
+    """A 2 s warm-up, then `seconds` of load; the summary that WRK_SUMMARY's done() prints."""
+    with tempfile.NamedTemporaryFile("w", suffix=".lua") as file:
+        file.write(script + WRK_SUMMARY)
+        file.flush()
+        command = ["wrk", "-t1", f"-c{concurrency}", "--timeout", "10s", "-s", file.name, url]
+        warm = subprocess.run([*command, "-d2s"], capture_output=True, text=True)
         if warm.returncode:
             raise SystemExit(f"wrk failed: {warm.stdout}{warm.stderr}")
         time.sleep(1)  # let the warm-up's last requests land
-        before = submissions_in_db()
-        out = subprocess.run(["wrk", "-t1", f"-c{concurrency}", f"-d{seconds}s", "--timeout", "10s", "-s",
-                              script.name, base], check=True, capture_output=True, text=True).stdout
-    time.sleep(1)
+        counted = submissions_in_db()
+        out = subprocess.run([*command, f"-d{seconds}s"], check=True, capture_output=True, text=True).stdout
     result = json.loads(out.strip().splitlines()[-1])
-    stored = submissions_in_db() - before  # wrk stops with up to `concurrency` requests unanswered
+    return {**result, "submissions_before": counted}
+
+
+def submit_wrk(base: str, tokens: list[str], seconds: int, concurrency: int) -> dict:
+    data, content_type = body()
+    result = run_wrk(base, SUBMIT_SCRIPT % (lua(tokens), lua(data.decode()), lua(content_type)), seconds,
+                     concurrency)
+    time.sleep(1)
+    stored = submissions_in_db() - result["submissions_before"]  # wrk stops with up to `concurrency` unanswered
     accepted = result["requests"] - result["errors"]
     return {"n": result["requests"], "elapsed": result["seconds"], "rate": accepted / result["seconds"],
             "errors": result["errors"] + result["socket_errors"], "first_error": result["first_error"],
@@ -182,27 +189,12 @@ def submit_wrk(base: str, tokens: list[str], seconds: int, concurrency: int) -> 
             "p95_ms": result["p95_ms"]}
 
 
-HEALTH_SCRIPT = """
-function done(summary, latency, requests)
-  io.write(string.format('{"requests": %d, "seconds": %f, "errors": %d, "p50_ms": %f, "p95_ms": %f}\\n',
-    summary.requests, summary.duration / 1e6, summary.errors.connect + summary.errors.read + summary.errors.write
-    + summary.errors.status + summary.errors.timeout, latency:percentile(50) / 1000, latency:percentile(95) / 1000))
-end
-"""
-
-
 def health_wrk(base: str, seconds: int, concurrency: int) -> dict:
     """The request path's floor: `GET /api/v1/health` (middleware, ninja, one `SELECT 1`)."""
-    with tempfile.NamedTemporaryFile("w", suffix=".lua") as script:
-        script.write(HEALTH_SCRIPT)
-        script.flush()
-        command = ["wrk", "-t1", f"-c{concurrency}", "-s", script.name, f"{base}/api/v1/health"]
-        subprocess.run([*command[:3], "-d2s", *command[3:]], check=True, capture_output=True)
-        out = subprocess.run([*command[:3], f"-d{seconds}s", *command[3:]], check=True, capture_output=True,
-                             text=True).stdout
-    result = json.loads(out.strip().splitlines()[-1])
+    result = run_wrk(f"{base}/api/v1/health", "", seconds, concurrency)
     return {"n": result["requests"], "elapsed": result["seconds"], "rate": result["requests"] / result["seconds"],
-            "errors": result["errors"], "p50_ms": result["p50_ms"], "p95_ms": result["p95_ms"]}
+            "errors": result["errors"] + result["socket_errors"], "p50_ms": result["p50_ms"],
+            "p95_ms": result["p95_ms"]}
 
 
 def submissions_in_db() -> int:
