@@ -216,6 +216,7 @@ class Run(models.Model):
     """One evaluation: submission × GPU type × public/secret. `update_status` is its only state writer."""
 
     OUTPUT_CAP = 64 * 1024
+    queued_ahead: int | None = None  # not stored: on new runs, the active runs of its GPU type queued before it
 
     submission = models.ForeignKey(Submission, on_delete=models.CASCADE, related_name="runs")
     gpu_type = models.ForeignKey(GpuType, on_delete=models.PROTECT, related_name="runs")

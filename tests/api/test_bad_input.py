@@ -37,11 +37,21 @@ def test_missing_wrong_and_revoked_tokens(client, popcorn, leaderboard, alice):
     for cli_id, fragment in ((None, "Missing X-Popcorn-Cli-Id"), ("kb_wrong", "Invalid, expired or revoked")):
         response = Popcorn(client, cli_id).submit(leaderboard.name, "CPU", "test", GOOD)
         assert response.status_code == 401 and fragment in error_text(response)
+    assert popcorn.get("user/submissions").status_code == 200  # the token is now in this process's cache
     do_revoke_token(alice, ApiToken.objects.get(user=alice).pk)
     assert popcorn.get("user/submissions").status_code == 401
     token = ApiToken.objects.get(user=alice)
-    token.revoked, token.expires = None, timezone.now() - timedelta(seconds=1)
+    token.revoked, token.expires = None, timezone.now() + timedelta(seconds=1)
     token.save()
+    assert popcorn.get("user/submissions").status_code == 200
+    token.expires = timezone.now() - timedelta(seconds=1)
+    token.save()
+    assert popcorn.get("user/submissions").status_code == 401
+    token.expires = None
+    token.save()
+    assert popcorn.get("user/submissions").status_code == 200
+    alice.is_active = False
+    alice.save()
     assert popcorn.get("user/submissions").status_code == 401
 
 

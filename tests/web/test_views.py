@@ -108,8 +108,8 @@ def test_past_deadline_and_closed_board_are_refused(client, leaderboard):
     response = client.post("/submit/", {"leaderboard": leaderboard.name, "gpu": "CPU", "mode": "test",
                                         "code": GOOD.decode()})
     assert response.status_code == 403 and "no longer accepts submissions" in response.content.decode()
-    Leaderboard.objects.filter(pk=leaderboard.pk).update(deadline=timezone.now() + timedelta(hours=1),
-                                                         visibility=Visibility.CLOSED)
+    leaderboard.deadline, leaderboard.visibility = timezone.now() + timedelta(hours=1), Visibility.CLOSED
+    leaderboard.save()  # as the admin does: saving drops the per-process board cache the first post filled
     response = client.post("/submit/", {"leaderboard": leaderboard.name, "gpu": "CPU", "mode": "test",
                                         "code": GOOD.decode()})
     assert response.status_code == 404 and "Unknown leaderboard" in response.content.decode()
