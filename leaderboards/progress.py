@@ -24,14 +24,14 @@ def sse(event: str, data: Any) -> bytes:
 
 async def in_pool(fn: Callable, *args, **kwargs):
     """Run blocking ORM code in the shared executor (not a per-request thread, which would pin a connection
-    for the stream's lifetime); each of its few threads keeps one connection, dropped after an error."""
+    for the stream's lifetime). Its connection then follows CONN_MAX_AGE as a request's does: closed after the
+    read by default, back to the pool with DB_POOL, dropped after an error."""
 
     def call():
         try:
             return fn(*args, **kwargs)
         finally:
-            if connection.errors_occurred:
-                connection.close()
+            connection.close_if_unusable_or_obsolete()
 
     return await sync_to_async(call, thread_sensitive=False)()
 

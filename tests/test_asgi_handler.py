@@ -34,6 +34,7 @@ async def get(app, path: str, headers: list[tuple[bytes, bytes]] = ()) -> tuple[
         message = await comm.receive_output(10)
         body += message.get("body", b"")
         if not message.get("more_body"):
+            await comm.wait(10)  # the handler then closes the response: request_finished closes the connection
             return start["status"], body
 
 

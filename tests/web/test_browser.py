@@ -91,6 +91,7 @@ def platform(postgres, tmp_path, demo_task, monkeypatch):
             except subprocess.TimeoutExpired:
                 os.killpg(child.pid, signal.SIGKILL)
             reap_group(child.pid)
+        connection.close()  # opened inside Playwright's event-loop context, which pytest-django's teardown never sees
         if os.environ.get("KERNELBOT_KEEP_LOGS"):
             shutil.copytree(logs, REPO / "var" / "browser-logs", dirs_exist_ok=True)
 
