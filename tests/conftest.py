@@ -4,6 +4,8 @@ service fails instead of skipping."""
 from __future__ import annotations
 
 import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -32,6 +34,19 @@ def require_service(name: str, available: bool) -> None:
     if IN_CI:
         pytest.fail(f"{name} is required under CI=true but is not configured")
     pytest.skip(f"{name} not configured (set it to run this test)")
+
+
+def reap_group(pgid: int, timeout: float = 10) -> None:
+    """Wait until every process of the group (the cluster's workers too) is gone, so none holds the test DB
+    or waits on a queue."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.killpg(pgid, signal.SIGKILL)
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from ..conftest import IN_CI, REPO
+from ..conftest import IN_CI, REPO, reap_group
 from ..factories import LeaderboardFactory, local_cpu_pool, problem_from
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -94,18 +94,6 @@ def platform(postgres, tmp_path, demo_task, monkeypatch):
         connection.close()  # opened inside Playwright's event-loop context, which pytest-django's teardown never sees
         if os.environ.get("KERNELBOT_KEEP_LOGS"):
             shutil.copytree(logs, REPO / "var" / "browser-logs", dirs_exist_ok=True)
-
-
-def reap_group(pgid: int, timeout: float = 10) -> None:
-    """Wait until every process of the group (the cluster's workers too) is gone, so none holds the test DB."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
-    os.killpg(pgid, signal.SIGKILL)
 
 
 def shot(page, name: str) -> None:
