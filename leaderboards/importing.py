@@ -72,14 +72,18 @@ def resolve_harness(task: TaskDefinition, harness: str) -> str:
 
 
 def store_problem(task: TaskDefinition, harness: str = "auto") -> tuple[Problem, bool]:
-    """The latest version of `task.name` if its content is unchanged, else a new version."""
+    """The version of `task.name` with this content and protocol if there is one, else a new version.
+    (Collections reuse directory names, e.g. pmpp/conv2d_py and pmpp_v2/conv2d_py: re-importing either
+    finds its own version again instead of adding one.)"""
     protocol = resolve_harness(task, harness)
-    latest = Problem.objects.filter(name=task.name).order_by("-version").first()
-    if latest and latest.content_hash == task.content_hash and latest.harness == protocol:
-        if latest.description != task.description or latest.definition != task.to_json():
-            latest.description, latest.definition = task.description, task.to_json()
-            latest.save(update_fields=["description", "definition"])
-        return latest, False
+    versions = Problem.objects.filter(name=task.name).order_by("-version")
+    same = versions.filter(content_hash=task.content_hash, harness=protocol).first()
+    if same:
+        if same.description != task.description or same.definition != task.to_json():
+            same.description, same.definition = task.description, task.to_json()
+            same.save(update_fields=["description", "definition"])
+        return same, False
+    latest = versions.first()
     problem = Problem.objects.create(
         name=task.name, version=(latest.version + 1) if latest else 1, content_hash=task.content_hash,
         lang=task.lang, description=task.description, definition=task.to_json(), harness=protocol)
