@@ -182,15 +182,15 @@ def test_command_reports_deadline_and_harness_per_leaderboard(cpu, tmp_path):
     out = io.StringIO()
     call_command("import_problems", str(root / "set.yaml"), stdout=out)
     lines = out.getvalue().splitlines()
-    year = f"{timezone.now() + timedelta(days=365):%Y-%m-%d}"
+    opened = Leaderboard.objects.get(name="va-open").deadline
+    assert abs(opened - timezone.now() - timedelta(days=365)) < timedelta(hours=1)
     assert lines[0] == "competition Practice: deadline 2030-11-29 06:59 UTC (none given: its latest leaderboard's)"
     assert lines[1] == ("created leaderboard va: problem vectoradd_py v1, trusted harness (reference.py), "
                         "deadline 2030-06-30 00:00 UTC, GPUs CPU")
     assert lines[2].startswith("created leaderboard va-late: problem vectoradd_py v1, trusted harness (reference.py), "
                                "deadline 2030-11-29 06:59 UTC")
-    assert lines[3].startswith(f"created leaderboard va-open: problem vectoradd_py v1, trusted harness "
-                               f"(reference.py), deadline {year}") and "(none given: 365 days from now)" in lines[3]
-    opened = Leaderboard.objects.get(name="va-open").deadline
+    assert lines[3] == (f"created leaderboard va-open: problem vectoradd_py v1, trusted harness (reference.py), "
+                        f"deadline {opened:%Y-%m-%d %H:%M} UTC (none given: 365 days from now), GPUs CPU")
     assert Competition.objects.get().deadline == datetime(2030, 11, 29, 6, 59, tzinfo=UTC)
     call_command("import_problems", str(root / "set.yaml"), stdout=io.StringIO())
     assert Leaderboard.objects.get(name="va-open").deadline == opened  # re-importing keeps it
@@ -353,3 +353,23 @@ def test_same_directory_name_in_two_sets_reimports_without_new_versions(cpu, tmp
         "created problem vectoradd_py v2: trusted harness (reference.py) (no leaderboard)",
         "unchanged problem vectoradd_py v1: trusted harness (reference.py) (no leaderboard)",
         "unchanged problem vectoradd_py v2: trusted harness (reference.py) (no leaderboard)"]
+
+
+def test_admin_zip_upload_says_which_deadline_and_harness_it_chose(admin_client, cpu):
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for path in (DEMO / "vectoradd_eval_py").rglob("*"):
+            archive.write(path, f"set/vectoradd_eval_py/{path.name}")
+        for name in ("utils.py", "eval.py"):
+            archive.write(DEMO / name, f"set/{name}")
+        archive.write(DEMO / "vectoradd_py" / "reference.py", "set/vectoradd_py/reference.py")
+        archive.write(DEMO / "vectoradd_py" / "template.py", "set/vectoradd_py/template.py")
+    buffer.seek(0)
+    buffer.name = "eval.zip"
+    response = admin_client.post("/admin/leaderboards/problem/upload/", {
+        "archive": buffer, "harness": "auto", "leaderboard": "va-eval", "deadline": "", "gpus": "CPU"}, follow=True)
+    text = response.content.decode()
+    deadline = Leaderboard.objects.get(name="va-eval").deadline
+    assert abs(deadline - timezone.now() - timedelta(days=365)) < timedelta(hours=1)
+    assert "created leaderboard va-eval: problem vectoradd_eval_py v1, popcorn protocol (eval.py), deadline " \
+           f"{deadline:%Y-%m-%d %H:%M} UTC (none given: 365 days from now)" in text
