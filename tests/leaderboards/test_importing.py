@@ -373,3 +373,12 @@ def test_admin_zip_upload_says_which_deadline_and_harness_it_chose(admin_client,
     assert abs(deadline - timezone.now() - timedelta(days=365)) < timedelta(hours=1)
     assert "created leaderboard va-eval: problem vectoradd_eval_py v1, popcorn protocol (eval.py), deadline " \
            f"{deadline:%Y-%m-%d %H:%M} UTC (none given: 365 days from now)" in text
+
+
+def test_command_options_that_a_competition_file_would_ignore_are_refused(cpu, tmp_path):
+    root = collection(tmp_path, competition="name: s\nproblems:\n  - {directory: vectoradd_py, name: va}\n")
+    with pytest.raises(CommandError, match="--harness: only for a problem directory"):
+        call_command("import_problems", str(root / "set.yaml"), "--harness", "kernelbot")
+    with pytest.raises(CommandError, match="--root .*: not a directory"):
+        call_command("import_problems", str(root / "set.yaml"), "--root", str(root / "set.yaml"))
+    assert not Leaderboard.objects.exists()
