@@ -300,18 +300,27 @@ def test_a_problem_directory_name_longer_than_its_column(cpu, tmp_path):
         call_command("import_problems", str(long_dir))
 
 
-def test_admin_zip_upload_refuses_long_names_with_a_message(admin_client, cpu):
+def vectoradd_zip(folder: str) -> io.BytesIO:
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
         for path in (DEMO / "vectoradd_py").rglob("*"):
             if path.is_file():
-                archive.write(path, f"set/{'v' * 101}/{path.relative_to(DEMO / 'vectoradd_py')}")
+                archive.write(path, f"set/{folder}/{path.relative_to(DEMO / 'vectoradd_py')}")
         archive.write(DEMO / "utils.py", "set/utils.py")
     buffer.seek(0)
-    buffer.name = "long.zip"
+    buffer.name = f"{folder}.zip"
+    return buffer
+
+
+@pytest.mark.parametrize(("folder", "leaderboard", "message"), [
+    ("v" * 101, "ok", "the problem name (its directory name) is 101 characters; at most 100"),
+    ("vectoradd_py", "x" * 101, "leaderboard names are at most 100 characters, got 101"),
+])
+def test_admin_zip_upload_refuses_long_names_with_a_message(admin_client, cpu, folder, leaderboard, message):
     response = admin_client.post("/admin/leaderboards/problem/upload/", {
-        "archive": buffer, "harness": "auto", "leaderboard": "x" * 101, "deadline": "2030-01-01", "gpus": "CPU"})
-    assert response.status_code == 200 and "is 101 characters; at most 100" in response.content.decode()
+        "archive": vectoradd_zip(folder), "harness": "auto", "leaderboard": leaderboard, "deadline": "2030-01-01",
+        "gpus": "CPU"})
+    assert response.status_code == 200 and message in response.content.decode()
     assert not Problem.objects.exists()
 
 
