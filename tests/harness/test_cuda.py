@@ -82,6 +82,14 @@ def test_the_compile_cannot_read_host_files(tmp_path):
     assert "SECRET_KEY" not in result["error"] + result["stderr"] + result["stdout"]
 
 
+def test_a_compile_reading_dev_zero_is_stopped_by_the_memory_limit(tmp_path):
+    hostile = tmp_path / "hostile.cu"
+    hostile.write_text('#include "/dev/zero"\n')
+    result, _ = run_harness(cuda_job(tmp_path, hostile, "test", limits={"memory_bytes": 2 << 30}), timeout=600)
+    assert result["verdict"] == "compile_error" and result["compile"]["exit_code"] != 0
+    assert "out of memory" in result["error"] or "killed" in result["error"]
+
+
 def test_cuda_calls_without_a_gpu_end_with_a_clear_runner_error(tmp_path):
     result, _ = run_harness(cuda_job(tmp_path, "gpu_call.cu", "test", gpus=[]), timeout=600)
     assert (result["status"], result["passed"]) == ("error", False)
