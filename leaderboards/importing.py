@@ -31,10 +31,14 @@ class ImportReport:
 
 
 def resolve_harness(task: TaskDefinition, harness: str) -> str:
+    own_evaluator = bool(task.main) or task.lang == "cu"  # an eval.py, or a cu task's eval.cu
     if harness == "auto":
-        return HarnessProtocol.POPCORN if task.main else HarnessProtocol.KERNELBOT
-    if harness == HarnessProtocol.POPCORN and not task.main:
+        return HarnessProtocol.POPCORN if own_evaluator else HarnessProtocol.KERNELBOT
+    if harness == HarnessProtocol.POPCORN and not own_evaluator:
         raise ImportRejected([f"problem {task.name}: the popcorn protocol needs config.main (an eval.py)"])
+    if harness == HarnessProtocol.KERNELBOT and task.lang == "cu":
+        raise ImportRejected([f"problem {task.name}: a cu task runs its own eval.cu (the popcorn protocol); "
+                              "the kernelbot harness needs a Python problem"])
     if harness not in HarnessProtocol.values:
         raise ImportRejected([f"problem {task.name}: unknown harness '{harness}'"])
     return harness
