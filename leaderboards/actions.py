@@ -24,6 +24,7 @@ from .models import (
     BoardEntry,
     Code,
     Leaderboard,
+    Problem,
     Profile,
     Run,
     RunStatus,
@@ -243,11 +244,43 @@ def do_ingest_result(run_id: int, attempt: int, result: dict) -> bool:
         run.update_status(
             RunStatus.SUCCEEDED if passed else FAILING_VERDICT_STATUS.get(verdict, RunStatus.FAILED),
             verdict=verdict, passed=passed, score=score, error=error, result=result,
+            progress=final_progress(result, run.mode, _phase_totals(run)),
             system_info=result.get("system", {}), stdout=str(result.get("stdout", "")),
             stderr=str(result.get("stderr", "")))
         if run.mode == SubmissionMode.LEADERBOARD:
             enqueue_on_commit("leaderboards.tasks.recompute_ranks", leaderboard.pk, run.gpu_type_id)
         return True
+
+
+MODE_PHASES = {SubmissionMode.TEST: ("test",), SubmissionMode.BENCHMARK: ("benchmark",),
+               SubmissionMode.LEADERBOARD: ("test", "benchmark", "ranked"), SubmissionMode.PROFILE: ()}
+POPCORN_PHASE = {SubmissionMode.TEST: ("test",), SubmissionMode.BENCHMARK: ("benchmark",),
+                 SubmissionMode.LEADERBOARD: ("ranked",), SubmissionMode.PROFILE: ()}
+PHASE_RESULTS = {"test": "tests", "benchmark": "benchmarks", "ranked": "ranked"}
+
+
+def _phase_totals(run: Run) -> dict[str, int]:
+    tests, benchmarks = (Problem.objects.filter(pk=run.submission.problem_id)
+                         .values_list("definition__tests", "definition__benchmarks").get())
+    tests, benchmarks = len(tests or []), len(benchmarks or [])
+    last_only = run.submission.leaderboard.ranking_by == "last"
+    return {"test": tests, "benchmark": benchmarks, "ranked": min(1, benchmarks) if last_only else benchmarks}
+
+
+def final_progress(result: dict, mode: str, totals: dict[str, int]) -> dict:
+    """Where the finished run got to: the first phase of its mode whose cases did not all pass (or the last
+    phase), with the cases that passed. Replaces the last live progress, which can be ahead of a crash."""
+    popcorn = result.get("protocol") == "popcorn"
+    if popcorn:
+        totals = {**totals, "ranked": totals["benchmark"]}  # eval.py runs every benchmark in the ranked phase
+    progress: dict = {}
+    for phase in (POPCORN_PHASE if popcorn else MODE_PHASES).get(mode, ()):
+        cases = result.get(PHASE_RESULTS[phase]) or []
+        passed = sum(1 for case in cases if isinstance(case, dict) and case.get("status") == "pass")
+        progress = {"phase": phase, "done": passed, "total": totals[phase], "final": True}
+        if passed < totals[phase]:
+            break
+    return progress
 
 
 def score_from_result(result: dict, mode: str, ranking_by: str) -> float:

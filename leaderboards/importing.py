@@ -44,24 +44,32 @@ _HARNESS_NAMES = {HarnessProtocol.KERNELBOT: "trusted harness (reference.py)",
 
 def describe_harness(problem: Problem) -> str:
     name = _HARNESS_NAMES[HarnessProtocol(problem.harness)]
-    return f"{name} ({problem.definition.get('main')})" if problem.harness == HarnessProtocol.POPCORN else name
+    if problem.harness != HarnessProtocol.POPCORN:
+        return name
+    definition = problem.definition
+    return f"{name} ({definition.get('main') or ' + '.join(definition.get('config', {}).get('sources', []))})"
 
 
 def resolve_harness(task: TaskDefinition, harness: str) -> str:
     """The protocol a problem runs under, checked against what that protocol needs from its files.
-    auto: the problem's own eval.py when config.main names one of its files, else the trusted harness."""
+    auto: the problem's own evaluator (config.main's eval.py among its files, or a cu task's eval.cu),
+    else the trusted harness."""
     names = set(task.files) | {task.submission_name}
     has_main = task.main is not None and task.main in task.files
+    own_evaluator = has_main or task.lang == "cu"
     if harness not in (*HarnessProtocol.values, "auto"):
         raise ImportRejected([f"problem {task.name}: unknown harness {harness!r}; expected auto, "
                               f"{', '.join(HarnessProtocol.values)}"])
     if harness == "auto":
-        harness = HarnessProtocol.POPCORN if has_main else HarnessProtocol.KERNELBOT
-    if harness == HarnessProtocol.POPCORN and not has_main:
+        harness = HarnessProtocol.POPCORN if own_evaluator else HarnessProtocol.KERNELBOT
+    if harness == HarnessProtocol.POPCORN and not own_evaluator:
         what = f"config.main {task.main} is not one of the files" if task.main else "there is no config.main"
         raise ImportRejected([f"problem {task.name}: the popcorn protocol runs the problem's own eval.py, but "
                               f"{what}; add it to files, or use the trusted harness (--harness kernelbot)"])
-    if harness == HarnessProtocol.KERNELBOT and task.lang == "py":
+    if harness == HarnessProtocol.KERNELBOT and task.lang == "cu":
+        raise ImportRejected([f"problem {task.name}: a cu task runs its own eval.cu (the popcorn protocol); "
+                              "the kernelbot harness needs a Python problem"])
+    if harness == HarnessProtocol.KERNELBOT:
         missing = [f for f in ("reference.py", "submission.py") if f not in names]
         if missing:
             hint = " or name config.main's eval.py among the files" if task.main else ""

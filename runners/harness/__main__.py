@@ -2,7 +2,8 @@
 
 Input: {"mode": "test|benchmark|leaderboard|profile", "workdir": "/abs", "protocol": "kernelbot|popcorn",
 "lang": "py|cu", "main", "tests", "benchmarks", "ranking_by", "seed", "multi_gpu", "gpus", "timeouts",
-"limits", "timing", "cuda", "nonce"} (all but mode/workdir optional).
+"limits", "timing", "cuda": {"sources", "headers", "include_dirs", "defines", "compile_flags", "arch"}, "nonce"}
+(all but mode/workdir optional).
 Output: zero or more {"event": "progress", ...} lines, then exactly one {"event": "result", ...} line.
 Exit code 0 whenever the result line was written. status "error" means the harness (or the problem
 definition) broke, not the submission: the platform may retry.
@@ -40,18 +41,13 @@ def main() -> int:
             nonce = str(raw.get("nonce") or "")
         job = parse_job(raw)
         del raw
-        if job.lang == "cu":
-            from .cuda import compile_sources
-
-            result = compile_sources(job)
+        if job.lang == "cu":  # KernelBot's CUDA tasks: nvcc builds eval.out, which speaks POPCORN_FD
+            from .cuda import run
+        elif job.protocol == "popcorn":
+            from .popcorn import run
         else:
-            result = None
-        if result is None:
-            if job.protocol == "popcorn":
-                from .popcorn import run
-            else:
-                from .kernelbot import run
-            result = run(job, emitter)
+            from .kernelbot import run
+        result = run(job, emitter)
     except (JobError, json.JSONDecodeError) as exc:
         result = Result(mode=mode, protocol=protocol, status="error")
         result.fail("fail", f"invalid job: {exc}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import secrets
 from typing import Any
 
@@ -31,10 +32,14 @@ class Timing:
 
 @dataclasses.dataclass(frozen=True)
 class Cuda:
+    """A `lang: cu` task's `config`, plus `headers` (its other files) and the GPU's `arch` ("90a"; "" = native)."""
+
     sources: tuple[str, ...] = ()
+    headers: tuple[str, ...] = ()
     include_dirs: tuple[str, ...] = ()
-    defines: dict[str, str] = dataclasses.field(default_factory=dict)
+    defines: dict[str, str | None] = dataclasses.field(default_factory=dict)
     compile_flags: tuple[str, ...] = ()
+    arch: str = ""
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
@@ -112,7 +117,6 @@ def parse_job(raw: Any) -> Job:
         raise JobError("seed must be an integer")
     timing_keys = {f.name for f in dataclasses.fields(Timing)}
     timing = {k: v for k, v in (raw.get("timing") or {}).items() if k in timing_keys}
-    cuda = raw.get("cuda") or {}
     return Job(
         mode=_choice(raw, "mode", MODES, "test"),
         workdir=workdir,
@@ -128,14 +132,36 @@ def parse_job(raw: Any) -> Job:
         timeouts={k: float(v) for k, v in (raw.get("timeouts") or {}).items()},
         limits={k: int(v) for k, v in (raw.get("limits") or {}).items()},
         timing=Timing(**timing),
-        cuda=Cuda(
-            sources=tuple(cuda.get("sources") or ()), include_dirs=tuple(cuda.get("include_dirs") or ()),
-            defines={str(k): str(v) for k, v in (cuda.get("defines") or {}).items()},
-            compile_flags=tuple(cuda.get("compile_flags") or ()),
-        ),
+        cuda=_cuda(raw.get("cuda") or {}),
         nonce=str(raw.get("nonce") or ""),
         sandbox_uid=_uid(raw.get("sandbox_uid", 65534)),
     )
+
+
+def _cuda(raw: Any) -> Cuda:
+    if not isinstance(raw, dict):
+        raise JobError("cuda must be an object")
+
+    def names(key: str) -> tuple[str, ...]:
+        value = raw.get(key) or []
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            raise JobError(f"cuda.{key} must be a list of strings")
+        return tuple(value)
+
+    files = names("sources") + names("headers")
+    if bad := [f for f in files if os.path.isabs(f) or ".." in f.split("/")]:
+        raise JobError(f"cuda sources and headers must be paths inside the workdir, got {', '.join(bad)}")
+    defines = raw.get("defines") or {}
+    if not isinstance(defines, dict) or not all(isinstance(k, str) and k.isidentifier() for k in defines):
+        raise JobError("cuda.defines must map identifiers to values")
+    if bad := [f for f in names("compile_flags") if not f.startswith("-")]:
+        raise JobError(f"cuda.compile_flags must start with a dash, got {', '.join(bad)}")
+    arch = str(raw.get("arch") or "")
+    if arch and not re.fullmatch(r"\d{2,3}[a-z]?", arch):
+        raise JobError(f"cuda.arch must look like 90 or 90a, got {arch!r}")
+    return Cuda(sources=names("sources"), headers=names("headers"), include_dirs=names("include_dirs"),
+                defines={k: None if v is None else str(v) for k, v in defines.items()},
+                compile_flags=names("compile_flags"), arch=arch)
 
 
 def _uid(value) -> int:

@@ -18,11 +18,12 @@ import os
 import re
 import sys
 import threading
+from collections.abc import Sequence
 
-from .job import Job
+from .job import Case, Job
 from .problem import derive_seed, format_spec
 from .result import CaseResult, Emitter, Result, tail
-from .sandbox import Sandbox
+from .sandbox import Limits, Outcome, Sandbox
 from .stats import Summary, t975
 
 CASES_FILE = "_popcorn_cases.txt"
@@ -88,7 +89,8 @@ def cases_from(fields: dict[str, str], prefix: str) -> list[CaseResult]:
     return out
 
 
-def verdict_from(fields: dict[str, str], result: Result, returncode: int | None, stderr: str) -> None:
+def verdict_from(fields: dict[str, str], result: Result, returncode: int | None, stderr: str,
+                 program: str = "eval.py") -> None:
     """Fill `result` from parsed fields (pure apart from mutating `result`)."""
     result.tests = cases_from(fields, "test")
     benchmarks = cases_from(fields, "benchmark")
@@ -97,14 +99,16 @@ def verdict_from(fields: dict[str, str], result: Result, returncode: int | None,
     else:
         result.benchmarks = benchmarks
     check = fields.get("check")
+    failed = next((c for c in result.tests + benchmarks if c.status != "pass"), None)
     if check == "pass":
         if returncode not in (0, None):
-            result.fail("crash", f"eval.py reported pass but exited with code {returncode}:\n{tail(stderr)}")
-    elif check == "fail":
-        failed = next((c for c in result.tests + benchmarks if c.status != "pass"), None)
-        result.fail("fail", f"{failed.spec}: {failed.message}" if failed else "eval.py reported check: fail")
+            result.fail("crash", f"{program} reported pass but exited with code {returncode}:\n{tail(stderr)}")
+    elif check == "fail" or (failed and failed.message and returncode in (0, None)):
+        # KernelBot's eval.cu reports a failed ranked run as a failed test without a `check` line
+        where = f"{failed.spec}: " if failed and failed.spec else ""
+        result.fail("fail", f"{where}{failed.message}" if failed else f"{program} reported check: fail")
     else:
-        result.fail("crash", f"eval.py reported no result (exit code {returncode}):\n{tail(stderr)}")
+        result.fail("crash", f"{program} reported no result (exit code {returncode}):\n{tail(stderr)}")
 
 
 def run(job: Job, emitter: Emitter) -> Result:
@@ -115,32 +119,55 @@ def run(job: Job, emitter: Emitter) -> Result:
         return result.fail("crash", f"{job.main} not found in the working directory")
     phase = PHASE[job.mode]
     cases = job.tests if job.mode == "test" else job.benchmarks
-    with open(os.path.join(job.workdir, CASES_FILE), "w") as f:
+    sandbox = Sandbox(job.workdir, phase_limits(job, phase), devices=list(job.gpus) if job.gpus else None,
+                      uid=job.sandbox_uid)
+    result.sandbox = sandbox.describe()
+    seed = derive_seed(job.seed, "popcorn", 0, 0)
+    outcome, text = run_program(sandbox, emitter, [sys.executable, job.main], job.mode, cases, phase, job, seed)
+    return judge(result, outcome, text, job.timeout(phase))
+
+
+def phase_limits(job: Job, phase: str) -> Limits:
+    return dataclasses.replace(job.sandbox_limits(), wall_seconds=job.timeout(phase))
+
+
+def run_program(sandbox: Sandbox, emitter: Emitter, argv: list[str], mode: str, cases: Sequence[Case],
+                phase: str, job: Job, seed: int) -> tuple[Outcome, str]:
+    """Run `argv + [mode, cases-file]` in `sandbox` with POPCORN_FD; (its outcome, what it wrote on the fd)."""
+    path = os.path.join(job.workdir, CASES_FILE)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)  # an earlier phase's program may have left a symlink in its place
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "w") as f:
         f.write("".join(format_spec(c) + "\n" for c in cases))
     read_fd, write_fd = os.pipe()
-    env = {"POPCORN_FD": str(write_fd), "POPCORN_SEED": str(derive_seed(job.seed, "popcorn", 0, 0)),
-           "POPCORN_GPUS": ",".join(job.gpus), "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1"}
-    limits = dataclasses.replace(job.sandbox_limits(), wall_seconds=job.timeout(phase))
-    sandbox = Sandbox(job.workdir, limits, devices=list(job.gpus) if job.gpus else None, uid=job.sandbox_uid)
-    result.sandbox = sandbox.describe()
+    env = {"POPCORN_FD": str(write_fd), "POPCORN_SEED": str(seed), "POPCORN_GPUS": ",".join(job.gpus),
+           "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1"}
     emitter.progress(phase, 0, len(cases))
-    proc = sandbox.start([sys.executable, job.main, job.mode, CASES_FILE], env=env, pass_fds=(write_fd,))
-    os.close(write_fd)
+    try:
+        proc = sandbox.start([*argv, mode, CASES_FILE], env=env, pass_fds=(write_fd,))
+    finally:
+        os.close(write_fd)
     chunks: list[bytes] = []
     reader = threading.Thread(target=_drain, args=(read_fd, chunks), daemon=True)
     reader.start()
     outcome = proc.wait()
     reader.join(5)
     os.close(read_fd)
-    result.stdout, result.stderr = outcome.stdout, outcome.stderr
     emitter.progress(phase, len(cases), len(cases))
+    return outcome, b"".join(chunks).decode(errors="replace")
+
+
+def judge(result: Result, outcome: Outcome, text: str, limit: float, program: str = "eval.py") -> Result:
+    """The verdict of one program run from its outcome and its POPCORN_FD output."""
+    result.stdout, result.stderr = outcome.stdout, outcome.stderr
     if outcome.timed_out:
-        return result.fail("timeout", f"timed out in the {phase} phase (limit {job.timeout(phase):g} s)")
+        phase = PHASE.get(result.mode, result.mode)
+        return result.fail("timeout", f"timed out in the {phase} phase (limit {limit:g} s)")
     try:
-        fields = parse_lines(b"".join(chunks).decode(errors="replace"))
+        fields = parse_lines(text)
     except PopcornError as exc:
         return result.fail("hacked", str(exc))
-    verdict_from(fields, result, outcome.returncode, outcome.stderr)
+    verdict_from(fields, result, outcome.returncode, outcome.stderr, program)
     return result
 
 

@@ -52,13 +52,6 @@ def test_crash_reports_stderr_tail(tmp_path):
     assert result["verdict"] == "crash" and "about to abort" in result["error"] and "test phase" in result["error"]
 
 
-def test_cuda_without_toolchain_is_a_compile_error(tmp_path):
-    workdir = make_workdir(tmp_path, SUBMISSIONS / "fast.py")
-    (workdir / "kernel.cu").write_text("__global__ void k() {}\n")
-    result, _ = run_harness(job_for(workdir, "test", lang="cu", cuda={"sources": ["kernel.cu"]}))
-    assert result["verdict"] == "compile_error" and "CUDA toolchain not available" in result["error"]
-
-
 @pytest.mark.parametrize("stdin", ["not json", json.dumps({"mode": "test"}), json.dumps({"mode": "x", "workdir": "/"})])
 def test_invalid_job_is_an_infrastructure_error(stdin):
     result, _ = run_harness(stdin)

@@ -5,7 +5,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from leaderboards.actions import SubmissionRejected, check_submission, do_submit
-from leaderboards.models import Submission
+from leaderboards.models import Run, Submission
 
 
 class Command(BaseCommand):
@@ -46,10 +46,22 @@ class Command(BaseCommand):
             runs = list(submission.runs.select_related("gpu_type"))
             if all(run.is_terminal for run in runs):
                 for run in runs:
-                    kind = "secret" if run.secret else "public"
-                    score = f"{run.score * 1e6:.2f} µs" if run.score is not None else "-"
-                    self.stdout.write(f"  run {run.pk} {run.gpu_type} {kind}: {run.status} ({run.verdict or '-'}) "
-                                      f"score {score} {run.error[:200]}")
+                    self.stdout.write(run_report(run))
                 return
             time.sleep(0.5)
         raise CommandError(f"submission {submission.pk} did not finish within {timeout} s")
+
+
+def run_report(run: Run, cause_lines: int = 20) -> str:
+    """One run as an operator needs it: outcome, how far it got, score, and the cause of a failure in full
+    (its last lines: a traceback or a crashed process's stderr ends with the cause, not a warning)."""
+    kind = "secret" if run.secret else "public"
+    parts = [f"run {run.pk} {run.gpu_type} {kind}: {run.status}" + (f" ({run.verdict})" if run.verdict else "")]
+    if run.progress.get("phase"):
+        parts.append(f"{run.progress['phase']} {run.progress['done']}/{run.progress['total']} passed")
+    if run.score is not None:
+        parts.append(f"score {run.score * 1e6:.2f} µs")
+    lines = ["  " + " · ".join(parts)]
+    cause = run.error.strip().splitlines()[-cause_lines:]
+    lines += ["    " + line for line in cause]
+    return "\n".join(lines)
