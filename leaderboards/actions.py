@@ -254,8 +254,6 @@ def do_ingest_result(run_id: int, attempt: int, result: dict) -> bool:
 
 MODE_PHASES = {SubmissionMode.TEST: ("test",), SubmissionMode.BENCHMARK: ("benchmark",),
                SubmissionMode.LEADERBOARD: ("test", "benchmark", "ranked"), SubmissionMode.PROFILE: ()}
-POPCORN_PHASE = {SubmissionMode.TEST: ("test",), SubmissionMode.BENCHMARK: ("benchmark",),
-                 SubmissionMode.LEADERBOARD: ("ranked",), SubmissionMode.PROFILE: ()}
 PHASE_RESULTS = {"test": "tests", "benchmark": "benchmarks", "ranked": "ranked"}
 
 
@@ -269,12 +267,10 @@ def _phase_totals(run: Run) -> dict[str, int]:
 
 def final_progress(result: dict, mode: str, totals: dict[str, int]) -> dict:
     """Where the finished run got to: the first phase of its mode whose cases did not all pass (or the last
-    phase), with the cases that passed. Replaces the last live progress, which can be ahead of a crash."""
-    popcorn = result.get("protocol") == "popcorn"
-    if popcorn:
-        totals = {**totals, "ranked": totals["benchmark"]}  # eval.py runs every benchmark in the ranked phase
+    phase), with the cases that passed. Replaces the last live progress, which can be ahead of a crash. Both
+    protocols run a leaderboard submission as tests, benchmarks, then the ranked cases."""
     progress: dict = {}
-    for phase in (POPCORN_PHASE if popcorn else MODE_PHASES).get(mode, ()):
+    for phase in MODE_PHASES.get(mode, ()):
         cases = result.get(PHASE_RESULTS[phase]) or []
         passed = sum(1 for case in cases if isinstance(case, dict) and case.get("status") == "pass")
         progress = {"phase": phase, "done": passed, "total": totals[phase], "final": True}

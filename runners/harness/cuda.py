@@ -19,7 +19,7 @@ import shutil
 import subprocess
 
 from .job import Job
-from .popcorn import FLAG, PHASE, judge, phase_limits, run_program
+from .popcorn import FLAG, STAGES, phase_limits, run_stages
 from .problem import derive_seed
 from .result import Emitter, Result, cap, tail
 from .sandbox import Sandbox
@@ -34,7 +34,6 @@ COMPILE_OUTPUT_BYTES = 256 << 10
 NO_GPU = re.compile(r"no CUDA-capable device|CUDA driver version is insufficient|CUDA driver is a stub library"
                     r"|cudaErrorNoDevice|cudaErrorInsufficientDriver|cudaErrorStubLibrary")
 # eval modes a submission mode runs, in order (KernelBot's run_evaluation)
-STAGES = {"test": ("test",), "benchmark": ("benchmark",), "leaderboard": ("test", "benchmark", "leaderboard")}
 
 
 def find_nvcc() -> str | None:
@@ -90,25 +89,15 @@ def run(job: Job, emitter: Emitter) -> Result:
             if os.path.lexists(path := os.path.join(job.workdir, name)):
                 os.unlink(path)
     seed = derive_seed(job.seed, "popcorn", 0, 0) & 0x7FFF_FFFF  # eval.cu parses it with std::stoi
-    for mode in STAGES[job.mode]:
-        phase = PHASE[mode]
-        cases = {"test": job.tests, "benchmark": job.benchmarks, "leaderboard": job.ranked_cases}[mode]
-        sandbox = Sandbox(job.workdir, phase_limits(job, phase), devices=devices, uid=job.sandbox_uid,
-                          ro_paths=ro_paths)
-        result.sandbox = sandbox.describe()
-        outcome, text = run_program(sandbox, emitter, [f"./{PROGRAM}"], mode, cases, phase, job, seed)
-        stage = judge(Result(mode=mode, protocol="popcorn"), outcome, text, job.timeout(phase), PROGRAM)
-        result.tests += stage.tests
-        result.benchmarks += stage.benchmarks
-        result.ranked += stage.ranked
-        result.stdout, result.stderr = result.stdout + stage.stdout, result.stderr + stage.stderr
-        if stage.verdict != "pass":
-            if not has_gpu(job) and NO_GPU.search(stage.stderr):
-                result.status = "error"
-                return result.fail("crash", "this runner has no CUDA GPU for this run, so the program's CUDA "
-                                            f"calls failed (not your code):\n{tail(stage.stderr, 5)}")
-            return result.fail(stage.verdict, stage.error)
-    return result
+    failed = run_stages(job, emitter, result, [f"./{PROGRAM}"], seed, lambda phase: Sandbox(
+        job.workdir, phase_limits(job, phase), devices=devices, uid=job.sandbox_uid, ro_paths=ro_paths), PROGRAM)
+    if failed is None:
+        return result
+    if not has_gpu(job) and NO_GPU.search(failed.stderr):
+        result.status = "error"
+        return result.fail("crash", "this runner has no CUDA GPU for this run, so the program's CUDA "
+                                    f"calls failed (not your code):\n{tail(failed.stderr, 5)}")
+    return result.fail(failed.verdict, failed.error)
 
 
 def compile_program(job: Job, nvcc: str, ro_paths: list[str], devices: list[str], result: Result) -> bool:

@@ -18,7 +18,7 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .job import Case, Job
 from .problem import derive_seed, format_spec
@@ -35,6 +35,7 @@ KEY = re.compile(
     r"|(?:test|benchmark)\.\d{1,5}\.(?:spec|status|error|message|runs|mean|std|err|best|worst)"
 )
 PHASE = {"test": "test", "benchmark": "benchmark", "leaderboard": "ranked"}
+STAGES = {"test": ("test",), "benchmark": ("benchmark",), "leaderboard": ("test", "benchmark", "leaderboard")}
 
 
 class PopcornError(ValueError):
@@ -113,27 +114,47 @@ def verdict_from(fields: dict[str, str], result: Result, returncode: int | None,
 
 def run(job: Job, emitter: Emitter) -> Result:
     result = Result(mode=job.mode, protocol="popcorn", flags=[FLAG])
-    if job.mode == "profile":
+    if job.mode not in STAGES:
         return result.fail("fail", "profiling is not available for popcorn (eval.py) problems on this runner")
     if not os.path.isfile(os.path.join(job.workdir, job.main)):
         return result.fail("crash", f"{job.main} not found in the working directory")
-    phase = PHASE[job.mode]
-    cases = job.tests if job.mode == "test" else job.benchmarks
-    sandbox = Sandbox(job.workdir, phase_limits(job, phase), devices=list(job.gpus) if job.gpus else None,
-                      uid=job.sandbox_uid)
-    result.sandbox = sandbox.describe()
-    seed = derive_seed(job.seed, "popcorn", 0, 0)
-    outcome, text = run_program(sandbox, emitter, [sys.executable, job.main], job.mode, cases, phase, job, seed)
-    return judge(result, outcome, text, job.timeout(phase))
+    devices = list(job.gpus) if job.gpus else None
+    failed = run_stages(job, emitter, result, [sys.executable, job.main], derive_seed(job.seed, "popcorn", 0, 0),
+                        lambda phase: Sandbox(job.workdir, phase_limits(job, phase), devices=devices,
+                                              uid=job.sandbox_uid))
+    return result.fail(failed.verdict, failed.error) if failed else result
+
+
+def run_stages(job: Job, emitter: Emitter, result: Result, argv: list[str], seed: int,
+               sandbox_for: Callable[[str], Sandbox], program: str = "eval.py") -> Result | None:
+    """Run the program once per stage of the job's mode, in KernelBot's order (a leaderboard run is test,
+    benchmark, then leaderboard on the ranked cases), each in a fresh sandbox, stopping at the first stage that
+    does not pass. Collects every stage's cases and output into `result`; returns the failed stage, if any."""
+    for mode in STAGES[job.mode]:
+        phase = PHASE[mode]
+        cases = {"test": job.tests, "benchmark": job.benchmarks, "leaderboard": job.ranked_cases}[mode]
+        sandbox = sandbox_for(phase)
+        result.sandbox = sandbox.describe()
+        emitter.progress(phase, 0, len(cases))
+        outcome, text = run_program(sandbox, [*argv, mode], cases, job, seed)
+        stage = judge(Result(mode=mode, protocol="popcorn"), outcome, text, job.timeout(phase), program)
+        done = stage.tests if mode == "test" else stage.benchmarks or stage.ranked
+        emitter.progress(phase, sum(case.status == "pass" for case in done), len(cases))
+        result.tests += stage.tests
+        result.benchmarks += stage.benchmarks
+        result.ranked += stage.ranked
+        result.stdout, result.stderr = result.stdout + stage.stdout, result.stderr + stage.stderr
+        if stage.verdict != "pass":
+            return stage
+    return None
 
 
 def phase_limits(job: Job, phase: str) -> Limits:
     return dataclasses.replace(job.sandbox_limits(), wall_seconds=job.timeout(phase))
 
 
-def run_program(sandbox: Sandbox, emitter: Emitter, argv: list[str], mode: str, cases: Sequence[Case],
-                phase: str, job: Job, seed: int) -> tuple[Outcome, str]:
-    """Run `argv + [mode, cases-file]` in `sandbox` with POPCORN_FD; (its outcome, what it wrote on the fd)."""
+def run_program(sandbox: Sandbox, argv: list[str], cases: Sequence[Case], job: Job, seed: int) -> tuple[Outcome, str]:
+    """Run `argv + [cases-file]` in `sandbox` with POPCORN_FD; (its outcome, what it wrote on the fd)."""
     path = os.path.join(job.workdir, CASES_FILE)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)  # an earlier phase's program may have left a symlink in its place
@@ -142,9 +163,8 @@ def run_program(sandbox: Sandbox, emitter: Emitter, argv: list[str], mode: str, 
     read_fd, write_fd = os.pipe()
     env = {"POPCORN_FD": str(write_fd), "POPCORN_SEED": str(seed), "POPCORN_GPUS": ",".join(job.gpus),
            "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1"}
-    emitter.progress(phase, 0, len(cases))
     try:
-        proc = sandbox.start([*argv, mode, CASES_FILE], env=env, pass_fds=(write_fd,))
+        proc = sandbox.start([*argv, CASES_FILE], env=env, pass_fds=(write_fd,))
     finally:
         os.close(write_fd)
     chunks: list[bytes] = []
@@ -153,7 +173,6 @@ def run_program(sandbox: Sandbox, emitter: Emitter, argv: list[str], mode: str, 
     outcome = proc.wait()
     reader.join(5)
     os.close(read_fd)
-    emitter.progress(phase, len(cases), len(cases))
     return outcome, b"".join(chunks).decode(errors="replace")
 
 

@@ -3,7 +3,7 @@ import pytest
 from runners.harness.popcorn import FLAG, PopcornError, parse_lines, verdict_from
 from runners.harness.result import Result
 
-from .helpers import FIXTURES, SUBMISSIONS, job_for, make_workdir, run_harness
+from .helpers import BENCHMARKS, FIXTURES, SUBMISSIONS, TESTS, job_for, make_workdir, run_harness
 
 REPORT = """garbage line
 test-count: 2
@@ -67,5 +67,14 @@ def test_real_popcorn_runs(tmp_path, submission, mode, verdict):
     result, _ = run_harness(popcorn_job(tmp_path, SUBMISSIONS / submission, mode))
     assert result["verdict"] == verdict, result["error"]
     assert FLAG in result["flags"]
-    if mode == "leaderboard":
-        assert len(result["ranked"]) == 2 and result["ranked"][0]["runs"] == 20
+    if mode == "leaderboard":  # KernelBot's order: tests, benchmarks, then the ranked case (ranking by last)
+        assert [len(result[k]) for k in ("tests", "benchmarks", "ranked")] == [len(TESTS), len(BENCHMARKS), 1]
+        assert result["ranked"][0]["runs"] == 20 and result["ranked"][0]["spec"] == result["benchmarks"][-1]["spec"]
+
+
+@pytest.mark.slow
+def test_a_leaderboard_run_stops_at_the_first_failing_stage_and_reports_what_passed(tmp_path):
+    result, progress = run_harness(popcorn_job(tmp_path, SUBMISSIONS / "wrong.py", "leaderboard"))
+    assert result["verdict"] == "fail" and result["tests"] and not result["benchmarks"] and not result["ranked"]
+    passed = sum(t["status"] == "pass" for t in result["tests"])
+    assert progress[-1] == {"event": "progress", "phase": "test", "done": passed, "total": len(TESTS)}

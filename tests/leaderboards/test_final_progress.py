@@ -26,7 +26,8 @@ def cases(*statuses: str) -> list[dict]:
     ("leaderboard", {}, ("test", 0, 4)),  # compile error: nothing ran
     ("test", {"tests": cases(*"pppp")}, ("test", 4, 4)),
     ("benchmark", {"benchmarks": cases("p")}, ("benchmark", 1, 3)),
-    ("leaderboard", {"protocol": "popcorn", "ranked": cases("p", "p")}, ("ranked", 2, 3)),  # eval.py: one phase
+    ("leaderboard", {"protocol": "popcorn", "tests": cases(*"pppp"), "benchmarks": cases("p", "fail", "p")},
+     ("benchmark", 2, 3)),
 ])
 def test_final_progress_is_the_first_phase_that_did_not_finish(mode, result, expected):
     result = {k: [{**c, "status": "pass" if c["status"] == "p" else c["status"]} for c in v]
