@@ -52,7 +52,7 @@ class ProblemAdmin(admin.ModelAdmin):
             except ImportRejected as exc:
                 form.add_error(None, "; ".join(exc.errors))
             else:
-                self.message_user(request, f"Imported {task.name}: {report}", messages.SUCCESS)
+                self.message_user(request, f"Imported {task.name}: {'; '.join(report.lines)}", messages.SUCCESS)
                 return redirect("admin:leaderboards_problem_changelist")
         context = {**self.admin_site.each_context(request), "form": form, "title": "Import a problem",
                    "opts": self.model._meta}

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 from django.db import transaction
+from django.utils import timezone
 
 from runners.models import GpuType
 
 from .models import Competition, HarnessProtocol, Leaderboard, Problem
-from .taskfile import CompetitionDefinition, TaskDefinition
+from .taskfile import CompetitionDefinition, TaskDefinition, leaderboard_name_error
+
+DEFAULT_OPEN_DAYS = 365  # no deadline given anywhere: open a year, as KernelBot's problem sync does
 
 
 class ImportRejected(Exception):
@@ -24,35 +27,71 @@ class ImportReport:
     created: list[str] = field(default_factory=list)
     updated: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)  # one per leaderboard or problem, for the organiser
 
     def __str__(self) -> str:
-        return (f"created: {', '.join(self.created) or '-'}; updated: {', '.join(self.updated) or '-'}; "
-                f"unchanged: {', '.join(self.unchanged) or '-'}")
+        return "\n".join(self.lines) or "nothing to import"
+
+    def add(self, status: list[str], name: str, line: str) -> None:
+        status.append(name)
+        verb = "created" if status is self.created else "updated" if status is self.updated else "unchanged"
+        self.lines.append(f"{verb} {line}")
+
+
+_HARNESS_NAMES = {HarnessProtocol.KERNELBOT: "trusted harness (reference.py)",
+                  HarnessProtocol.POPCORN: "popcorn protocol"}
+
+
+def describe_harness(problem: Problem) -> str:
+    name = _HARNESS_NAMES[HarnessProtocol(problem.harness)]
+    if problem.harness != HarnessProtocol.POPCORN:
+        return name
+    definition = problem.definition
+    return f"{name} ({definition.get('main') or ' + '.join(definition.get('config', {}).get('sources', []))})"
 
 
 def resolve_harness(task: TaskDefinition, harness: str) -> str:
-    own_evaluator = bool(task.main) or task.lang == "cu"  # an eval.py, or a cu task's eval.cu
+    """The protocol a problem runs under, checked against what that protocol needs from its files.
+    auto: the problem's own evaluator (config.main's eval.py among its files, or a cu task's eval.cu),
+    else the trusted harness."""
+    names = set(task.files) | {task.submission_name}
+    has_main = task.main is not None and task.main in task.files
+    own_evaluator = has_main or task.lang == "cu"
+    if harness not in (*HarnessProtocol.values, "auto"):
+        raise ImportRejected([f"problem {task.name}: unknown harness {harness!r}; expected auto, "
+                              f"{', '.join(HarnessProtocol.values)}"])
     if harness == "auto":
-        return HarnessProtocol.POPCORN if own_evaluator else HarnessProtocol.KERNELBOT
+        harness = HarnessProtocol.POPCORN if own_evaluator else HarnessProtocol.KERNELBOT
     if harness == HarnessProtocol.POPCORN and not own_evaluator:
-        raise ImportRejected([f"problem {task.name}: the popcorn protocol needs config.main (an eval.py)"])
+        what = f"config.main {task.main} is not one of the files" if task.main else "there is no config.main"
+        raise ImportRejected([f"problem {task.name}: the popcorn protocol runs the problem's own eval.py, but "
+                              f"{what}; add it to files, or use the trusted harness (--harness kernelbot)"])
     if harness == HarnessProtocol.KERNELBOT and task.lang == "cu":
         raise ImportRejected([f"problem {task.name}: a cu task runs its own eval.cu (the popcorn protocol); "
                               "the kernelbot harness needs a Python problem"])
-    if harness not in HarnessProtocol.values:
-        raise ImportRejected([f"problem {task.name}: unknown harness '{harness}'"])
+    if harness == HarnessProtocol.KERNELBOT:
+        missing = [f for f in ("reference.py", "submission.py") if f not in names]
+        if missing:
+            hint = " or name config.main's eval.py among the files" if task.main else ""
+            raise ImportRejected([f"problem {task.name}: the trusted harness needs {' and '.join(missing)} among "
+                                  f"the files (reference.py defines generate_input, ref_kernel and "
+                                  f"check_implementation; the submission is submission.py){hint}"])
     return harness
 
 
 def store_problem(task: TaskDefinition, harness: str = "auto") -> tuple[Problem, bool]:
-    """The latest version of `task.name` if its content is unchanged, else a new version."""
+    """The version of `task.name` with this content and protocol if there is one, else a new version.
+    (Collections reuse directory names, e.g. pmpp/conv2d_py and pmpp_v2/conv2d_py: re-importing either
+    finds its own version again instead of adding one.)"""
     protocol = resolve_harness(task, harness)
-    latest = Problem.objects.filter(name=task.name).order_by("-version").first()
-    if latest and latest.content_hash == task.content_hash and latest.harness == protocol:
-        if latest.description != task.description or latest.definition != task.to_json():
-            latest.description, latest.definition = task.description, task.to_json()
-            latest.save(update_fields=["description", "definition"])
-        return latest, False
+    versions = Problem.objects.filter(name=task.name).order_by("-version")
+    same = versions.filter(content_hash=task.content_hash, harness=protocol).first()
+    if same:
+        if same.description != task.description or same.definition != task.to_json():
+            same.description, same.definition = task.description, task.to_json()
+            same.save(update_fields=["description", "definition"])
+        return same, False
+    latest = versions.first()
     problem = Problem.objects.create(
         name=task.name, version=(latest.version + 1) if latest else 1, content_hash=task.content_hash,
         lang=task.lang, description=task.description, definition=task.to_json(), harness=protocol)
@@ -69,21 +108,35 @@ def gpu_types_named(names: list[str], where: str) -> list[GpuType]:
     return [known[n.lower()] for n in names]
 
 
-def upsert_leaderboard(name: str, task: TaskDefinition, deadline: datetime, gpu_names: list[str], *,
+def upsert_leaderboard(name: str, task: TaskDefinition, deadline: datetime | None, gpu_names: list[str], *,
                        harness: str = "auto", competition: Competition | None = None, force: bool = False,
                        report: ImportReport) -> Leaderboard:
+    """Create or update leaderboard `name`. `deadline` None keeps an existing board's deadline, else opens it
+    for a year. A standalone import (no `competition`) keeps the board's competition; a competition import
+    refuses a board another competition owns unless forced."""
+    if message := leaderboard_name_error(name):
+        raise ImportRejected([f"leaderboard {name[:120]}: {message}"])
     gpu_types = gpu_types_named(gpu_names, f"leaderboard {name}")
-    existing = Leaderboard.objects.select_related("problem").filter(name=name).first()
+    existing = Leaderboard.objects.select_related("problem", "competition").filter(name=name).first()
+    if existing and competition and existing.competition not in (None, competition) and not force:
+        raise ImportRejected([f"leaderboard {name} belongs to the competition {existing.competition.name!r}; "
+                              f"importing {competition.name!r} would take it over. Rename it in this file, or "
+                              "pass --force to move it into this competition"])
     if existing and existing.problem.content_hash != task.content_hash and existing.is_open \
             and existing.submissions.exists() and not force:
         raise ImportRejected([f"leaderboard {name} is running with {existing.submissions.count()} submissions; "
                               "changing its files or benchmarks needs an explicit force (--force)"])
     problem, _ = store_problem(task, harness)
+    note = ""
+    if deadline is None:
+        deadline = existing.deadline if existing else timezone.now() + timedelta(days=DEFAULT_OPEN_DAYS)
+        note = " (none given: kept)" if existing else f" (none given: {DEFAULT_OPEN_DAYS} days from now)"
     # The problem carries its description; a leaderboard's own description holds organisers' extra notes.
-    values = {"problem": problem, "deadline": deadline, "ranking_by": task.ranking_by, "competition": competition}
+    values = {"problem": problem, "deadline": deadline, "ranking_by": task.ranking_by,
+              "competition": competition or (existing.competition if existing else None)}
     if existing is None:
         leaderboard = Leaderboard.objects.create(name=name, **values)
-        report.created.append(name)
+        status = report.created
     else:
         leaderboard = existing
         changed = any(getattr(leaderboard, k) != v for k, v in values.items()) or \
@@ -91,26 +144,40 @@ def upsert_leaderboard(name: str, task: TaskDefinition, deadline: datetime, gpu_
         for k, v in values.items():
             setattr(leaderboard, k, v)
         leaderboard.save()
-        (report.updated if changed else report.unchanged).append(name)
+        status = report.updated if changed else report.unchanged
     leaderboard.gpu_types.set(gpu_types)
+    report.add(status, name, f"leaderboard {name}: problem {problem}, {describe_harness(problem)}, deadline "
+                             f"{deadline.astimezone(UTC):%Y-%m-%d %H:%M} UTC{note}, GPUs "
+                             f"{', '.join(g.name for g in gpu_types)}")
     return leaderboard
 
 
 def do_import_competition(definition: CompetitionDefinition, *, force: bool = False) -> ImportReport:
     report = ImportReport()
     with transaction.atomic():
+        competition = Competition.objects.filter(name=definition.name).first()
+        # A placeholder until its boards' deadlines are known when the file gives none.
+        deadline = definition.deadline or (competition.deadline if competition else timezone.now())
         competition, _ = Competition.objects.update_or_create(
-            name=definition.name, defaults={"description": definition.description, "deadline": definition.deadline})
+            name=definition.name, defaults={"description": definition.description, "deadline": deadline})
         errors = []
+        boards = []
         for entry in definition.problems:
             try:
                 with transaction.atomic():
-                    upsert_leaderboard(entry.name, entry.task, entry.deadline, entry.gpus, harness=entry.harness,
-                                       competition=competition, force=force, report=report)
+                    boards.append(upsert_leaderboard(
+                        entry.name, entry.task, entry.deadline, entry.gpus, harness=entry.harness,
+                        competition=competition, force=force, report=report))
             except ImportRejected as exc:
                 errors.extend(exc.errors)
         if errors:
             raise ImportRejected(errors)  # rolls back every leaderboard of the file
+        if definition.deadline is None and boards:
+            competition.deadline = max(board.deadline for board in boards)
+            competition.save(update_fields=["deadline"])
+        report.lines.insert(0, f"competition {competition.name}: deadline "
+                               f"{competition.deadline.astimezone(UTC):%Y-%m-%d %H:%M} UTC"
+                               + ("" if definition.deadline else " (none given: its latest leaderboard's)"))
     return report
 
 
@@ -119,11 +186,10 @@ def do_import_task(task: TaskDefinition, *, leaderboard: str | None = None, dead
     report = ImportReport()
     with transaction.atomic():
         if leaderboard:
-            if deadline is None:
-                raise ImportRejected([f"leaderboard {leaderboard}: a deadline is required"])
             upsert_leaderboard(leaderboard, task, deadline, gpus or task.gpus, harness=harness, force=force,
                                report=report)
         else:
             problem, created = store_problem(task, harness)
-            (report.created if created else report.unchanged).append(str(problem))
+            report.add(report.created if created else report.unchanged, str(problem),
+                       f"problem {problem}: {describe_harness(problem)} (no leaderboard)")
     return report

@@ -5,7 +5,8 @@ API:
 
     load_task(task_dir, *, root=None) -> TaskDefinition
     load_task_from_zip(data, *, name=None) -> TaskDefinition
-    load_competition(path) -> CompetitionDefinition
+    load_competition(path, *, root=None) -> CompetitionDefinition
+    parse_deadline(value) -> datetime (UTC) | None
     case_line(case) -> "k: v; k: v"
 
 Every problem is reported as a `TaskFileError` (a ValueError) listing all issues found in the file(s):
@@ -24,7 +25,7 @@ import tempfile
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, time
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -36,6 +37,11 @@ TEMPLATE_LANGS = ("Python", "Triton", "CUDA", "HIP", "CuteDSL")
 RANKINGS = ("last", "mean", "geom")
 HARNESSES = ("kernelbot", "popcorn", "auto")
 DEFAULT_TIMEOUT = 180
+MAX_TIMEOUT = 24 * 3600
+# The columns these names are stored in (leaderboards.models): checked here so a long name is an import error.
+MAX_PROBLEM_NAME = 100
+MAX_LEADERBOARD_NAME = 100
+MAX_COMPETITION_NAME = 120
 MAX_FILE_BYTES = 1 << 20
 MAX_TOTAL_BYTES = 8 << 20
 MAX_ZIP_MEMBERS = 200
@@ -50,8 +56,15 @@ _COMPETITION_KEYS = {"name", "description", "deadline", "problems"}
 _PROBLEM_KEYS = {"name", "directory", "deadline", "gpus", "harness"}
 # Cases travel to the harness as "k: v; k: v" lines, so values must not contain separators.
 _CASE_VALUE = re.compile(r"[A-Za-z0-9_.+-]+")
-_FILE_NAME = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9_.+-]*(/[A-Za-z0-9_+-][A-Za-z0-9_.+-]*)*")
+# A plain file name: files are written side by side into the run's working directory.
+_FILE_NAME = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9_.+-]*")
+_SLUG = re.compile(r"[-a-zA-Z0-9_]+")  # Django's SlugField: what a leaderboard URL can name
+# The forms KernelBot's problem sync accepts ("%Y-%m-%d %H:%M", "%Y-%m-%d"; strptime takes "6:59"), read as UTC.
+_DEADLINE_FORMATS = ("%Y-%m-%d %H:%M", "%Y-%m-%d")
 _MISSING = object()
+
+
+CaseValue = int | str | bool | list[int | str | bool]
 
 
 @dataclass(frozen=True)
@@ -103,8 +116,8 @@ class TaskDefinition:
     main: str | None
     config: dict[str, Any]
     templates: dict[str, str]
-    tests: list[dict[str, int | str]]
-    benchmarks: list[dict[str, int | str]]
+    tests: list[dict[str, CaseValue]]
+    benchmarks: list[dict[str, CaseValue]]
     ranking_by: str = "last"
     test_timeout: int = DEFAULT_TIMEOUT
     benchmark_timeout: int = DEFAULT_TIMEOUT
@@ -139,7 +152,7 @@ class TaskDefinition:
 class CompetitionProblem:
     name: str
     task: TaskDefinition
-    deadline: datetime
+    deadline: datetime | None  # None: none given here nor for the competition (the importer picks one)
     gpus: list[str]
     harness: str = "auto"
 
@@ -148,19 +161,75 @@ class CompetitionProblem:
 class CompetitionDefinition:
     name: str
     description: str
-    deadline: datetime
+    deadline: datetime | None  # None: `deadline: ""` or absent (the importer uses its problems' latest)
     problems: list[CompetitionProblem]
 
 
-def case_line(case: dict[str, int | str]) -> str:
+def case_line(case: dict[str, CaseValue]) -> str:
+    """One case as KernelBot writes it for eval.py: `f"{k}: {v}"` joined by "; " (True, [128, 256])."""
     return "; ".join(f"{k}: {v}" for k, v in case.items())
 
 
-def load_task(task_dir: Path, *, root: Path | None = None) -> TaskDefinition:
-    """Load `task_dir/task.yml`; referenced files must stay inside `root` (default: the parent dir)."""
+def parse_deadline(value: Any) -> datetime | None:
+    """A deadline as KernelBot's problem sync reads it, in UTC: "2025-06-30" (midnight), "2025-11-29 6:59",
+    or ISO 8601 ("2027-01-31T23:59Z"); naive means UTC. Empty or None: no deadline given (None).
+    Raises ValueError for anything else."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, datetime):
+        parsed = value
+    elif isinstance(value, date):  # an unquoted YAML date
+        parsed = datetime.combine(value, time())
+    elif isinstance(value, str):
+        parsed = _parse_deadline_text(value.strip())
+    else:
+        raise ValueError(f"expected a date and time like \"2025-06-30 23:59\", got {_kind(value)}")
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+
+
+def _parse_deadline_text(text: str) -> datetime:
+    for fmt in _DEADLINE_FORMATS:
+        try:
+            return datetime.strptime(text, fmt)
+        except ValueError:
+            pass
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a date and time; use \"2025-06-30\" (00:00 UTC), "
+                         "\"2025-06-30 23:59\" or ISO 8601 like \"2025-06-30T23:59:00Z\"") from None
+
+
+def collection_root(task_dir: Path, *, within: Path | None = None) -> Path:
+    """The problem collection a task belongs to: the nearest ancestor holding a competition file (a YAML
+    file with a `problems:` list), else the task's parent directory; never above `within`."""
     task_dir = Path(task_dir).resolve()
-    root = Path(root).resolve() if root is not None else task_dir.parent
-    return _load_task(task_dir, root, task_dir.name, lambda p: p.relative_to(root.parent))
+    within = Path(within).resolve() if within is not None else None
+    for folder in task_dir.parents:
+        if within is not None and not folder.is_relative_to(within):
+            break
+        if any(_is_competition_file(f) for f in sorted(folder.glob("*.y*ml"))):
+            return folder
+    return task_dir.parent
+
+
+def _is_competition_file(path: Path) -> bool:
+    try:
+        if path.suffix not in (".yaml", ".yml") or not path.is_file() or path.stat().st_size > MAX_FILE_BYTES:
+            return False
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    return isinstance(raw, dict) and isinstance(raw.get("problems"), list)
+
+
+def load_task(task_dir: Path, *, root: Path | None = None) -> TaskDefinition:
+    """Load `task_dir/task.yml`; referenced files must stay inside `root` (default: `collection_root`)."""
+    task_dir = Path(task_dir).resolve()
+    root = Path(root).resolve() if root is not None else collection_root(task_dir)
+    hint = (f"files may come from anywhere inside the problem collection {root.name}/ (pass --root with a "
+            "directory that holds both the task and the file)")
+    return _load_task(task_dir, root, task_dir.name, lambda p: p.relative_to(root.parent), hint)
 
 
 def load_task_from_zip(data: bytes, *, name: str | None = None) -> TaskDefinition:
@@ -178,13 +247,17 @@ def load_task_from_zip(data: bytes, *, name: str | None = None) -> TaskDefinitio
             report.check()
         task_dir = found[0].parent
         problem = name or (task_dir.name if task_dir != top else "upload")
-        return _load_task(task_dir, top, problem, lambda p: label / p.relative_to(top))
+        hint = "files must come from inside the archive (zip the whole problem collection)"
+        return _load_task(task_dir, top, problem, lambda p: label / p.relative_to(top), hint)
 
 
-def load_competition(path: Path) -> CompetitionDefinition:
-    """Load a competition file and every task it lists; raises one CompetitionError for all issues."""
+def load_competition(path: Path, *, root: Path | None = None) -> CompetitionDefinition:
+    """Load a competition file and every task it lists; raises one CompetitionError for all issues.
+    Task directories and their files must stay inside `root` (default: the competition file's directory)."""
     path = Path(path).resolve()
-    comp_dir = path.parent
+    comp_dir = Path(root).resolve() if root is not None else path.parent
+    if not path.is_relative_to(comp_dir):
+        raise CompetitionError([Issue(path, None, f"the competition file is outside the root {comp_dir}", None)])
     report = _Report(path.relative_to(comp_dir.parent), None)
     raw = _read_yaml(path, report)
     report.check(CompetitionError)
@@ -192,10 +265,10 @@ def load_competition(path: Path) -> CompetitionDefinition:
         report.add(None, f"expected a mapping at the top level, got {_kind(raw)}")
         report.check(CompetitionError)
 
-    _check_keys(report, raw, _COMPETITION_KEYS, _COMPETITION_KEYS, "")
-    name = _string(report, raw, "name")
-    description = _string(report, raw, "description", allow_empty=True)
-    deadline = _deadline(report, "deadline", raw.get("deadline", _MISSING))
+    _check_keys(report, raw, _COMPETITION_KEYS, {"name", "problems"}, "")
+    name = _string(report, raw, "name", max_length=MAX_COMPETITION_NAME)
+    description = _string(report, raw, "description", allow_empty=True) or ""
+    deadline = _deadline(report, "deadline", raw.get("deadline"))
     entries = raw.get("problems", [])
     if "problems" in raw and (not isinstance(entries, list) or not entries):
         report.add("problems", f"expected a non-empty list of problems, got {_kind(entries)}")
@@ -212,14 +285,14 @@ def load_competition(path: Path) -> CompetitionDefinition:
         entry_report = _Report(report.path, entry["name"] if isinstance(entry.get("name"), str) else None)
         _check_keys(entry_report, entry, _PROBLEM_KEYS, {"name", "directory"}, key + ".")
         problem_name = _string(entry_report, entry, "name", prefix=key + ".")
-        if problem_name is not None:
+        if problem_name is not None and (message := leaderboard_name_error(problem_name)):
+            entry_report.add(f"{key}.name", message)
+        elif problem_name is not None:
             if problem_name in seen:
                 entry_report.add(f"{key}.name", f"duplicate name (also problems[{seen[problem_name]}])")
             seen.setdefault(problem_name, i)
         harness = _choice(entry_report, entry, "harness", HARNESSES, "auto", prefix=key + ".")
-        problem_deadline = deadline
-        if "deadline" in entry:
-            problem_deadline = _deadline(entry_report, f"{key}.deadline", entry["deadline"])
+        problem_deadline = _deadline(entry_report, f"{key}.deadline", entry.get("deadline")) or deadline
         gpus = _string_list(entry_report, entry, "gpus", prefix=key + ".")
         task = None
         task_dir = _problem_dir(entry_report, f"{key}.directory", entry.get("directory"), comp_dir)
@@ -235,7 +308,7 @@ def load_competition(path: Path) -> CompetitionDefinition:
         elif gpus == []:
             entry_report.add(f"{key}.gpus", "must list at least one GPU")
         report.issues.extend(entry_report.issues)
-        if task is not None and not entry_report.issues and problem_deadline is not None:
+        if task is not None and not entry_report.issues:
             problems.append(CompetitionProblem(problem_name, task, problem_deadline, list(gpus), harness))
 
     report.issues.extend(issues)
@@ -243,13 +316,26 @@ def load_competition(path: Path) -> CompetitionDefinition:
     return CompetitionDefinition(name, description, deadline, problems)
 
 
-def _load_task(task_dir: Path, root: Path, name: str, shown: Callable[[Path], Path]) -> TaskDefinition:
+def leaderboard_name_error(name: str) -> str | None:
+    """Why `name` cannot name a leaderboard (its URL is /lb/<name>/), or None."""
+    if not _SLUG.fullmatch(name):
+        return f"{name!r} is not a valid leaderboard name: use only letters, digits, - and _"
+    if len(name) > MAX_LEADERBOARD_NAME:
+        return f"leaderboard names are at most {MAX_LEADERBOARD_NAME} characters, got {len(name)}"
+    return None
+
+
+def _load_task(task_dir: Path, root: Path, name: str, shown: Callable[[Path], Path], hint: str) -> TaskDefinition:
     yml = task_dir / "task.yml"
     if not task_dir.is_relative_to(root):
         raise TaskFileError([Issue(yml, None, f"the task directory is outside the root {root}", name)])
     report = _Report(shown(yml), name)
+    if len(name) > MAX_PROBLEM_NAME:
+        report.add(None, f"the problem name (its directory name) is {len(name)} characters; "
+                         f"at most {MAX_PROBLEM_NAME} are allowed")
+        report.check()
     if not yml.resolve().is_relative_to(root):
-        report.add(None, "task.yml resolves outside the problem set directory")
+        report.add(None, f"task.yml resolves outside the problem collection; {hint}")
         report.check()
     raw = _read_yaml(yml, report)
     report.check()
@@ -258,7 +344,7 @@ def _load_task(task_dir: Path, root: Path, name: str, shown: Callable[[Path], Pa
         report.check()
 
     _check_keys(report, raw, _TASK_KEYS, {"files", "lang", "description", "tests", "benchmarks"}, "")
-    inline = _Inliner(report, task_dir, root)
+    inline = _Inliner(report, task_dir, root, hint)
     lang = _choice(report, raw, "lang", LANGS, None)
     description = _string(report, raw, "description")
     before = len(report.issues)
@@ -358,6 +444,7 @@ class _Inliner:
     report: _Report
     task_dir: Path
     root: Path
+    hint: str
     total: int = 0
 
     def __call__(self, key: str, source: Any) -> str | None:
@@ -369,7 +456,7 @@ class _Inliner:
             return None
         target = (self.task_dir / source).resolve()
         if not target.is_relative_to(self.root):
-            self.report.add(key, f"{source} resolves outside the problem set directory")
+            self.report.add(key, f"{source} resolves outside the problem collection; {self.hint}")
             return None
         text = _read_text(self.report, key, target, source)
         if text is not None:
@@ -399,7 +486,8 @@ def _files(report: _Report, value: Any, inline: _Inliner) -> tuple[dict[str, str
         name, source = entry.get("name"), entry.get("source")
         if "name" in entry:
             if not isinstance(name, str) or not _FILE_NAME.fullmatch(name):
-                report.add(f"{key}.name", f"expected a relative file name like eval.py, got {_show(name)}")
+                report.add(f"{key}.name", f"expected a plain file name like eval.py (no directory), "
+                                          f"got {_show(name)}")
                 name = None
             elif name in names:
                 report.add(f"{key}.name", f"duplicate file name {name}")
@@ -420,6 +508,8 @@ def _files(report: _Report, value: Any, inline: _Inliner) -> tuple[dict[str, str
 
 
 def _config(report: _Report, value: Any, lang: str | None, names: set[str] | None) -> tuple[dict, str | None]:
+    """`config.main` is not checked against the files: only the popcorn protocol runs it, and the importer
+    decides the protocol (see leaderboards.importing.resolve_harness)."""
     if value is _MISSING:
         if lang == "cu":
             report.add("config", "required for cu tasks (sources, include_dirs, defines, compile_flags)")
@@ -430,8 +520,6 @@ def _config(report: _Report, value: Any, lang: str | None, names: set[str] | Non
     if lang == "py":
         _check_keys(report, value, {"main"}, {"main"}, "config.")
         main = _string(report, value, "main", prefix="config.")
-        if main is not None and names is not None and main not in names:
-            report.add("config.main", f"{main} is not one of the files")
         return ({"main": main}, main) if main is not None else ({}, None)
     if lang != "cu":
         return {}, None
@@ -460,7 +548,7 @@ def _config(report: _Report, value: Any, lang: str | None, names: set[str] | Non
     return config, None
 
 
-def _cases(report: _Report, raw: dict, key: str, multi_gpu: bool) -> list[dict[str, int | str]]:
+def _cases(report: _Report, raw: dict, key: str, multi_gpu: bool) -> list[dict[str, CaseValue]]:
     value = raw.get(key, _MISSING)
     if value is _MISSING:
         return []
@@ -476,10 +564,8 @@ def _cases(report: _Report, raw: dict, key: str, multi_gpu: bool) -> list[dict[s
         for name, v in case.items():
             if not isinstance(name, str) or not name.isidentifier() or not name.isascii():
                 report.add(where, f"parameter name {_show(name)} is not an identifier")
-            elif isinstance(v, str) and not _CASE_VALUE.fullmatch(v):
-                report.add(f"{where}.{name}", f"string {v!r} may only contain letters, digits and _.+-")
-            elif not (_is_int(v) or isinstance(v, str)):
-                report.add(f"{where}.{name}", f"expected int or str, got {_kind(v)}")
+            elif (message := _case_value_error(v)) is not None:
+                report.add(f"{where}.{name}", message)
             else:
                 valid.add(name)
         world_size = case.get("world_size")
@@ -488,6 +574,20 @@ def _cases(report: _Report, raw: dict, key: str, multi_gpu: bool) -> list[dict[s
             got = f"got {_show(world_size)}" if "world_size" in case else "missing"
             report.add(f"{where}.world_size", f"multi_gpu needs an int >= 1 in every case, {got}")
     return [dict(case) for case in value if isinstance(case, dict)]
+
+
+def _case_value_error(value: Any, in_list: bool = False) -> str | None:
+    """Case values pass through to the harness as KernelBot passes them (ints, strings, booleans, flat
+    lists); anything `case_line` cannot write unambiguously on one line is refused."""
+    if isinstance(value, str):
+        return None if _CASE_VALUE.fullmatch(value) else f"string {value!r} may only contain letters, digits and _.+-"
+    if isinstance(value, int):  # bool included
+        return None
+    if isinstance(value, list) and not in_list:
+        errors = [e for item in value if (e := _case_value_error(item, in_list=True))]
+        return f"list item: {errors[0]}" if errors else None
+    expected = "int, str or bool" if in_list else "int, str, bool or a list of them"
+    return f"expected {expected}, got {_kind(value)}"
 
 
 def _problem_dir(report: _Report, key: str, directory: Any, comp_dir: Path) -> Path | None:
@@ -510,19 +610,11 @@ def _problem_dir(report: _Report, key: str, directory: Any, comp_dir: Path) -> P
 
 
 def _deadline(report: _Report, key: str, value: Any) -> datetime | None:
-    if value is _MISSING:
-        return None  # reported by _check_keys
-    if isinstance(value, str):
-        try:  # a bare date parses as a date and is rejected below: start or end of that day?
-            value = date.fromisoformat(value) if len(value) <= 10 else datetime.fromisoformat(value)
-        except ValueError:
-            report.add(key, f"{value!r} is not an ISO-8601 date and time")
-            return None
-    if not isinstance(value, datetime):
-        got = "a date without a time" if isinstance(value, date) else _kind(value)
-        report.add(key, f"expected an ISO-8601 date and time like 2025-06-01T12:00:00Z, got {got}")
-        return None
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    try:
+        return parse_deadline(value)
+    except ValueError as exc:
+        report.add(key, str(exc))
+    return None
 
 
 def _check_keys(report: _Report, data: dict, allowed: set[str], required: set[str], prefix: str) -> None:
@@ -534,12 +626,15 @@ def _check_keys(report: _Report, data: dict, allowed: set[str], required: set[st
 
 
 def _string(report: _Report, data: dict, key: str, *, allow_empty: bool = False,
-            prefix: str = "") -> str | None:
+            prefix: str = "", max_length: int | None = None) -> str | None:
     value = data.get(key, _MISSING)
     if value is _MISSING:
         return None  # reported by _check_keys when required
     if not isinstance(value, str) or (not allow_empty and not value.strip()):
         report.add(prefix + key, f"expected a non-empty string, got {_show(value)}")
+        return None
+    if max_length is not None and len(value) > max_length:
+        report.add(prefix + key, f"at most {max_length} characters, got {len(value)}")
         return None
     return value
 
@@ -566,8 +661,8 @@ def _choice(report: _Report, data: dict, key: str, choices: tuple[str, ...], def
 
 def _timeout(report: _Report, raw: dict, key: str) -> int:
     value = raw.get(key, DEFAULT_TIMEOUT)
-    if not _is_int(value) or value <= 0:
-        report.add(key, f"expected a positive int (seconds), got {_show(value)}")
+    if not _is_int(value) or not 0 < value <= MAX_TIMEOUT:
+        report.add(key, f"expected a positive int of seconds up to {MAX_TIMEOUT} (24 h), got {_show(value)}")
         return DEFAULT_TIMEOUT
     return value
 

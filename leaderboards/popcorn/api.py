@@ -27,7 +27,7 @@ from leaderboards.access import actions as access
 from leaderboards.access.models import Invite
 from leaderboards.importing import ImportRejected, do_import_task
 from leaderboards.models import Leaderboard, Run, Submission, Visibility
-from leaderboards.taskfile import TaskFileError, load_competition, load_task, load_task_from_zip
+from leaderboards.taskfile import TaskFileError, collection_root, load_competition, load_task, load_task_from_zip
 
 from . import wire
 
@@ -325,7 +325,7 @@ def admin_create_leaderboard(request, body: CreateLeaderboardIn):
     require_admin(request)
     target = inside_problems_dir(body.directory)
     try:
-        task = load_task(target)
+        task = load_task(target, root=collection_root(target, within=settings.PROBLEMS_DIR))
         deadline = body.deadline or (timezone.now() + timedelta(days=365))
         if deadline.tzinfo is None:
             deadline = deadline.replace(tzinfo=UTC)
@@ -387,7 +387,9 @@ def _tree_sources(root: Path):
         return [(root.stem, lambda force, p=root: do_import_competition(load_competition(p), force=force))]
     files = sorted(root.glob("*.yaml")) + sorted(root.glob("*.yml"))
     if (root / "task.yml").exists():
-        return [(root.name, lambda force, p=root: do_import_task(load_task(p), force=force))]
+        within = settings.PROBLEMS_DIR
+        return [(root.name, lambda force, p=root: do_import_task(
+            load_task(p, root=collection_root(p, within=within)), force=force))]
     return [(p.stem, lambda force, p=p: do_import_competition(load_competition(p), force=force)) for p in files]
 
 

@@ -14,7 +14,7 @@ MODES = ("test", "benchmark", "leaderboard", "profile")
 PROTOCOLS = ("kernelbot", "popcorn")
 LANGS = ("py", "cu")
 RANKINGS = ("last", "mean", "geom")
-Case = dict[str, int | str]
+Case = dict[str, int | str | bool | list[int | str | bool]]  # as task.yml gives them (see problem.case_args)
 
 
 class JobError(ValueError):
@@ -87,12 +87,17 @@ def _choice(raw: dict, key: str, allowed: tuple[str, ...], default: str) -> str:
     return value
 
 
+def _case_value(v: Any) -> bool:
+    scalar = (int, str)  # bool is an int
+    return isinstance(v, scalar) or (isinstance(v, list) and all(isinstance(x, scalar) for x in v))
+
+
 def _cases(raw: dict, key: str) -> tuple[Case, ...]:
     cases = raw.get(key) or []
     if not isinstance(cases, list) or not all(
-        isinstance(c, dict) and all(isinstance(v, (int, str)) for v in c.values()) for c in cases
+        isinstance(c, dict) and all(_case_value(v) for v in c.values()) for c in cases
     ):
-        raise JobError(f"{key} must be a list of objects with int/str values")
+        raise JobError(f"{key} must be a list of objects with int/str/bool values or flat lists of them")
     return tuple(dict(c) for c in cases)
 
 

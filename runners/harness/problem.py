@@ -10,6 +10,7 @@ import hashlib
 import importlib
 import io
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -21,11 +22,31 @@ import torch
 from .job import Case
 
 SUBMISSION = "submission.py"
+_INT = re.compile(r"[+-]?[0-9]+")
 
 
 def format_spec(case: Case) -> str:
-    """The reference-kernels line format: `k: v; k: v`."""
+    """A case as KernelBot writes it for eval.py, one line: `f"{k}: {v}"` joined by "; " (True, [128, 256])."""
     return "; ".join(f"{k}: {v}" for k, v in case.items())
+
+
+def case_args(case: Case) -> dict[str, Any]:
+    """What `generate_input` receives under KernelBot, where eval.py parses the line `format_spec` wrote:
+    a value that reads as an integer becomes an int, `[1, 2]` a tuple of ints, anything else stays the
+    text it was written as (so `True` arrives as the string "True", as it does there)."""
+    return {k: _parsed(str(v)) for k, v in case.items()}
+
+
+def _parsed(text: str) -> Any:
+    if _INT.fullmatch(text):
+        return int(text)
+    if text[:1] + text[-1:] in ("[]", "()"):
+        inner = text[1:-1].strip()
+        try:
+            return tuple(int(x.strip()) for x in inner.split(",")) if inner else ()
+        except ValueError:
+            pass
+    return text
 
 
 def derive_seed(secret: int, phase: str, case_index: int, call_index: int, public: object = None) -> int:
@@ -103,7 +124,7 @@ class Problem:
         shutil.rmtree(self.snapshot, ignore_errors=True)
 
     def generate(self, case: Case, seed: int) -> Any:
-        return self.generate_input(**{**case, "seed": seed})
+        return self.generate_input(**{**case_args(case), "seed": seed})
 
     def expects_sequence(self, data: Any) -> bool:
         return isinstance(self.ref_kernel(clone(data)), tuple | list)

@@ -15,7 +15,8 @@ def test_defaults(tmp_path):
 @pytest.mark.parametrize(
     "raw",
     [[], {"mode": "test"}, {"workdir": "/"}, {"mode": "race", "workdir": "/"}, {"mode": "test", "workdir": "rel"},
-     {"mode": "test", "workdir": "/", "tests": [{"m": [1]}]}, {"mode": "test", "workdir": "/", "seed": "x"},
+     {"mode": "test", "workdir": "/", "tests": [{"m": [[1]]}]},
+     {"mode": "test", "workdir": "/", "tests": [{"m": 1.5}]}, {"mode": "test", "workdir": "/", "seed": "x"},
      {"mode": "test", "workdir": "/", "ranking_by": "median"}],
 )
 def test_invalid_jobs(raw):

@@ -1,15 +1,18 @@
 """Importing problems and competitions into the database: versioned, all-or-nothing."""
 
 import io
+import re
 import shutil
 import zipfile
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from leaderboards.importing import ImportRejected, do_import_competition, do_import_task
+from leaderboards.management.commands.import_problems import Command as ImportProblems
 from leaderboards.models import Competition, HarnessProtocol, Leaderboard, Problem
 from leaderboards.taskfile import load_competition, load_task
 from runners.models import GpuType
@@ -42,7 +45,8 @@ def test_a_task_with_eval_py_defaults_to_the_popcorn_protocol(cpu):
                    deadline=timezone.now() + timedelta(days=1), gpus=["CPU"])
     problem = Leaderboard.objects.get(name="va-eval").problem
     assert problem.harness == HarnessProtocol.POPCORN and problem.definition["main"] == "eval.py"
-    with pytest.raises(ImportRejected, match="popcorn protocol needs config.main"):
+    with pytest.raises(ImportRejected, match="the popcorn protocol runs the problem's own eval.py, but there is "
+                       "no config.main; add it to files, or use the trusted harness"):
         do_import_task(load_task(DEMO / "vectoradd_py"), harness="popcorn")
 
 
@@ -118,3 +122,272 @@ def test_admin_pages_render(admin_client, leaderboard):
                 f"/admin/leaderboards/submission/{leaderboard.submissions.get().pk}/change/",
                 "/admin/leaderboards/problem/upload/", "/"]:
         assert admin_client.get(url).status_code == 200, url
+
+
+def collection(base: Path, task_yml: str | None = None, competition: str | None = None) -> Path:
+    """A small problem collection like reference-kernels: set/vectoradd_py with ../utils.py, set/eval.py."""
+    shutil.copytree(DEMO / "vectoradd_py", base / "set" / "vectoradd_py")
+    shutil.copy(DEMO / "utils.py", base / "set" / "utils.py")
+    shutil.copy(DEMO / "eval.py", base / "set" / "eval.py")
+    if task_yml is not None:
+        (base / "set" / "vectoradd_py" / "task.yml").write_text(task_yml)
+    if competition is not None:
+        (base / "set" / "set.yaml").write_text(competition)
+    return base / "set"
+
+
+FILES_WITHOUT_EVAL = """files:
+  - {name: "submission.py", source: "@SUBMISSION@"}
+  - {name: "reference.py", source: "reference.py"}
+  - {name: "utils.py", source: "../utils.py"}
+lang: "py"
+description: vector addition
+config:
+  main: "eval.py"
+tests:
+  - {size: 1, seed: 4242, nomask: true, m: [128, 256]}
+benchmarks:
+  - {size: 65536, seed: 7153}
+"""
+
+
+def test_main_without_eval_py_runs_under_the_trusted_harness(cpu, tmp_path):
+    task = load_task(collection(tmp_path, FILES_WITHOUT_EVAL) / "vectoradd_py")
+    assert task.main == "eval.py" and "eval.py" not in task.files
+    report = do_import_task(task, harness="kernelbot")
+    assert Problem.objects.get().harness == HarnessProtocol.KERNELBOT
+    assert str(report) == "created problem vectoradd_py v1: trusted harness (reference.py) (no leaderboard)"
+    assert str(do_import_task(task)) == "unchanged problem vectoradd_py v1: trusted harness (reference.py) " \
+                                        "(no leaderboard)"  # auto: reference.py is there
+    with pytest.raises(ImportRejected, match="config.main eval.py is not one of the files; add it to files, or "
+                                             "use the trusted harness"):
+        do_import_task(task, harness="popcorn")
+
+
+def test_the_trusted_harness_needs_reference_py(cpu, tmp_path):
+    text = FILES_WITHOUT_EVAL.replace('  - {name: "reference.py", source: "reference.py"}\n', "")
+    task = load_task(collection(tmp_path, text) / "vectoradd_py")
+    with pytest.raises(ImportRejected, match="the trusted harness needs reference.py among the files .* or name "
+                                             "config.main's eval.py among the files"):
+        do_import_task(task)
+    assert not Problem.objects.exists()
+
+
+def test_command_reports_deadline_and_harness_per_leaderboard(cpu, tmp_path):
+    root = collection(tmp_path, competition=(
+        'name: Practice\ndeadline: ""\ndescription: ""\nproblems:\n'
+        '  - {directory: vectoradd_py, name: va, deadline: "2030-06-30", gpus: [CPU]}\n'
+        '  - {directory: vectoradd_py, name: va-late, deadline: "2030-11-29 6:59", gpus: [CPU], harness: kernelbot}\n'
+        '  - {directory: vectoradd_py, name: va-open, gpus: [CPU]}\n'))
+    out = io.StringIO()
+    call_command("import_problems", str(root / "set.yaml"), stdout=out)
+    lines = out.getvalue().splitlines()
+    opened = Leaderboard.objects.get(name="va-open").deadline
+    assert abs(opened - timezone.now() - timedelta(days=365)) < timedelta(hours=1)
+    assert lines[0] == "competition Practice: deadline 2030-11-29 06:59 UTC (none given: its latest leaderboard's)"
+    assert lines[1] == ("created leaderboard va: problem vectoradd_py v1, trusted harness (reference.py), "
+                        "deadline 2030-06-30 00:00 UTC, GPUs CPU")
+    assert lines[2].startswith("created leaderboard va-late: problem vectoradd_py v1, trusted harness (reference.py), "
+                               "deadline 2030-11-29 06:59 UTC")
+    assert lines[3] == (f"created leaderboard va-open: problem vectoradd_py v1, trusted harness (reference.py), "
+                        f"deadline {opened:%Y-%m-%d %H:%M} UTC (none given: 365 days from now), GPUs CPU")
+    assert Competition.objects.get().deadline == datetime(2030, 11, 29, 6, 59, tzinfo=UTC)
+    call_command("import_problems", str(root / "set.yaml"), stdout=io.StringIO())
+    assert Leaderboard.objects.get(name="va-open").deadline == opened  # re-importing keeps it
+
+
+def test_command_takes_kernelbot_deadlines_and_documents_root(cpu, tmp_path):
+    task_dir = collection(tmp_path) / "vectoradd_py"
+    out = io.StringIO()
+    call_command("import_problems", str(task_dir), "--leaderboard", "va", "--deadline", "2030-06-30 6:59",
+                 "--gpu", "CPU", stdout=out)
+    assert "deadline 2030-06-30 06:59 UTC" in out.getvalue()
+    with pytest.raises(CommandError, match="not a date and time"):
+        call_command("import_problems", str(task_dir), "--leaderboard", "va", "--deadline", "soon")
+    help_text = ImportProblems().create_parser("manage.py", "import_problems").format_help()
+    assert "--root ROOT" in help_text and "../../pmpp_v2/utils.py" in " ".join(help_text.split())
+
+
+def test_command_root_lets_a_helper_two_levels_up_in_and_nothing_else(cpu, tmp_path):
+    root = collection(tmp_path)
+    shutil.copy(DEMO / "utils.py", root / "shared_utils.py")
+    (root / "linalg").mkdir()
+    task_dir = (root / "vectoradd_py").rename(root / "linalg" / "vectoradd_py")
+    task_yml = task_dir / "task.yml"
+    task_yml.write_text(task_yml.read_text().replace('source: "../utils.py"', 'source: "../../shared_utils.py"'))
+    with pytest.raises(CommandError, match=r"../../shared_utils.py resolves outside the problem collection; .*"
+                                           r"\(pass --root with a directory that holds both the task and the file\)"):
+        call_command("import_problems", str(task_dir))
+    call_command("import_problems", str(task_dir), "--root", str(root), stdout=io.StringIO())
+    assert Problem.objects.get().definition["files"]["utils.py"] == (DEMO / "utils.py").read_text()
+    task_yml.write_text(task_yml.read_text().replace("../../shared_utils.py", "../../../escape.py"))
+    (tmp_path / "escape.py").write_text("x = 1\n")
+    with pytest.raises(CommandError, match="../../../escape.py resolves outside the problem collection"):
+        call_command("import_problems", str(task_dir), "--root", str(root))
+
+
+def test_a_competition_does_not_take_over_another_competitions_leaderboards(cpu, tmp_path):
+    do_import_competition(load_competition(REPO / "problems" / "demo.yaml"))
+    demo_board = Leaderboard.objects.get(name="vectoradd")
+    before = (demo_board.problem_id, demo_board.deadline, demo_board.competition_id)
+    root = collection(tmp_path, competition=(
+        'name: Practice\ndeadline: "2020-01-01"\nproblems:\n'
+        '  - {directory: vectoradd_py, name: vectoradd, gpus: [CPU]}\n'
+        '  - {directory: vectoradd_py, name: fresh, gpus: [CPU]}\n'))
+    with pytest.raises(ImportRejected) as info:
+        do_import_competition(load_competition(root / "set.yaml"))
+    assert info.value.errors == ["leaderboard vectoradd belongs to the competition 'CPU demo'; importing "
+                                 "'Practice' would take it over. Rename it in this file, or pass --force to move "
+                                 "it into this competition"]
+    demo_board.refresh_from_db()
+    assert (demo_board.problem_id, demo_board.deadline, demo_board.competition_id) == before
+    assert not Competition.objects.filter(name="Practice").exists() and not Leaderboard.objects.filter(
+        name="fresh").exists()
+    do_import_competition(load_competition(root / "set.yaml"), force=True)
+    assert Leaderboard.objects.get(name="vectoradd").competition.name == "Practice"
+
+
+def test_a_standalone_import_keeps_the_boards_competition(cpu):
+    do_import_competition(load_competition(REPO / "problems" / "demo.yaml"))
+    do_import_task(load_task(DEMO / "vectoradd_py"), leaderboard="vectoradd",
+                   deadline=timezone.now() + timedelta(days=3), gpus=["CPU"])
+    assert Leaderboard.objects.get(name="vectoradd").competition.name == "CPU demo"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--leaderboard", "bad name!"], "'bad name!' is not a valid leaderboard name: use only letters, digits"),
+    (["--leaderboard", "x" * 101], "leaderboard names are at most 100 characters, got 101"),
+])
+def test_command_refuses_names_a_leaderboard_cannot_have(cpu, tmp_path, args, message):
+    with pytest.raises(CommandError, match=message):
+        call_command("import_problems", str(collection(tmp_path) / "vectoradd_py"), *args, "--gpu", "CPU")
+    assert not Problem.objects.exists() and not Leaderboard.objects.exists()
+
+
+@pytest.mark.parametrize(("competition", "message"), [
+    ("name: x\nproblems:\n  - {directory: vectoradd_py, name: 'bad name!', gpus: [CPU]}\n",
+     "problems[0].name: 'bad name!' is not a valid leaderboard name"),
+    ("name: x\nproblems:\n  - {directory: vectoradd_py, name: " + "l" * 101 + ", gpus: [CPU]}\n",
+     "problems[0].name: leaderboard names are at most 100 characters"),
+    ("name: " + "c" * 121 + "\nproblems:\n  - {directory: vectoradd_py, name: ok, gpus: [CPU]}\n",
+     "name: at most 120 characters, got 121"),
+])
+def test_competition_names_are_checked_before_the_database(cpu, tmp_path, competition, message):
+    root = collection(tmp_path, competition=competition)
+    with pytest.raises(CommandError, match=re.escape(message)):
+        call_command("import_problems", str(root / "set.yaml"))
+    assert not Competition.objects.exists() and not Problem.objects.exists()
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda text: text.replace('name: "reference.py"', 'name: "ref/reference.py"'),
+     "expected a plain file name like eval.py \\(no directory\\), got str 'ref/reference.py'"),
+    (lambda text: text.replace("test_timeout: 60", "test_timeout: 100000000000000000000000000000"),
+     "test_timeout: expected a positive int of seconds up to 86400"),
+])
+def test_what_a_run_needs_is_checked_at_import(cpu, tmp_path, change, message):
+    task_dir = collection(tmp_path) / "vectoradd_py"
+    (task_dir / "task.yml").write_text(change((task_dir / "task.yml").read_text()))
+    with pytest.raises(CommandError, match=message):
+        call_command("import_problems", str(task_dir))
+    assert not Problem.objects.exists()
+
+
+def test_a_problem_directory_name_longer_than_its_column(cpu, tmp_path):
+    root = collection(tmp_path)
+    long_dir = (root / "vectoradd_py").rename(root / ("v" * 101))
+    with pytest.raises(CommandError, match="the problem name \\(its directory name\\) is 101 characters"):
+        call_command("import_problems", str(long_dir))
+
+
+def vectoradd_zip(folder: str) -> io.BytesIO:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for path in (DEMO / "vectoradd_py").rglob("*"):
+            if path.is_file():
+                archive.write(path, f"set/{folder}/{path.relative_to(DEMO / 'vectoradd_py')}")
+        archive.write(DEMO / "utils.py", "set/utils.py")
+    buffer.seek(0)
+    buffer.name = f"{folder}.zip"
+    return buffer
+
+
+@pytest.mark.parametrize(("folder", "leaderboard", "message"), [
+    ("v" * 101, "ok", "the problem name (its directory name) is 101 characters; at most 100"),
+    ("vectoradd_py", "x" * 101, "leaderboard names are at most 100 characters, got 101"),
+])
+def test_admin_zip_upload_refuses_long_names_with_a_message(admin_client, cpu, folder, leaderboard, message):
+    response = admin_client.post("/admin/leaderboards/problem/upload/", {
+        "archive": vectoradd_zip(folder), "harness": "auto", "leaderboard": leaderboard, "deadline": "2030-01-01",
+        "gpus": "CPU"})
+    assert response.status_code == 200 and message in response.content.decode()
+    assert not Problem.objects.exists()
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("bad name!", "'bad name!' is not a valid leaderboard name"),
+    ("x" * 101, "leaderboard names are at most 100 characters"),
+])
+def test_popcorn_admin_route_refuses_bad_leaderboard_names(client, settings, cpu, tmp_path, name, message):
+    settings.ADMIN_TOKEN = "s3cret-admin"
+    settings.PROBLEMS_DIR = collection(tmp_path)
+    response = client.post("/popcorn/admin/leaderboards", {"directory": "vectoradd_py", "name": name,
+                                                           "gpus": ["CPU"]}, content_type="application/json",
+                           headers={"Authorization": "Bearer s3cret-admin"})
+    assert response.status_code == 400 and message in response.content.decode()
+    assert not Problem.objects.exists() and not Leaderboard.objects.exists()
+
+
+def test_popcorn_update_problems_imports_a_problem_with_a_collection_helper(client, settings, cpu, tmp_path):
+    settings.ADMIN_TOKEN = "s3cret-admin"
+    settings.PROBLEMS_DIR = collection(tmp_path)
+    task_dir = settings.PROBLEMS_DIR / "vectoradd_py"
+    (settings.PROBLEMS_DIR / "linalg").mkdir()
+    task_dir.rename(settings.PROBLEMS_DIR / "linalg" / "vectoradd_py")
+    task_yml = settings.PROBLEMS_DIR / "linalg" / "vectoradd_py" / "task.yml"
+    task_yml.write_text(task_yml.read_text().replace('"../utils.py"', '"../../utils.py"'))
+    (settings.PROBLEMS_DIR / "set.yaml").write_text("name: s\nproblems: []\n")  # marks the collection root
+    response = client.post("/popcorn/admin/update-problems?directory=linalg/vectoradd_py",
+                           headers={"Authorization": "Bearer s3cret-admin"})
+    assert response.json() == {"created": ["vectoradd_py v1"], "updated": [], "skipped": [], "errors": []}
+
+
+def test_same_directory_name_in_two_sets_reimports_without_new_versions(cpu, tmp_path):
+    """reference-kernels has pmpp/conv2d_py and pmpp_v2/conv2d_py: both are problem conv2d_py."""
+    first = collection(tmp_path / "a") / "vectoradd_py"
+    second = collection(tmp_path / "b") / "vectoradd_py"
+    (second / "task.yml").write_text((second / "task.yml").read_text().replace("test_timeout: 60", "test_timeout: 61"))
+    assert [str(do_import_task(load_task(d))) for d in (first, second, first, second)] == [
+        "created problem vectoradd_py v1: trusted harness (reference.py) (no leaderboard)",
+        "created problem vectoradd_py v2: trusted harness (reference.py) (no leaderboard)",
+        "unchanged problem vectoradd_py v1: trusted harness (reference.py) (no leaderboard)",
+        "unchanged problem vectoradd_py v2: trusted harness (reference.py) (no leaderboard)"]
+
+
+def test_admin_zip_upload_says_which_deadline_and_harness_it_chose(admin_client, cpu):
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for path in (DEMO / "vectoradd_eval_py").rglob("*"):
+            archive.write(path, f"set/vectoradd_eval_py/{path.name}")
+        for name in ("utils.py", "eval.py"):
+            archive.write(DEMO / name, f"set/{name}")
+        archive.write(DEMO / "vectoradd_py" / "reference.py", "set/vectoradd_py/reference.py")
+        archive.write(DEMO / "vectoradd_py" / "template.py", "set/vectoradd_py/template.py")
+    buffer.seek(0)
+    buffer.name = "eval.zip"
+    response = admin_client.post("/admin/leaderboards/problem/upload/", {
+        "archive": buffer, "harness": "auto", "leaderboard": "va-eval", "deadline": "", "gpus": "CPU"}, follow=True)
+    text = response.content.decode()
+    deadline = Leaderboard.objects.get(name="va-eval").deadline
+    assert abs(deadline - timezone.now() - timedelta(days=365)) < timedelta(hours=1)
+    assert "created leaderboard va-eval: problem vectoradd_eval_py v1, popcorn protocol (eval.py), deadline " \
+           f"{deadline:%Y-%m-%d %H:%M} UTC (none given: 365 days from now)" in text
+
+
+def test_command_options_that_a_competition_file_would_ignore_are_refused(cpu, tmp_path):
+    root = collection(tmp_path, competition="name: s\nproblems:\n  - {directory: vectoradd_py, name: va}\n")
+    with pytest.raises(CommandError, match="--harness: only for a problem directory"):
+        call_command("import_problems", str(root / "set.yaml"), "--harness", "kernelbot")
+    with pytest.raises(CommandError, match="--root .*: not a directory"):
+        call_command("import_problems", str(root / "set.yaml"), "--root", str(root / "set.yaml"))
+    assert not Leaderboard.objects.exists()

@@ -2,20 +2,26 @@ import io
 import json
 import stat
 import zipfile
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
 
 import pytest
 import yaml
 
+from leaderboards.models import Competition, Leaderboard, Problem
 from leaderboards.taskfile import (
+    MAX_COMPETITION_NAME,
+    MAX_LEADERBOARD_NAME,
+    MAX_PROBLEM_NAME,
     CompetitionError,
     TaskDefinition,
     TaskFileError,
     case_line,
+    collection_root,
     load_competition,
     load_task,
     load_task_from_zip,
+    parse_deadline,
 )
 
 TASK = {
@@ -89,8 +95,9 @@ BAD_TASKS = [
     (changed(description=" "), "description", "expected a non-empty string"),
     (changed(description=3), "description", "expected a non-empty string, got int 3"),
     (changed(colour="red"), "colour", "unknown key; expected one of benchmark_timeout"),
-    (changed(test_timeout=True), "test_timeout", "expected a positive int (seconds), got bool True"),
-    (changed(benchmark_timeout=0), "benchmark_timeout", "expected a positive int (seconds), got int 0"),
+    (changed(test_timeout=True), "test_timeout", "expected a positive int of seconds up to 86400 (24 h), got bool"),
+    (changed(benchmark_timeout=0), "benchmark_timeout", "expected a positive int of seconds up to 86400"),
+    (changed(test_timeout=10**29), "test_timeout", "up to 86400 (24 h), got int 1000000"),
     (changed(ranked_timeout="60"), "ranked_timeout", "got str '60'"),
     (changed(ranking_by="median"), "ranking_by", "expected one of last, mean, geom, got str 'median'"),
     (changed(seed=1.5), "seed", "expected int, got float"),
@@ -99,9 +106,12 @@ BAD_TASKS = [
     (changed(gpus="H100"), "gpus", "expected a list of non-empty strings, got str 'H100'"),
     (changed(tests=[]), "tests", "expected a non-empty list of cases, got list"),
     (changed(benchmarks={"size": 1}), "benchmarks", "expected a non-empty list of cases, got mapping"),
-    (changed(tests=[{"size": 1}, {"size": None}]), "tests[1].size", "expected int or str, got null"),
-    (changed(tests=[{"size": 1.5}]), "tests[0].size", "expected int or str, got float"),
-    (changed(tests=[{"size": True}]), "tests[0].size", "expected int or str, got bool"),
+    (changed(tests=[{"size": 1}, {"size": None}]), "tests[1].size",
+     "expected int, str, bool or a list of them, got null"),
+    (changed(tests=[{"size": 1.5}]), "tests[0].size", "expected int, str, bool or a list of them, got float"),
+    (changed(tests=[{"m": [[1, 2]]}]), "tests[0].m", "list item: expected int, str or bool, got list"),
+    (changed(tests=[{"m": {"a": 1}}]), "tests[0].m", "got mapping"),
+    (changed(tests=[{"m": ["a;b"]}]), "tests[0].m", "list item: string 'a;b' may only contain"),
     (changed(tests=[{"dtype": "fp16; x: 1"}]), "tests[0].dtype", "may only contain letters, digits and _.+-"),
     (changed(tests=[{"dtype": "a\nb"}]), "tests[0].dtype", "may only contain"),
     (changed(benchmarks=[{"bad-key": 1}]), "benchmarks[0]", "parameter name str 'bad-key' is not an"),
@@ -114,17 +124,19 @@ BAD_TASKS = [
     (changed(files=TASK["files"][1:]), "files", "no entry has source @SUBMISSION@"),
     (with_file({"name": "s.py", "source": "@SUBMISSION@"}), "files[4].source", "more than one @SUBMISSION@"),
     (with_file({"name": "task.py", "source": "task.py"}), "files[4].name", "duplicate file name task.py"),
-    (with_file({"name": "../x.py", "source": "task.py"}), "files[4].name", "expected a relative file name"),
+    (with_file({"name": "../x.py", "source": "task.py"}), "files[4].name", "expected a plain file name"),
+    (with_file({"name": "ref/reference.py", "source": "task.py"}), "files[4].name",
+     "expected a plain file name like eval.py (no directory), got str 'ref/reference.py'"),
     (with_file({"name": "x.py", "source": "x.py", "mode": 1}), "files[4].mode", "unknown key"),
     (with_file({"name": "x.py"}), "files[4].source", "required key is missing"),
     (with_file({"name": "x.py", "source": "x.py"}), "files[4].source", "file not found: x.py"),
     (with_file({"name": "x.py", "source": "/etc/passwd"}), "files[4].source", "absolute paths"),
     (with_file({"name": "x.py", "source": "../../outside.py"}), "files[4].source",
-     "../../outside.py resolves outside the problem set directory"),
+     "../../outside.py resolves outside the problem collection; files may come from anywhere inside the "
+     "problem collection demo/ (pass --root with a directory that holds both the task and the file)"),
     (with_file({"name": "x.py", "source": "../../../../etc/passwd"}), "files[4].source", "resolves outside"),
     (with_file({"name": "x.py", "source": "."}), "files[4].source", ". is a directory, not a file"),
     (with_file({"name": "x.py", "source": 7}), "files[4].source", "expected a relative path, got int"),
-    (changed(config={"main": "nope.py"}), "config.main", "nope.py is not one of the files"),
     (changed(config={"main": "eval.py", "sources": []}), "config.sources", "unknown key; expected one of"),
     (changed(config=["eval.py"]), "config", "expected a mapping, got list"),
     (changed(templates={"Rust": "template.py"}), "templates.Rust", "unknown language"),
@@ -161,9 +173,8 @@ def test_error_message_names_file_key_and_problem(tmp_path):
     assert isinstance(err, ValueError)
     assert err.path == Path("demo/softmax_py/task.yml")
     assert (err.key, err.problem) == ("tests[2].seed", "softmax_py")
-    assert str(err) == (
-        "demo/softmax_py/task.yml: tests[2].seed: expected int or str, got null (problem softmax_py)"
-    )
+    assert str(err) == ("demo/softmax_py/task.yml: tests[2].seed: expected int, str, bool or a list of them, "
+                        "got null (problem softmax_py)")
 
 
 def test_yaml_empty_value_in_flow_mapping_names_the_case(tmp_path):
@@ -261,7 +272,7 @@ def test_root_confines_shared_files(tmp_path):
     with pytest.raises(TaskFileError) as info:
         load_task(task_dir, root=task_dir)
     assert [issue.key for issue in info.value.issues] == ["files[2].source", "files[3].source"]
-    assert "../utils.py resolves outside the problem set directory" in str(info.value)
+    assert "../utils.py resolves outside the problem collection" in str(info.value)
 
 
 def test_symlink_escaping_root_is_rejected(tmp_path):
@@ -272,7 +283,7 @@ def test_symlink_escaping_root_is_rejected(tmp_path):
     with pytest.raises(TaskFileError) as info:
         load_task(task_dir)
     assert info.value.key == "files[1].source"
-    assert "task.py resolves outside the problem set directory" in str(info.value)
+    assert "task.py resolves outside the problem collection" in str(info.value)
 
 
 def test_symlink_inside_root_is_followed(tmp_path):
@@ -411,7 +422,7 @@ def test_competition_collects_errors_across_problems(tmp_path):
     write_tree(tmp_path, changed(lang="rust"))
     write_tree(tmp_path, name="softmax_v2")
     path = write_competition(tmp_path, {
-        "name": "Softmax cup", "description": "x", "deadline": "2026-03-01", "prizes": 3,
+        "name": "Softmax cup", "description": "x", "deadline": "2026-03-01 24:00", "prizes": 3,
         "problems": [
             {"name": "a", "directory": "softmax_py", "gpus": ["H100"]},
             {"name": "b", "directory": "softmax_v2"},
@@ -434,7 +445,7 @@ def test_competition_collects_errors_across_problems(tmp_path):
         ("demo/competition.yml", "problems[4].name", None),
         ("demo/competition.yml", "problems[4].directory", None),
     }
-    assert "demo/competition.yml: deadline: expected an ISO-8601 date and time" in str(info.value)
+    assert "demo/competition.yml: deadline: '2026-03-01 24:00' is not a date and time" in str(info.value)
     assert "problems[2].directory: ../outside resolves outside the competition directory (problem b)" in str(
         info.value)
     assert "problems[2].name: duplicate name (also problems[1])" in str(info.value)
@@ -443,7 +454,10 @@ def test_competition_collects_errors_across_problems(tmp_path):
 @pytest.mark.parametrize(("text", "key", "fragment"), [
     ("name: [x\n", None, "invalid YAML at line 2"),
     ("[]\n", None, "expected a mapping at the top level, got list"),
-    ("name: x\ndescription: y\ndeadline: soon\nproblems: []\n", "deadline", "'soon' is not an ISO-8601"),
+    ("name: x\ndescription: y\ndeadline: soon\nproblems: []\n", "deadline",
+     "'soon' is not a date and time; use \"2025-06-30\" (00:00 UTC), \"2025-06-30 23:59\" or ISO 8601"),
+    ("name: x\ndeadline: [2026]\nproblems: []\n", "deadline", "got list"),
+    (f"name: {'x' * 121}\nproblems: []\n", "name", "at most 120 characters, got 121"),
     ("name: x\ndescription: y\ndeadline: 2026-03-01T00:00:00Z\nproblems: []\n", "problems",
      "expected a non-empty list of problems"),
     ("name: x\ndescription: y\ndeadline: 2026-03-01T00:00:00Z\n", "problems", "required key is missing"),
@@ -456,3 +470,111 @@ def test_malformed_competition(tmp_path, text, key, fragment):
         load_competition(write_competition(tmp_path, text))
     issues = info.value.issues
     assert any(issue.key == key and fragment in issue.message for issue in issues), info.value.errors
+
+
+# KernelBot's problem sync reads a deadline with "%Y-%m-%d %H:%M", then "%Y-%m-%d" (strptime: one-digit hours
+# too), takes it as UTC, and treats an empty one as not given. ISO 8601 is ours and stays accepted.
+@pytest.mark.parametrize(("value", "expected"), [
+    ("2025-06-30", datetime(2025, 6, 30, tzinfo=UTC)),
+    ("2025-11-29 6:59", datetime(2025, 11, 29, 6, 59, tzinfo=UTC)),
+    ("2026-04-07 07:59", datetime(2026, 4, 7, 7, 59, tzinfo=UTC)),
+    ("2027-01-31T23:59Z", datetime(2027, 1, 31, 23, 59, tzinfo=UTC)),
+    ("2026-04-01T12:00:00+02:00", datetime(2026, 4, 1, 10, tzinfo=UTC)),
+    (date(2025, 6, 30), datetime(2025, 6, 30, tzinfo=UTC)),  # unquoted in YAML
+    (datetime(2025, 6, 30, 8), datetime(2025, 6, 30, 8, tzinfo=UTC)),
+    ("", None), ("  ", None), (None, None),
+])
+def test_deadline_forms(value, expected):
+    assert parse_deadline(value) == expected
+
+
+@pytest.mark.parametrize("value", ["soon", "2025-13-01", "30/06/2025", "2025-06-30 6", 20250630, ["2025-06-30"]])
+def test_bad_deadlines_say_which_forms_work(value):
+    with pytest.raises(ValueError, match=r"not a date and time; use \"2025-06-30\"|expected a date and time"):
+        parse_deadline(value)
+
+
+def test_competition_deadlines_as_published_upstream(tmp_path):
+    """reference-kernels files: `deadline: ""` for the competition, bare dates and one-digit hours per problem."""
+    write_tree(tmp_path, changed(gpus=["H100"]))
+    write_tree(tmp_path, changed(gpus=["H100"]), name="softmax_v2")
+    path = write_competition(tmp_path, 'name: Practice\ndeadline: ""\ndescription: ""\nproblems:\n'
+                             '  - {directory: softmax_py, name: softmax, deadline: "2025-06-30"}\n'
+                             '  - {directory: softmax_v2, name: softmax-v2, deadline: "2025-11-29 6:59"}\n'
+                             '  - {directory: softmax_v2, name: softmax-v3}\n')
+    competition = load_competition(path)
+    assert competition.deadline is None
+    assert [p.deadline for p in competition.problems] == [
+        datetime(2025, 6, 30, tzinfo=UTC), datetime(2025, 11, 29, 6, 59, tzinfo=UTC), None]
+
+
+def test_boolean_and_list_case_values_pass_through(tmp_path):
+    cases = [{"m": [128, 256], "nomask": True, "has_bias": False, "g": 2, "seed": 1}]
+    task = load_task(write_tree(tmp_path, changed(tests=cases, benchmarks=[{"m": [], "seed": 2}])))
+    assert task.tests == cases and task.benchmarks == [{"m": [], "seed": 2}]
+    # as KernelBot writes a case for eval.py: f"{k}: {v}" joined by "; "
+    assert case_line(task.tests[0]) == "m: [128, 256]; nomask: True; has_bias: False; g: 2; seed: 1"
+
+
+def collection(base: Path, helper: str = "../../pmpp_v2/utils.py", competition: bool = True) -> Path:
+    """A problem collection like reference-kernels: linalg/qr_py takes its utils.py from pmpp_v2/."""
+    task = changed(files=[TASK["files"][0], {"name": "utils.py", "source": helper},
+                          {"name": "reference.py", "source": "reference.py"}], config=..., templates=...)
+    task_dir = write_tree(base, task, {"softmax_py/reference.py": "REF = 1\n", "pmpp_v2/utils.py": "U = 2\n"},
+                          name="qr_py")
+    linalg = base / "demo" / "linalg"
+    linalg.mkdir()
+    task_dir = task_dir.rename(linalg / "qr_py")
+    if competition:
+        (base / "demo" / "linalg.yaml").write_text("name: Linear algebra\nproblems:\n"
+                                                    "  - {name: qr, directory: linalg/qr_py, gpus: [H100]}\n")
+    return task_dir
+
+
+def test_helper_two_levels_up_comes_from_the_collection(tmp_path):
+    task_dir = collection(tmp_path)
+    assert collection_root(task_dir) == tmp_path / "demo"
+    assert load_task(task_dir).files["utils.py"] == "U = 2\n"
+    assert load_competition(tmp_path / "demo" / "linalg.yaml").problems[0].task.files["utils.py"] == "U = 2\n"
+
+
+def test_without_competition_files_the_root_is_explicit(tmp_path):
+    task_dir = collection(tmp_path, competition=False)
+    with pytest.raises(TaskFileError) as info:
+        load_task(task_dir)
+    assert info.value.key == "files[1].source"
+    assert ("../../pmpp_v2/utils.py resolves outside the problem collection; files may come from anywhere inside "
+            "the problem collection linalg/ (pass --root with a directory that holds both") in str(info.value)
+    assert load_task(task_dir, root=tmp_path / "demo").files["utils.py"] == "U = 2\n"
+
+
+def test_a_helper_outside_the_collection_is_refused(tmp_path):
+    (tmp_path / "secret.py").write_text("SECRET = 1\n")
+    task_dir = collection(tmp_path, helper="../../../secret.py")
+    with pytest.raises(TaskFileError, match=r"resolves outside the problem collection; .* \(pass --root"):
+        load_task(task_dir)
+
+
+def test_collection_root_never_climbs_above_within(tmp_path):
+    task_dir = collection(tmp_path)
+    assert collection_root(task_dir, within=tmp_path / "demo" / "linalg") == tmp_path / "demo" / "linalg"
+
+
+def test_names_must_fit_their_columns_and_urls(tmp_path):
+    long_dir = "p" * (MAX_PROBLEM_NAME + 1)
+    with pytest.raises(TaskFileError, match=f"is {MAX_PROBLEM_NAME + 1} characters; at most 100"):
+        load_task(write_tree(tmp_path / "a", name=long_dir))
+    write_tree(tmp_path / "b", changed(gpus=["H100"]))
+    path = write_competition(tmp_path / "b", {"name": "x", "problems": [
+        {"name": "bad name!", "directory": "softmax_py"}, {"name": "l" * 101, "directory": "softmax_py"}]})
+    with pytest.raises(CompetitionError) as info:
+        load_competition(path)
+    assert [(issue.key, issue.message) for issue in info.value.issues] == [
+        ("problems[0].name", "'bad name!' is not a valid leaderboard name: use only letters, digits, - and _"),
+        ("problems[1].name", "leaderboard names are at most 100 characters, got 101")]
+
+
+def test_name_limits_match_the_columns():
+    assert Problem._meta.get_field("name").max_length == MAX_PROBLEM_NAME
+    assert Leaderboard._meta.get_field("name").max_length == MAX_LEADERBOARD_NAME
+    assert Competition._meta.get_field("name").max_length == MAX_COMPETITION_NAME
