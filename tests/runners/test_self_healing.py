@@ -198,21 +198,24 @@ def test_cluster_heals_itself_from_killed_workers_and_a_killed_cluster(postgres,
         runs += submit(leaderboard, 20)
         second = wait_for(lambda: (c := cluster_of(supervisor.pid)) and c[0] != first[0] and c, 180,
                           "the wedged cluster to be replaced")
-        wait_for(lambda: Run.objects.filter(pk__in=runs, status=RunStatus.SUCCEEDED,
-                                            started_at__isnull=False).count() > 20, 180, "progress after it")
+        wait_for(lambda: all_terminal(runs), 400, "the second batch")
 
-        # 3. the whole cluster, with runs in flight
+        # 3. the whole cluster, with runs in flight near the end of the last batch, so that the printed figure
+        # measures the recovery rather than the time a backlog of runs takes on this machine
         runs += submit(leaderboard, 20)
-        wait_for(lambda: Run.objects.filter(pk__in=runs, status=RunStatus.RUNNING).exists(), 180, "a running run")
+        active = Run.objects.filter(pk__in=runs).exclude(status__in=TERMINAL_STATUSES)
+        wait_for(lambda: active.count() <= 4 and active.filter(status=RunStatus.RUNNING).exists(), 400,
+                 "the last runs of the batch to be running")
         os.killpg(second[0], signal.SIGKILL)
         last_kill = time.time()
-        in_flight = list(Run.objects.filter(pk__in=runs, status__in=[RunStatus.DISPATCHED, RunStatus.RUNNING])
+        in_flight = list(active.filter(status__in=[RunStatus.DISPATCHED, RunStatus.RUNNING])
                          .values_list("pk", flat=True))
         assert in_flight, "the cluster was killed with runs in flight"
 
         wait_for(lambda: all_terminal(runs), 600, "every run to reach a terminal state")
         finished = max(Run.objects.filter(pk__in=runs).values_list("finished_at", flat=True)).timestamp()
-        print(f"\nlast kill → last terminal state: {finished - last_kill:.1f} s (target ≤ 90 s)")
+        print(f"\nlast kill ({len(in_flight)} runs in flight) → last terminal state: {finished - last_kill:.1f} s "
+              "(target ≤ 90 s)")
         assert wait_for(lambda: (c := cluster_of(supervisor.pid)) and c[0] not in (first[0], second[0]), 60,
                         "the killed cluster to be replaced")
 
