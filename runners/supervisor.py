@@ -34,7 +34,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import connection
 from django.utils import timezone
 from django_q.signals import post_execute_in_worker, post_spawn, pre_execute
 
@@ -108,28 +108,30 @@ class Supervisor:
             signal.signal(signum, self._stop)
         with contextlib.suppress(OSError, AttributeError):
             _prctl(PR_SET_CHILD_SUBREAPER, 1)  # the cluster's orphans come back here to be reaped
-        next_reap = 0.0
+        next_check = 0.0
         try:
             while not self.stopping:
                 self._reap_children()
                 if self.cluster is None and time.monotonic() >= self.restart_at:
                     self._start()
-                try:
-                    if time.monotonic() >= next_reap:
-                        next_reap = time.monotonic() + settings.CLUSTER_REAP_INTERVAL
-                        if reaped := do_reap_overdue_runs():
-                            log.warning("retried or failed %s overdue runs", reaped)
-                    if self.cluster is not None:
-                        self._check_progress()
-                except Exception:  # the database may be restarting: log, reconnect on the next tick
-                    log.exception("supervisor check failed")
-                    close_old_connections()
-                    with contextlib.suppress(Exception):
-                        connection.close()
+                if time.monotonic() >= next_check:
+                    next_check = time.monotonic() + settings.CLUSTER_REAP_INTERVAL
+                    self._check()
                 time.sleep(TICK)
         finally:
             self._stop_cluster()
             shutil.rmtree(self.heartbeats, ignore_errors=True)
+
+    def _check(self) -> None:
+        try:
+            if reaped := do_reap_overdue_runs():
+                log.warning("retried or failed %s overdue runs", reaped)
+            if self.cluster is not None:
+                self._check_progress()
+        except Exception:  # the database may be restarting: log, reconnect next time
+            log.exception("supervisor check failed")
+            with contextlib.suppress(Exception):
+                connection.close()
 
     def _stop(self, *_) -> None:
         self.stopping = True
