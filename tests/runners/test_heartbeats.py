@@ -92,17 +92,26 @@ def backend():
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
         return cursor.fetchone()[0]
+def db_sockets():  # what `ss -tnp | grep 5432` lists for this process
+    remote = {line.split()[9] for name in ("tcp", "tcp6") for line in open(f"/proc/self/net/{name}").readlines()[1:]
+              if line.split()[2].endswith(os.environ["DB_PORT_HEX"])}
+    mine = {os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+            if os.path.exists(f"/proc/self/fd/{fd}")}
+    return " ".join(sorted(inode for inode in remote if f"socket:[{inode}]" in mine)) or "-"
 parent = backend()
 connections.close_all()  # as django-q2's sentinel does before it forks: back into the pool, still open
 child = os.fork()
 if child == 0:
+    print("inherited", db_sockets(), flush=True)
     print("child", backend(), flush=True)
     connections.close_all()
     os._exit(0)
 os.waitpid(child, 0)
+print("sockets", db_sockets(), flush=True)
 print("parent", parent, backend(), flush=True)
 """
     env = {**os.environ, "DB_POOL": "1", "DJANGO_SETTINGS_MODULE": "kernelbot.settings",
+           "DB_PORT_HEX": f":{int(db['PORT'] or 5432):04X}",
            "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"}
     out = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=120)
@@ -111,3 +120,5 @@ print("parent", parent, backend(), flush=True)
     child, (before, after) = int(lines["child"]), map(int, lines["parent"].split())
     assert before == after, "the parent's pooled session must survive the child"
     assert child != before, "the child must open its own PostgreSQL session"
+    assert lines["sockets"] != "-" and not set(lines["inherited"].split()) & set(lines["sockets"].split()), \
+        "the child must not even hold the parent's sockets"

@@ -64,6 +64,22 @@ def alive(pid: int) -> bool:
     return bool(state) and state[0] != "Z"  # a zombie holds nothing
 
 
+def shared_database_sockets(root: int) -> dict[str, list[int]]:
+    """PostgreSQL sockets that more than one process under `root` holds (what `ss -tnp | grep 5432` showed)."""
+    port = f":{int(settings.DATABASES['default']['PORT'] or 5432):04X}"
+    database = {line.split()[9] for name in ("tcp", "tcp6") for line in
+                Path(f"/proc/net/{name}").read_text().splitlines()[1:] if line.split()[2].endswith(port)}
+    holders: dict[str, list[int]] = {}
+    for pid in descendants(root):
+        with contextlib.suppress(OSError):
+            for fd in (Path("/proc") / str(pid) / "fd").iterdir():
+                with contextlib.suppress(OSError):
+                    target = os.readlink(fd)
+                    if target.startswith("socket:[") and target[8:-1] in database:
+                        holders.setdefault(target[8:-1], []).append(pid)
+    return {inode: pids for inode, pids in holders.items() if len(set(pids)) > 1}
+
+
 def cluster_of(root: int) -> tuple[int, Path] | None:
     """The supervised qcluster under `root`: its pid (= process group) and its workers' heartbeat directory."""
     for pid in descendants(root):
@@ -191,6 +207,7 @@ def test_cluster_heals_itself_from_killed_workers_and_a_killed_cluster(postgres,
         runs = submit(leaderboard, 20)
         os.kill(wait_for(lambda: busy_worker(first), 180, "a worker running a harness"), signal.SIGKILL)
         wait_for(lambda: all_terminal(runs), 400, "the first batch")
+        assert not shared_database_sockets(supervisor.pid)  # workers were re-forked every 4 tasks (Q_RECYCLE)
 
         # 2. an idle worker holding the task queue's reader lock: the others block on it until the supervisor acts
         os.kill(wait_for(lambda: queue_lock_holder(first, 2), 120, "the idle worker holding the queue lock"),
@@ -199,6 +216,7 @@ def test_cluster_heals_itself_from_killed_workers_and_a_killed_cluster(postgres,
         second = wait_for(lambda: (c := cluster_of(supervisor.pid)) and c[0] != first[0] and c, 180,
                           "the wedged cluster to be replaced")
         wait_for(lambda: all_terminal(runs), 400, "the second batch")
+        assert not shared_database_sockets(supervisor.pid)
 
         # 3. the whole cluster, with runs in flight near the end of the last batch, so that the printed figure
         # measures the recovery rather than the time a backlog of runs takes on this machine
