@@ -125,6 +125,7 @@ Q_CLUSTER = {
     "ack_failures": True,
     "catch_up": False,
     "poll": float(os.environ.get("Q_POLL", "0.05")),  # ORM broker: seconds between queue checks
+    "recycle": int(os.environ.get("Q_RECYCLE", "500")),  # tasks before a worker is replaced by a fresh fork
     "label": "Django Q2",
 }
 if REDIS_URL:
@@ -196,6 +197,15 @@ RUN_STATE_DEADLINES = {
     "dispatched": int(os.environ.get("KERNELBOT_DISPATCHED_DEADLINE", "600")),
     "running": int(os.environ.get("KERNELBOT_RUNNING_DEADLINE", "1800")),
 }
+# A runner that reports heartbeats (the local one does, every 2 s) keeps a dispatched or running run's deadline this
+# many seconds ahead, so a run whose runner died is retried within seconds instead of at the state deadline.
+RUN_HEARTBEAT_DEADLINE = int(os.environ.get("KERNELBOT_HEARTBEAT_DEADLINE", "15"))
+# `manage.py workers` (the cluster supervisor): it reaps overdue runs every REAP_INTERVAL seconds; it re-sends the
+# queued runs' messages, then restarts the cluster, when runs have waited STALL seconds while no worker started a
+# task; on SIGTERM it gives the cluster STOP_GRACE seconds before killing it.
+CLUSTER_REAP_INTERVAL = float(os.environ.get("KERNELBOT_REAP_INTERVAL", "2"))
+CLUSTER_STALL_SECONDS = float(os.environ.get("KERNELBOT_CLUSTER_STALL_SECONDS", "20"))
+CLUSTER_STOP_GRACE = float(os.environ.get("KERNELBOT_CLUSTER_STOP_GRACE", "5"))
 # A queued run is re-sent to the broker at each queued deadline, and failed after this long.
 RUN_MAX_QUEUED_SECONDS = int(os.environ.get("KERNELBOT_MAX_QUEUED_SECONDS", str(24 * 3600)))
 # Infrastructure failures retried before a run is failed with a reason.

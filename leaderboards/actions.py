@@ -299,11 +299,19 @@ def _infrastructure_failure(run: Run, reason: str) -> None:
     failures = run.infra_failures + 1
     if failures < settings.RUN_MAX_ATTEMPTS:
         log.warning("run %s attempt %s failed on infrastructure (%s); retrying", run.pk, run.attempt, reason)
-        run.update_status(RunStatus.QUEUED, infra_failures=failures, error=f"retrying after: {reason}")
+        run.update_status(RunStatus.QUEUED, infra_failures=failures, error=f"retrying after: {reason}",
+                          reason=reason)
         enqueue_on_commit("runners.tasks.dispatch_run", run.pk)
     else:
-        run.update_status(RunStatus.ERROR, infra_failures=failures,
+        run.update_status(RunStatus.ERROR, infra_failures=failures, reason=reason,
                           error=f"gave up after {failures} infrastructure failures; last: {reason}")
+
+
+def do_heartbeat(run_id: int, attempt: int, status: str) -> bool:
+    """The runner still holds this attempt: move its deadline a heartbeat ahead, so a runner that dies is known
+    within seconds. False when the run moved on (cancelled, reaped, requeued) and the runner should stop."""
+    return Run.objects.filter(pk=run_id, attempt=attempt, status=status).update(
+        status_deadline=Run.deadline_for(status, settings.RUN_HEARTBEAT_DEADLINE)) == 1
 
 
 def do_reap_overdue_runs(now=None) -> int:
@@ -320,6 +328,19 @@ def do_reap_overdue_runs(now=None) -> int:
                 _infrastructure_failure(run, f"the runner did not report back while {run.status}")
             reaped += 1
     return reaped
+
+
+def do_resend_queued_runs(queued_before=None) -> int:
+    """Send every queued run's dispatch message again (those queued before `queued_before`): a killed or wedged
+    worker cluster takes the messages it had already pulled from the broker with it. Dispatch is idempotent, so a
+    duplicate costs one query."""
+    runs = Run.objects.filter(status=RunStatus.QUEUED)
+    if queued_before is not None:
+        runs = runs.filter(queued_at__lt=queued_before)
+    run_ids = list(runs.values_list("pk", flat=True))
+    for run_id in run_ids:
+        enqueue_on_commit("runners.tasks.dispatch_run", run_id)
+    return len(run_ids)
 
 
 def _requeue_lost(run: Run, now) -> None:

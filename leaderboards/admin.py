@@ -7,7 +7,7 @@ from . import actions
 from .access.models import ApiToken, Ban, Invite, JobSwitch, Membership, PendingLogin, SubmissionQuota
 from .forms import ProblemUploadForm
 from .importing import ImportRejected, do_import_task
-from .models import Board, BoardEntry, Code, Competition, Leaderboard, Problem, Profile, Run, Submission
+from .models import Board, BoardEntry, Code, Competition, Leaderboard, Problem, Profile, Run, RunAttempt, Submission
 from .taskfile import TaskFileError, load_task_from_zip
 
 
@@ -124,6 +124,21 @@ class SubmissionAdmin(admin.ModelAdmin):
         return format_html("<pre>{}</pre>", submission.code.text)
 
 
+class RunAttemptInline(admin.TabularInline):
+    """Every dispatch of the run with how it ended: a retried attempt's reason stays after the retry succeeds."""
+
+    model = RunAttempt
+    extra = 0
+    can_delete = False
+    fields = ["number", "runner", "dispatched", "finished", "outcome", "reason"]
+    readonly_fields = fields
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    dispatched, finished = stamp("dispatched_at", "dispatched"), stamp("finished_at", "finished")
+
+
 @admin.register(Run)
 class RunAdmin(admin.ModelAdmin):
     list_display = ["id", "submission", "gpu_type", "secret", "status", "attempt", "verdict", "score",
@@ -131,6 +146,7 @@ class RunAdmin(admin.ModelAdmin):
     list_filter = ["status", "secret", "gpu_type", "submission__mode"]
     search_fields = ["submission__user__username", "submission__leaderboard__name"]
     readonly_fields = [f.name for f in Run._meta.fields]
+    inlines = [RunAttemptInline]
     actions = ["requeue", "cancel"]
 
     def get_queryset(self, request):

@@ -263,8 +263,10 @@ class Run(models.Model):
         seconds = seconds or settings.RUN_STATE_DEADLINES.get(status)
         return timezone.now() + timedelta(seconds=seconds) if seconds else None
 
-    def update_status(self, status: str, *, deadline_seconds: int | None = None, **fields) -> None:
-        """Move to `status`, stamp the time and deadline, save, and fire what follows after commit.
+    def update_status(self, status: str, *, deadline_seconds: int | None = None, reason: str | None = None,
+                      **fields) -> None:
+        """Move to `status`, stamp the time and deadline, record the attempt, save, and fire what follows after
+        commit. `reason` is why the current attempt ended (default: the run's `error`).
 
         Call inside a transaction holding a row lock (see actions)."""
         if status not in TRANSITIONS[self.status]:
@@ -285,7 +287,32 @@ class Run(models.Model):
             if len(value) > self.OUTPUT_CAP:
                 setattr(self, name, value[: self.OUTPUT_CAP] + "\n… [truncated]")
         self.save()
+        if status == RunStatus.DISPATCHED:
+            RunAttempt.objects.create(run=self, number=self.attempt, runner=self.runner, dispatched_at=now)
+        elif previous in (RunStatus.DISPATCHED, RunStatus.RUNNING):
+            RunAttempt.objects.filter(run=self, number=self.attempt).update(
+                finished_at=now, outcome="retried" if status == RunStatus.QUEUED else status,
+                reason=self.error if reason is None else reason)
         transaction.on_commit(lambda: events.run_changed(self))
+
+
+class RunAttempt(models.Model):
+    """One dispatch of a run and how it ended; a retried attempt keeps its reason after the retry succeeds."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveIntegerField()
+    runner = models.CharField(max_length=60, blank=True)
+    dispatched_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=12, blank=True, help_text="The run's status after it, or 'retried'.")
+    reason = models.TextField(blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "number"], name="run_attempt_unique")]
+        ordering = ["run", "number"]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} attempt {self.number} {self.outcome or 'in flight'}"
 
 
 class Board(models.Model):

@@ -2,12 +2,13 @@
 
 import logging
 
+from django.conf import settings
 from django.db import transaction
 
 from leaderboards import actions
 from leaderboards.models import Run, RunStatus
 
-from .backends.base import backend_for
+from .backends.base import BackendUnavailable, backend_for
 from .models import GpuPool
 
 log = logging.getLogger(__name__)
@@ -22,10 +23,16 @@ def dispatch_run(run_id: int) -> None:
         if pool is None:
             run.update_status(RunStatus.ERROR, error=f"no enabled GPU pool serves {run.gpu_type}")
             return
-        run.update_status(RunStatus.DISPATCHED, attempt=run.attempt + 1, runner=str(pool))
+        try:
+            backend = backend_for(pool)
+        except BackendUnavailable as exc:  # configuration, not chance: retrying would not help
+            run.update_status(RunStatus.ERROR, error=str(exc))
+            return
+        run.update_status(RunStatus.DISPATCHED, attempt=run.attempt + 1, runner=str(pool),
+                          deadline_seconds=settings.RUN_HEARTBEAT_DEADLINE if backend.heartbeats else None)
         attempt = run.attempt
     try:
-        backend_for(pool).dispatch(run_id, attempt)
+        backend.dispatch(run_id, attempt)
     except Exception as exc:
         log.exception("dispatch of run %s attempt %s failed", run_id, attempt)
         actions.do_report_failure(run_id, attempt, f"{type(exc).__name__}: {exc}")

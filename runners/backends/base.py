@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from importlib import import_module
+from typing import ClassVar
 
 from runners.models import GpuPool, RunnerBackendName
 
@@ -22,6 +23,9 @@ class RunnerBackend(ABC):
     `dispatch` must not block on remote work: a remote backend submits and returns, and the result
     arrives through a callback or a short scheduled poll. The local backend runs on this machine and
     therefore does the work inside the worker that dispatched it."""
+
+    # True when `dispatch` keeps the run's deadline a heartbeat ahead (actions.do_heartbeat) while it holds the run
+    heartbeats: ClassVar[bool] = False
 
     def __init__(self, pool: GpuPool):
         self.pool = pool

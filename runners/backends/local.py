@@ -30,20 +30,28 @@ from .base import RunnerBackend
 
 log = logging.getLogger(__name__)
 PROGRESS_INTERVAL = 0.5
-STATUS_CHECK_INTERVAL = 2.0
+HEARTBEAT_INTERVAL = 2.0  # at most; a quarter of the heartbeat deadline when that is shorter
 
 
 def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: no orphaned harness
 
 
+def heartbeat_interval() -> float:
+    return min(HEARTBEAT_INTERVAL, settings.RUN_HEARTBEAT_DEADLINE / 4)
+
+
 class LocalBackend(RunnerBackend):
+    heartbeats = True  # the run lives in this worker: its deadline follows the worker's heartbeats
+
     def dispatch(self, run_id: int, attempt: int) -> None:
         run = Run.objects.select_related("submission__problem", "submission__leaderboard", "submission__code",
                                          "gpu_type").get(pk=run_id)
-        with self.device(run) as gpu:
+        with self.device(run, attempt) as gpu:
+            if gpu is None:
+                return
             timeout = total_timeout(run)
-            if not actions.do_mark_running(run_id, attempt, deadline_seconds=timeout + 120):
+            if not actions.do_mark_running(run_id, attempt, deadline_seconds=settings.RUN_HEARTBEAT_DEADLINE):
                 return
             workdir = Path(settings.RUNS_DIR) / f"run-{run_id}-{attempt}"
             shutil.rmtree(workdir, ignore_errors=True)
@@ -62,14 +70,16 @@ class LocalBackend(RunnerBackend):
             actions.do_report_failure(run_id, attempt, failure)
 
     @contextlib.contextmanager
-    def device(self, run: Run) -> Iterator[Gpu]:
-        """Hold an exclusive lock on one free device of the run's type, waiting for one if all are busy."""
+    def device(self, run: Run, attempt: int) -> Iterator[Gpu | None]:
+        """Hold an exclusive lock on one free device of the run's type, waiting for one if all are busy (with
+        heartbeats); None when the run moved on meanwhile."""
         gpus = list(Gpu.objects.filter(node__pool=self.pool, node__enabled=True, enabled=True,
                                        gpu_type=run.gpu_type))
         if not gpus:
             raise RuntimeError(f"pool '{self.pool.name}' has no enabled {run.gpu_type} device")
         lock_dir = Path(settings.RUNS_DIR) / "locks"
         lock_dir.mkdir(parents=True, exist_ok=True)
+        last_beat = time.monotonic()
         while True:
             for gpu in gpus:
                 handle = open(lock_dir / f"gpu-{gpu.pk}.lock", "w")  # noqa: SIM115 - held for the run
@@ -84,6 +94,11 @@ class LocalBackend(RunnerBackend):
                     handle.close()
                 return
             time.sleep(0.02)
+            if time.monotonic() - last_beat > heartbeat_interval():
+                last_beat = time.monotonic()
+                if not actions.do_heartbeat(run.pk, attempt, RunStatus.DISPATCHED):
+                    yield None
+                    return
 
     def run_harness(self, run_id: int, attempt: int, job: dict, timeout: int) -> tuple[dict | None, str]:
         python = settings.HARNESS_PYTHON or sys.executable
@@ -125,11 +140,10 @@ class LocalBackend(RunnerBackend):
             if now - started > timeout:
                 failure = f"harness exceeded the run's total time limit of {timeout} s"
                 break
-            if now - last_check > STATUS_CHECK_INTERVAL:
+            if now - last_check > heartbeat_interval():
                 last_check = now
-                current = Run.objects.filter(pk=run_id).values_list("status", "attempt").first()
-                if current != (RunStatus.RUNNING, attempt):
-                    log.info("run %s attempt %s is now %s; stopping its harness", run_id, attempt, current)
+                if not actions.do_heartbeat(run_id, attempt, RunStatus.RUNNING):
+                    log.info("run %s attempt %s moved on; stopping its harness", run_id, attempt)
                     failure = ""
                     break
         with contextlib.suppress(ProcessLookupError):

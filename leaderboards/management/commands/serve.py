@@ -11,7 +11,7 @@ from django.core.management.base import BaseCommand
 
 class Command(BaseCommand):
     help = ("Run the whole platform on this machine: migrate, load the demo (unless --no-demo), make sure an "
-            "admin exists, then start the ASGI server (daphne) and a django-q2 worker cluster together.")
+            "admin exists, then start the ASGI server (daphne) and the supervised django-q2 worker cluster.")
 
     def add_arguments(self, parser):
         parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
@@ -27,7 +27,7 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop the children below on SIGTERM too
         manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
         children = [
-            subprocess.Popen([*manage, "qcluster"]),
+            subprocess.Popen([*manage, "workers"]),  # the supervised qcluster (runners/supervisor.py)
             subprocess.Popen([sys.executable, "-m", "daphne", "-b", host, "-p", str(port),
                               "kernelbot.asgi:application"], cwd=settings.BASE_DIR),
         ]
@@ -41,7 +41,7 @@ class Command(BaseCommand):
         finally:
             for child in children:
                 if child.poll() is None:
-                    child.send_signal(signal.SIGINT)
+                    child.send_signal(signal.SIGTERM)
             for child in children:
                 try:
                     child.wait(timeout=15)

@@ -1,0 +1,245 @@
+"""Keeps this machine's django-q2 cluster making progress (`manage.py workers`; `manage.py serve` runs it too).
+
+django-q2 restarts a worker that dies, but not a cluster that stops making progress: an idle worker killed inside
+`multiprocessing.Queue.get()` leaves the queue's reader lock held and every other worker blocks on it, and
+SIGTERM then no longer stops the cluster. So the cluster runs as a child process group of this supervisor, which
+
+- restarts it (killing the whole group) when its main process exits or when runs have waited `STALL` seconds
+  while no worker is busy and none started a task: first it re-sends the waiting runs' messages (one may have
+  been lost), and if a fresh message is not picked up within `STALL` seconds either, the cluster is wedged;
+- re-sends every queued run's message whenever it (re)starts the cluster, since the old cluster took the
+  messages it had pulled from the broker with it;
+- reaps overdue runs every `REAP_INTERVAL` seconds, from outside the cluster it rescues (runners heartbeat, so a
+  run whose worker died is retried within seconds);
+- on SIGTERM or SIGINT stops the cluster, killing it after `STOP_GRACE` seconds.
+
+Each worker writes its state to a heartbeat file named by its pid in the directory the supervisor gives it
+(`KERNELBOT_CLUSTER_HEARTBEATS`): "busy <time>" when it starts a task, "idle <time>" when it ends one, "idle 0"
+when it is spawned. Every process forked under supervision dies with its parent, so nothing outlives the group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+from django_q.signals import post_execute_in_worker, post_spawn, pre_execute
+
+from leaderboards.actions import do_reap_overdue_runs, do_resend_queued_runs
+
+log = logging.getLogger(__name__)
+HEARTBEATS_ENV = "KERNELBOT_CLUSTER_HEARTBEATS"
+PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
+TICK = 0.5
+
+
+def _prctl(option: int, value: int) -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(option, value)
+
+
+def die_with_parent() -> None:
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+# --- in the cluster's processes ---------------------------------------------------------------------------------
+
+def _beat(state: str, at: float) -> None:
+    directory = os.environ.get(HEARTBEATS_ENV)
+    if not directory:
+        return
+    path = Path(directory) / str(os.getpid())
+    temporary = path.with_suffix(".tmp")
+    with contextlib.suppress(OSError):  # the supervisor cleared the directory: it is restarting the cluster
+        temporary.write_text(f"{state} {at}")
+        os.replace(temporary, path)
+
+
+def _spawned(**_) -> None:
+    _beat("idle", 0)
+
+
+def _task_started(**_) -> None:
+    _beat("busy", time.time())
+
+
+def _task_ended(**_) -> None:
+    _beat("idle", time.time())
+
+
+def connect_worker_heartbeats() -> None:
+    """Called at start-up by every process; only processes of a supervised cluster write heartbeats."""
+    if not os.environ.get(HEARTBEATS_ENV):
+        return
+    post_spawn.connect(_spawned, dispatch_uid="kernelbot-heartbeat-spawned")
+    pre_execute.connect(_task_started, dispatch_uid="kernelbot-heartbeat-started")
+    post_execute_in_worker.connect(_task_ended, dispatch_uid="kernelbot-heartbeat-ended")
+    os.register_at_fork(after_in_child=die_with_parent)
+
+
+# --- the supervisor ----------------------------------------------------------------------------------------------
+
+class Supervisor:
+    def __init__(self, command: list[str] | None = None):
+        self.command = command or [sys.executable, str(settings.BASE_DIR / "manage.py"), "qcluster"]
+        self.stall = settings.CLUSTER_STALL_SECONDS
+        self.cluster: subprocess.Popen | None = None
+        self.started_at = self.last_task = 0.0
+        self.resent_at: float | None = None
+        self.restart_at = 0.0
+        self.failed_starts = 0
+        self.stopping = False
+        self.heartbeats = Path(tempfile.mkdtemp(prefix="kernelbot-heartbeats-"))
+
+    def run(self) -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._stop)
+        with contextlib.suppress(OSError, AttributeError):
+            _prctl(PR_SET_CHILD_SUBREAPER, 1)  # the cluster's orphans come back here to be reaped
+        next_check = 0.0
+        try:
+            while not self.stopping:
+                self._reap_children()
+                if self.cluster is None and time.monotonic() >= self.restart_at:
+                    self._start()
+                if time.monotonic() >= next_check:
+                    next_check = time.monotonic() + settings.CLUSTER_REAP_INTERVAL
+                    self._check()
+                time.sleep(TICK)
+        finally:
+            self._stop_cluster()
+            shutil.rmtree(self.heartbeats, ignore_errors=True)
+
+    def _check(self) -> None:
+        try:
+            if reaped := do_reap_overdue_runs():
+                log.warning("retried or failed %s overdue runs", reaped)
+            if self.cluster is not None:
+                self._check_progress()
+        except Exception:  # the database may be restarting: log, reconnect next time
+            log.exception("supervisor check failed")
+            with contextlib.suppress(Exception):
+                connection.close()
+
+    def _stop(self, *_) -> None:
+        self.stopping = True
+
+    def _start(self) -> None:
+        shutil.rmtree(self.heartbeats, ignore_errors=True)
+        self.heartbeats.mkdir(parents=True)
+        try:
+            if resent := do_resend_queued_runs():
+                log.info("re-sent %s queued runs' messages before starting the cluster", resent)
+        except Exception:
+            log.exception("could not re-send the queued runs' messages")
+        self.cluster = subprocess.Popen(self.command, cwd=settings.BASE_DIR, start_new_session=True,
+                                        env={**os.environ, HEARTBEATS_ENV: str(self.heartbeats)},
+                                        preexec_fn=die_with_parent)
+        self.started_at = time.time()
+        self.last_task, self.resent_at = 0.0, None
+        log.info("started the worker cluster (process group %s)", self.cluster.pid)
+
+    def _check_progress(self) -> None:
+        busy = self._read_heartbeats()
+        if self.resent_at is not None and self.last_task > self.resent_at:
+            self.resent_at = None  # a task started after the re-send: the cluster is alive
+        quiet_since = max(self.started_at, self.last_task, self.resent_at or 0.0)
+        if busy or time.time() - quiet_since < self.stall:
+            return
+        waiting_since = timezone.now() - timedelta(seconds=self.stall)
+        if self.resent_at is None:
+            if resent := do_resend_queued_runs(queued_before=waiting_since):
+                log.warning("runs have waited %.0f s while no worker started a task; re-sent %s messages",
+                            self.stall, resent)
+                self.resent_at = time.time()
+            return
+        log.error("the worker cluster made no progress for %.0f s after the waiting runs' messages were re-sent; "
+                  "restarting it", self.stall)
+        self._kill_cluster()
+        self.restart_at = 0.0
+
+    def _read_heartbeats(self) -> int:
+        """Busy workers that are still alive in the cluster; updates the time of the last task start or end."""
+        busy = 0
+        for path in self.heartbeats.iterdir():
+            if not path.name.isdigit():
+                continue
+            try:
+                state, at = path.read_text().split()
+            except (OSError, ValueError):
+                continue
+            self.last_task = max(self.last_task, float(at))
+            try:
+                alive = os.getpgid(int(path.name)) == self.cluster.pid
+            except ProcessLookupError:
+                alive = False
+            if not alive:
+                path.unlink(missing_ok=True)
+            elif state == "busy":
+                busy += 1
+        return busy
+
+    def _reap_children(self) -> None:
+        """Collect every exited child (the cluster's orphans too); notice when the cluster's main process exits."""
+        for pid, status in _reap_exited():
+            if self.cluster is not None and pid == self.cluster.pid:
+                self.cluster.returncode = os.waitstatus_to_exitcode(status)
+                uptime = time.time() - self.started_at
+                log.error("the worker cluster exited (%s) after %.0f s; restarting it", self.cluster.returncode,
+                          uptime)
+                self._kill_cluster()
+                self.failed_starts = 0 if uptime > 60 else self.failed_starts + 1
+                self.restart_at = time.monotonic() + min(30, 2 ** self.failed_starts - 1)
+
+    def _kill_cluster(self, grace: float = 0) -> None:
+        """Stop the whole process group (SIGTERM first when there is a grace period) and wait until it is gone."""
+        cluster, self.cluster = self.cluster, None
+        if cluster is None:
+            return
+        if grace and cluster.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(cluster.pid, signal.SIGTERM)
+            self._wait_group(cluster.pid, grace)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(cluster.pid, signal.SIGKILL)
+        self._wait_group(cluster.pid, 10)
+
+    @staticmethod
+    def _wait_group(pgid: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            _reap_exited()  # zombies would still count as members of the group
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.05)
+
+    def _stop_cluster(self) -> None:
+        if self.cluster is not None:
+            log.info("stopping the worker cluster")
+            self._kill_cluster(grace=settings.CLUSTER_STOP_GRACE)
+
+
+def _reap_exited() -> list[tuple[int, int]]:
+    exited = []
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return exited
+        if pid == 0:
+            return exited
+        exited.append((pid, status))
