@@ -81,14 +81,16 @@ def test_leaderboard_consumer_refuses_unknown_or_closed_boards(leaderboard, cpu_
 
 
 @pytest.mark.django_db
-def test_submission_consumer_streams_to_owner_and_staff_only(leaderboard, django_capture_on_commit_callbacks):
+def test_submission_consumer_streams_to_whoever_may_see_it(leaderboard, django_capture_on_commit_callbacks):
     sub = submission(leaderboard, mode="leaderboard")
+    private = submission(leaderboard, user=sub.user, mode="test")
     staff, nosy = UserFactory(username="staff", is_staff=True), UserFactory(username="nosy")
 
     async def scenario():
-        ws = communicator(f"/ws/submission/{sub.pk}/", nosy)
-        assert (await ws.connect())[1] == 4403
-        for user in (sub.user, staff):
+        for path in (f"/ws/submission/{private.pk}/", "/ws/submission/999999/"):
+            ws = communicator(path, nosy)
+            assert (await ws.connect())[1] == 4404  # as if it did not exist, like the page and the API
+        for user in (sub.user, staff, nosy):  # a ranked submission is as visible as its leaderboard
             ws = communicator(f"/ws/submission/{sub.pk}/", user)
             assert (await ws.connect())[0]
             snapshot = await ws.receive_json_from()
