@@ -150,8 +150,8 @@ def user_page(request: HttpRequest, username: str) -> HttpResponse:
     person = get_object_or_404(get_user_model().objects.select_related("profile"), username=username)
     mine = request.user.is_staff or request.user.pk == person.pk
     subs = Submission.objects.visible_to(request.user).filter(user=person).select_related("leaderboard")
-    page = Paginator(subs.annotate(
-        best=Min("runs__score", filter=Q(runs__passed=True, runs__secret=False))), 50).get_page(request.GET.get("page"))
+    page = Paginator(subs.annotate(best=Min("runs__score", filter=Q(runs__passed=True, runs__secret=False)))
+                     .order_by("-created"), 50).get_page(request.GET.get("page"))
     ranks = BoardEntry.objects.filter(user=person, leaderboard__in=Leaderboard.objects.visible_to(request.user)) \
         .select_related("leaderboard", "gpu_type").order_by("leaderboard")
     history = (Run.objects.ranked().filter(submission__user=person, secret=False, passed=True, score__isnull=False,
