@@ -130,7 +130,7 @@ if REDIS_URL:
                     "CONFIG": {"hosts": [REDIS_URL], "prefix": DEPLOYMENT}}
     }
     # what every submission reads (tokens, boards, quotas...: leaderboards/access/cache.py), shared by all processes
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
+    CACHES = {"default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": REDIS_URL,
                           "KEY_PREFIX": DEPLOYMENT}}
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}

@@ -9,12 +9,13 @@ class LeaderboardsConfig(AppConfig):
 
     def ready(self) -> None:
         from .access import cache
-        from .models import ApiToken, Ban, JobSwitch, Leaderboard, SubmissionQuota
+        from .models import ApiToken, Ban, JobSwitch, Leaderboard, Profile, SubmissionQuota
 
         # an edit drops exactly the cached reads it affects (access/cache.py)
         for model, receiver in ((Leaderboard, cache.leaderboard_changed), (ApiToken, cache.token_changed),
                                 (SubmissionQuota, cache.quota_changed), (Ban, cache.ban_changed),
-                                (JobSwitch, cache.switch_changed)):
+                                (JobSwitch, cache.switch_changed),
+                                (Profile, cache.profile_changed)):
             post_save.connect(receiver, sender=model, dispatch_uid=f"cache-saved-{model.__name__}")
             post_delete.connect(receiver, sender=model, dispatch_uid=f"cache-deleted-{model.__name__}")
         post_save.connect(cache.user_changed, sender=settings.AUTH_USER_MODEL, dispatch_uid="cache-saved-user")

@@ -50,7 +50,8 @@ def cached_many(computes: dict[str, Callable[[], Any]], timeout: float = SETTING
 
 
 def forget(*names: str) -> None:
-    cache.delete_many(list(names))
+    if names:
+        cache.delete_many(list(names))
 
 
 # --- targeted invalidation (signal receivers) -----------------------------------------------------------------
@@ -68,14 +69,22 @@ def token_changed(sender, instance, **kwargs) -> None:
     forget(token_key(instance.digest))
 
 
-def user_changed(sender, instance, update_fields=None, **kwargs) -> None:
-    """A user's tokens carry the user (active, staff, name): drop them, unless only the last log-in changed."""
-    if update_fields is not None and set(update_fields) <= {"last_login"}:
-        return
+def forget_user(user_id: int) -> None:
     from .models import ApiToken
 
-    forget(key("bans", instance.pk), *(token_key(d) for d in ApiToken.objects.filter(user=instance.pk)
-                                       .values_list("digest", flat=True)))
+    forget(key("bans", user_id), *(token_key(d) for d in ApiToken.objects.filter(user=user_id)
+                                   .values_list("digest", flat=True)))
+
+
+def user_changed(sender, instance, update_fields=None, **kwargs) -> None:
+    """A user's tokens carry the user (active, staff, name): drop them, unless only the last log-in changed."""
+    if update_fields is None or not set(update_fields) <= {"last_login"}:
+        forget_user(instance.pk)
+
+
+def profile_changed(sender, instance, **kwargs) -> None:
+    """The cached tokens carry the profile too (display name; a new one spares each submission a lookup)."""
+    forget_user(instance.user_id)
 
 
 def quota_changed(sender, instance, **kwargs) -> None:

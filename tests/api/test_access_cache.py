@@ -16,7 +16,7 @@ from leaderboards.access.actions import authenticate_token, check_may_submit, do
 from leaderboards.access.authority import access_leaderboard, may_see_leaderboard, may_see_submission
 from leaderboards.access.models import Membership, SubmissionQuota
 from leaderboards.errors import SubmissionRejected
-from leaderboards.models import Leaderboard, Submission, Visibility
+from leaderboards.models import Leaderboard, Profile, Submission, Visibility
 
 from ..conftest import REPO
 from ..factories import UserFactory, submission
@@ -39,6 +39,8 @@ def test_a_user_save_keeps_everyone_elses_cached_reads(leaderboard, django_asser
     bob.is_active = False
     bob.save()
     assert authenticate_token(bob_raw) is None  # at once, not after the cache's 2 s
+    Profile.objects.create(user=alice, display_name="Al")  # the first submission creates it
+    assert authenticate_token(alice_raw).profile.display_name == "Al"
 
 
 def test_revocation_quota_and_visibility_edits_apply_at_once(leaderboard):
@@ -63,7 +65,7 @@ def test_revocation_quota_and_visibility_edits_apply_at_once(leaderboard):
 def test_with_redis_a_revocation_in_another_process_applies_at_once_here(redis_url, postgres, settings):
     """The shared cache: another process's revocation deletes the entry this process would otherwise reuse."""
     prefix = f"kb-cache-test-{os.getpid()}"
-    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+    settings.CACHES = {"default": {"BACKEND": "django_redis.cache.RedisCache",
                                    "LOCATION": redis_url, "KEY_PREFIX": prefix}}
     user = UserFactory()
     token, raw = do_create_token(user)
