@@ -120,7 +120,7 @@ def submission(request: HttpRequest, pk: int) -> HttpResponse:
         shown["log_truncated"] = len(shown["stdout"]) > LOG_PREVIEW or len(shown["stderr"]) > LOG_PREVIEW
         shown["outcome_text"] = Outcome.TEXT.get(shown["outcome"], "")
     return render(request, "leaderboards/submission.html", {
-        "sub": sub, "runs": runs, "owner": request.user.is_staff or sub.user_id == request.user.pk,
+        "sub": sub, "runs": runs,
         "show_code": view >= RunView.DETAILS, "staff_view": view is RunView.ALL,
         "done": all(r.is_terminal for r in runs),
     })
@@ -148,7 +148,6 @@ def submission_code(request: HttpRequest, pk: int) -> HttpResponse:
 
 def user_page(request: HttpRequest, username: str) -> HttpResponse:
     person = get_object_or_404(get_user_model().objects.select_related("profile"), username=username)
-    mine = request.user.is_staff or request.user.pk == person.pk
     subs = Submission.objects.visible_to(request.user).filter(user=person).select_related("leaderboard")
     page = Paginator(subs.annotate(best=Min("runs__score", filter=Q(runs__passed=True, runs__secret=False)))
                      .order_by("-created"), 50).get_page(request.GET.get("page"))
@@ -162,7 +161,7 @@ def user_page(request: HttpRequest, username: str) -> HttpResponse:
     for board, gpu, created, score in history:
         series.setdefault(f"{board} · {gpu}", []).append([created.isoformat(), score])
     return render(request, "leaderboards/user.html", {"person": person, "page": page, "ranks": ranks,
-                                                      "series": series, "mine": mine})
+                                                      "series": series})
 
 
 @login_required

@@ -95,7 +95,4 @@ def start_cli_login(request, provider: str = "github"):
 @router.post("/join", response={200: JoinedOut, 401: ErrorOut, 404: ErrorOut, 410: ErrorOut})
 def join(request, body: JoinIn):
     """Join a closed leaderboard with an invite code."""
-    try:
-        return {"leaderboard": actions.do_join(request.auth, body.code).leaderboard.name}
-    except actions.AccessDenied as exc:
-        raise HttpError(exc.status, exc.message) from exc
+    return {"leaderboard": actions.do_join(request.auth, body.code).leaderboard.name}
