@@ -129,11 +129,15 @@ if REDIS_URL:
                                     os.environ.get("KERNELBOT_CHANNEL_LAYER", "pubsub")],
                     "CONFIG": {"hosts": [REDIS_URL], "prefix": DEPLOYMENT}}
     }
-    # what every submission reads (tokens, boards, quotas...: leaderboards/access/cache.py), shared by all processes
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+# What every submission reads (tokens, boards, quotas...: leaderboards/access/cache.py). Shared in Redis, an edit
+# applies at once in every process; KERNELBOT_CACHE=local keeps it per process (edits take <= 2 s elsewhere) and
+# spares each submission 5 Redis round trips (bench/RESULTS.md).
+if REDIS_URL and os.environ.get("KERNELBOT_CACHE", "redis") == "redis":
     CACHES = {"default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": REDIS_URL,
                           "KEY_PREFIX": DEPLOYMENT}}
 else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
                           "OPTIONS": {"MAX_ENTRIES": 10_000}}}
 # Seconds between polls of the live-event outbox that carries events across processes without Redis.
