@@ -128,11 +128,6 @@ def do_set_accepting_jobs(accepting: bool, reason: str = "") -> JobSwitch:
     return switch  # its post_save receiver forgets the cached switch
 
 
-def quota_for(leaderboard: Leaderboard, kind: str) -> tuple[int, int]:
-    rows = cached(key("quotas", leaderboard.pk), lambda: _quotas(leaderboard.pk))
-    return rows.get(kind) or settings.SUBMISSION_QUOTAS[kind]
-
-
 def quota_kind(mode: str) -> str:
     return QuotaKind.RANKED if mode == SubmissionMode.LEADERBOARD else QuotaKind.TEST
 
@@ -210,8 +205,6 @@ class QueueEstimate:
 
 
 DEFAULT_RUN_SECONDS = 60.0
-
-
 
 
 def _mean_run_seconds(gpu_type_id: int) -> float:
