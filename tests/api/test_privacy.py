@@ -240,3 +240,16 @@ def test_an_outsider_gets_the_same_404_from_every_front_end(client, closed):
     assert "Unknown leaderboard" in error_text(popcorn.get(f"gpus/{closed.name}"))
     assert popcorn.submit(closed.name, "CPU", "test", GOOD).status_code == 404
     assert popcorn.get(f"user/submissions/{ranked.pk}").status_code == 404
+
+
+@pytest.mark.django_db
+def test_optional_tokens_on_public_reads_still_refuse_a_bad_one(client, leaderboard, settings, failed_secret):
+    assert client.get("/api/v1/leaderboards").status_code == 200
+    response = client.get("/api/v1/leaderboards", headers={"Authorization": "Bearer kb_wrong"})
+    assert response.status_code == 401 and "Invalid, expired or revoked token" in error_text(response)
+    response = client.get("/popcorn/leaderboards", headers={"X-Popcorn-Cli-Id": "kb_wrong"})
+    assert response.status_code == 401 and "Invalid, expired or revoked CLI id" in error_text(response)
+    settings.ADMIN_TOKEN = "s3cret-admin"
+    detail = client.get(f"/popcorn/admin/submissions/{failed_secret.pk}",
+                        headers={"Authorization": "Bearer s3cret-admin"}).json()
+    assert SECRET in detail["job"]["error"]  # the organisers' view keeps the detail
