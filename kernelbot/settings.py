@@ -2,7 +2,9 @@
 production sets DEBUG=0, SECRET_KEY, ALLOWED_HOSTS, DATABASE_URL and REDIS_URL."""
 
 import os
+import re
 from pathlib import Path
+from urllib.parse import parse_qs, urlparse
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -102,6 +104,22 @@ if DATABASES["default"]["ENGINE"].endswith("postgresql") and env_bool("DB_POOL",
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
+
+
+def deployment_name(environ=os.environ) -> str:
+    """Names this deployment's keys and channels on a Redis server that others may share: KERNELBOT_INSTANCE, or
+    the database's name and the Redis database number. (Redis pub/sub channels ignore the database number, so
+    without it two deployments on one server would hear each other's live events.)"""
+    name = environ.get("KERNELBOT_INSTANCE", "")
+    if not name:
+        database = dj_database_url.parse(environ.get("DATABASE_URL", "sqlite:///kernelbot")).get("NAME") or ""
+        redis = urlparse(environ.get("REDIS_URL", ""))
+        redis_db = parse_qs(redis.query).get("db", [redis.path.strip("/") or "0"])[0]
+        name = f"{Path(str(database)).name}.{redis_db}"
+    return "kb." + re.sub(r"[^A-Za-z0-9_.-]", "-", name)[:60]
+
+
+DEPLOYMENT = deployment_name()
 if REDIS_URL:
     CHANNEL_LAYERS = {
         # pubsub: one Redis message per group event, fanned out inside each ASGI process (1,000 clients: see
@@ -109,10 +127,19 @@ if REDIS_URL:
         "default": {"BACKEND": {"pubsub": "channels_redis.pubsub.RedisPubSubChannelLayer",
                                 "core": "channels_redis.core.RedisChannelLayer"}[
                                     os.environ.get("KERNELBOT_CHANNEL_LAYER", "pubsub")],
-                    "CONFIG": {"hosts": [REDIS_URL]}}
+                    "CONFIG": {"hosts": [REDIS_URL], "prefix": DEPLOYMENT}}
     }
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+# What every submission reads (tokens, boards, quotas...: leaderboards/access/cache.py). Shared in Redis, an edit
+# applies at once in every process; KERNELBOT_CACHE=local keeps it per process (edits take <= 2 s elsewhere) and
+# spares each submission 5 Redis round trips (bench/RESULTS.md).
+if REDIS_URL and os.environ.get("KERNELBOT_CACHE", "redis") == "redis":
+    CACHES = {"default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": REDIS_URL,
+                          "KEY_PREFIX": DEPLOYMENT}}
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+                          "OPTIONS": {"MAX_ENTRIES": 10_000}}}
 # Seconds between polls of the live-event outbox that carries events across processes without Redis.
 LIVE_OUTBOX_POLL = float(os.environ.get("KERNELBOT_LIVE_OUTBOX_POLL", "0.25"))
 

@@ -16,7 +16,9 @@ from runners.models import GpuPool, GpuType
 from runners.queue import enqueue_on_commit
 
 from . import events
-from .access.actions import SETTINGS_TTL, cached, can_see, check_may_submit
+from .access.actions import check_may_submit
+from .access.authority import access_leaderboard
+from .access.cache import cached, key
 from .errors import SubmissionRejected
 from .models import (
     ACTIVE_STATUSES,
@@ -47,17 +49,7 @@ class SubmissionRequest:
 
 def check_submission(user, leaderboard_name: str, gpu_names: list[str], mode: str, file_name: str,
                      content: bytes) -> SubmissionRequest:
-    leaderboard = cached(("leaderboard", leaderboard_name), SETTINGS_TTL,
-                         lambda: Leaderboard.objects.filter(name=leaderboard_name).first())
-    if leaderboard is None or not can_see(user, leaderboard):
-        raise SubmissionRejected(f"Unknown leaderboard '{leaderboard_name}'.", 404)
-    if not leaderboard.has_started:
-        raise SubmissionRejected(f"Leaderboard '{leaderboard.name}' opens at {leaderboard.starts_at:%Y-%m-%d %H:%M} "
-                                 "UTC; it does not accept submissions yet.", 403)
-    if leaderboard.is_finished:
-        raise SubmissionRejected(
-            f"Leaderboard '{leaderboard.name}' closed at {leaderboard.deadline:%Y-%m-%d %H:%M} UTC; "
-            "it no longer accepts submissions.", 403)
+    leaderboard = access_leaderboard(user, leaderboard_name, for_submit=True)
     if mode not in SubmissionMode.values:
         raise SubmissionRejected(f"Unknown mode '{mode}'; use one of: {', '.join(SubmissionMode.values)}.")
     accepted = serving_gpu_types(leaderboard)
@@ -95,7 +87,7 @@ def serving_gpu_types(leaderboard: Leaderboard) -> dict[str, GpuType]:
         for gpu in gpu_types.values():
             gpu.served = GpuPool.objects.serving(gpu).exists()
         return gpu_types
-    return cached(("serving", leaderboard.pk), SETTINGS_TTL, compute)
+    return cached(key("serving", leaderboard.pk), compute)
 
 
 def do_submit(user, request: SubmissionRequest) -> Submission:

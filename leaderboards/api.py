@@ -1,5 +1,6 @@
 """API v1: leaderboards, paged rankings, submissions (create, status, list, delete, progress stream).
-Thin: validation and writes are `actions`; shapes are `schemas`."""
+Thin: who sees what is `access.authority`, validation and writes are `actions`, runs render from
+`serializers.run_out`; shapes are `schemas`."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from kernelbot.cli.directives import parse_directives
 
 from . import actions
 from .access import actions as access
-from .access.api import token_auth
-from .models import BoardEntry, Leaderboard, Run, Submission, Visibility
+from .access.api import optional_token_auth, token_auth
+from .access.authority import RunView, access_leaderboard, access_submission, run_view
+from .models import BoardEntry, Leaderboard, Run, Submission
 from .popcorn import wire
 from .progress import in_pool, run_snapshots, sse
 from .schemas import (
@@ -28,6 +30,7 @@ from .schemas import (
     SubmissionOut,
     SubmissionPageOut,
 )
+from .serializers import job_state, run_out
 
 router = Router(tags=["leaderboards"])
 ERRORS = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 413: ErrorOut, 429: ErrorOut, 503: ErrorOut}
@@ -41,26 +44,26 @@ def leaderboard_out(b: Leaderboard) -> dict[str, Any]:
 
 
 def visible(request: HttpRequest, name: str) -> Leaderboard:
-    board = Leaderboard.objects.select_related("problem").prefetch_related("gpu_types").filter(name=name).first()
-    if board is None or not access.can_see(request.user, board):
-        raise HttpError(404, f"Unknown leaderboard '{name}'.")
-    return board
+    return access_leaderboard(request.auth, name, queryset=Leaderboard.objects.select_related("problem")
+                              .prefetch_related("gpu_types"))
 
 
-@router.get("/leaderboards", response=list[LeaderboardOut], auth=None)
+@router.get("/leaderboards", response={200: list[LeaderboardOut], 401: ErrorOut}, auth=optional_token_auth)
 def list_leaderboards(request):
-    """Public leaderboards, with GPU types, deadlines and templates."""
-    boards = Leaderboard.objects.filter(visibility=Visibility.PUBLIC).select_related("problem") \
-        .prefetch_related("gpu_types")
+    """Public leaderboards, and the closed ones the caller is a member of, with GPU types, deadlines and
+    templates. The token is optional."""
+    boards = Leaderboard.objects.listed_for(request.auth).select_related("problem").prefetch_related("gpu_types")
     return [leaderboard_out(b) for b in boards]
 
 
-@router.get("/leaderboards/{name}", response={200: LeaderboardOut, 404: ErrorOut}, auth=None)
+@router.get("/leaderboards/{name}", response={200: LeaderboardOut, 401: ErrorOut, 404: ErrorOut},
+            auth=optional_token_auth)
 def get_leaderboard(request, name: str):
     return leaderboard_out(visible(request, name))
 
 
-@router.get("/leaderboards/{name}/rankings/{gpu}", response={200: RankingPageOut, 404: ErrorOut}, auth=None)
+@router.get("/leaderboards/{name}/rankings/{gpu}", response={200: RankingPageOut, 401: ErrorOut, 404: ErrorOut},
+            auth=optional_token_auth)
 def rankings(request, name: str, gpu: str, page: int = 1, page_size: int = 50):
     """One board (leaderboard × GPU type), best first; `page` from 1, `page_size` up to 200."""
     board = visible(request, name)
@@ -81,17 +84,6 @@ def queue_out(submission: Submission, runs: list[Run] | None = None) -> dict[str
     return estimate.__dict__ if estimate else None
 
 
-def run_out(run: Run) -> dict[str, Any]:
-    result = {} if run.secret else (run.result or {})
-    return {"id": run.pk, "gpu": run.gpu_type.name, "secret": run.secret, "status": run.status,
-            "passed": run.passed, "score": None if run.secret else run.score, "error": run.error,
-            "queued_at": run.queued_at, "started_at": run.started_at, "finished_at": run.finished_at,
-            "progress": {} if run.secret else run.progress,
-            "tests": [case(c) for c in result.get("tests") or []],
-            "benchmarks": [case(c) for c in result.get("benchmarks") or []],
-            "stdout": "" if run.secret else run.stdout, "stderr": "" if run.secret else run.stderr}
-
-
 def case(c: dict) -> dict[str, Any]:
     mean = c.get("mean")
     return {"spec": str(c.get("spec", "")), "status": str(c.get("status", "")),
@@ -99,18 +91,14 @@ def case(c: dict) -> dict[str, Any]:
             "message": str(c["message"]) if c.get("message") else None}
 
 
-def submission_out(submission: Submission, runs: list[Run], queue: dict | None = None) -> dict[str, Any]:
-    done, status, _ = wire.job_state(runs)
+def submission_out(submission: Submission, runs: list[Run], view: RunView, queue: dict | None = None) \
+        -> dict[str, Any]:
+    done, status, _ = job_state(runs, view)
+    shown = [run_out(r, view) for r in runs]
     return {"id": submission.pk, "leaderboard": submission.leaderboard.name, "file_name": submission.file_name,
             "mode": submission.mode, "created": submission.created, "done": done, "status": status,
-            "runs": [run_out(r) for r in runs], "queue": queue}
-
-
-def own(request: HttpRequest, submission_id: int) -> Submission:
-    submission = Submission.objects.select_related("leaderboard").filter(pk=submission_id).first()
-    if submission is None or (submission.user_id != request.auth.pk and not request.auth.is_staff):
-        raise HttpError(404, f"Submission {submission_id} not found.")
-    return submission
+            "runs": [{**r, "tests": [case(c) for c in r["tests"]], "benchmarks": [case(c) for c in r["benchmarks"]]}
+                     for r in shown], "queue": queue}
 
 
 @router.post("/submissions", response={201: SubmissionOut, **ERRORS}, auth=token_auth)
@@ -126,7 +114,8 @@ def create_submission(request, file: File[UploadedFile], leaderboard: Form[str] 
     checked = actions.check_submission(request.auth, leaderboard, gpus, mode.lower(), file.name or "submission",
                                        content)
     submission = actions.do_submit(request.auth, checked)
-    return 201, submission_out(submission, submission.new_runs, queue_out(submission, submission.new_runs))
+    return 201, submission_out(submission, submission.new_runs, RunView.DETAILS,
+                               queue_out(submission, submission.new_runs))
 
 
 @router.get("/submissions", response=SubmissionPageOut, auth=token_auth)
@@ -139,7 +128,7 @@ def list_submissions(request, leaderboard: str = "", limit: int = 50, offset: in
     rows = []
     for s in qs[offset:offset + limit]:
         runs = list(s.runs.all())
-        done, status, _ = wire.job_state(runs)
+        done, status, _ = job_state(runs, RunView.DETAILS)
         scores = [r.score for r in runs if not r.secret and r.score is not None]
         rows.append({"id": s.pk, "leaderboard": s.leaderboard.name, "file_name": s.file_name, "mode": s.mode,
                      "created": s.created, "done": done, "status": status, "score": min(scores, default=None)})
@@ -149,18 +138,15 @@ def list_submissions(request, leaderboard: str = "", limit: int = 50, offset: in
 @router.get("/submissions/{submission_id}", response={200: SubmissionOut, 404: ErrorOut}, auth=token_auth)
 def get_submission(request, submission_id: int):
     """Status with per-phase (tests, benchmarks) results of each run."""
-    submission = own(request, submission_id)
+    submission = access_submission(request.auth, submission_id)
     runs = list(submission.runs.select_related("gpu_type", "submission"))
-    return submission_out(submission, runs, queue_out(submission, runs))
+    return submission_out(submission, runs, run_view(request.auth, submission), queue_out(submission, runs))
 
 
 @router.delete("/submissions/{submission_id}", response={200: DeletedOut, 404: ErrorOut}, auth=token_auth)
 def delete_submission(request, submission_id: int):
     """Delete one of your submissions (its unfinished runs are cancelled)."""
-    submission = own(request, submission_id)
-    if submission.user_id != request.auth.pk:
-        raise HttpError(404, f"Submission {submission_id} not found.")
-    actions.do_delete_submission(submission)
+    actions.do_delete_submission(access_submission(request.auth, submission_id, for_change=True))
     return {"status": "ok", "submission_id": submission_id}
 
 
@@ -171,16 +157,16 @@ def delete_submission(request, submission_id: int):
                 "content": {"text/event-stream": {"schema": {"type": "string"}}}}}})
 def submission_events(request, submission_id: int):
     """Server-sent progress of one submission until all its runs finish."""
-    own(request, submission_id)
+    access_submission(request.auth, submission_id)
     # this request's thread would otherwise keep its database connection until the stream ends
     connection.close()
-    response = StreamingHttpResponse(progress_stream(submission_id), content_type="text/event-stream")
+    response = StreamingHttpResponse(progress_stream(submission_id, request.auth), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response
 
 
-async def progress_stream(submission_id: int, heartbeat: float = 15.0):
+async def progress_stream(submission_id: int, viewer, heartbeat: float = 15.0):
     version = 0
     async for submission, runs, changed in run_snapshots(submission_id, heartbeat):
         if submission is None:
@@ -191,5 +177,6 @@ async def progress_stream(submission_id: int, heartbeat: float = 15.0):
             continue
         version += 1
         queue = None if all(r.is_terminal for r in runs) else await in_pool(queue_out, submission, runs)
-        yield sse("submission", {"version": version, **submission_out(submission, runs, queue)})
+        yield sse("submission", {"version": version, **submission_out(submission, runs, run_view(viewer, submission),
+                                                                      queue)})
     yield sse("done", {"submission_id": submission_id})

@@ -8,11 +8,16 @@ class LeaderboardsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from .access.actions import clear_cache
-        from .models import ApiToken, Leaderboard
+        from .access import cache
+        from .models import ApiToken, Ban, JobSwitch, Leaderboard, Profile, SubmissionQuota
 
-        # what submissions keep per process (access.actions.cached) is dropped when it changes here
-        for model in (Leaderboard, ApiToken, settings.AUTH_USER_MODEL):
-            post_save.connect(clear_cache, sender=model, dispatch_uid=f"cache-saved-{model}")
-            post_delete.connect(clear_cache, sender=model, dispatch_uid=f"cache-deleted-{model}")
-        m2m_changed.connect(clear_cache, sender=Leaderboard.gpu_types.through, dispatch_uid="cache-board-gpus")
+        # an edit drops exactly the cached reads it affects (access/cache.py)
+        for model, receiver in ((Leaderboard, cache.leaderboard_changed), (ApiToken, cache.token_changed),
+                                (SubmissionQuota, cache.quota_changed), (Ban, cache.ban_changed),
+                                (JobSwitch, cache.switch_changed),
+                                (Profile, cache.profile_changed)):
+            post_save.connect(receiver, sender=model, dispatch_uid=f"cache-saved-{model.__name__}")
+            post_delete.connect(receiver, sender=model, dispatch_uid=f"cache-deleted-{model.__name__}")
+        post_save.connect(cache.user_changed, sender=settings.AUTH_USER_MODEL, dispatch_uid="cache-saved-user")
+        m2m_changed.connect(cache.leaderboard_gpu_types_changed, sender=Leaderboard.gpu_types.through,
+                            dispatch_uid="cache-board-gpus")

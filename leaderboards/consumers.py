@@ -1,7 +1,7 @@
 """Websocket consumers: a full snapshot on connect, then small versioned deltas from the channel layer.
 
-`LeaderboardConsumer` serves one board (leaderboard × GPU type) to anyone who may see the leaderboard;
-`SubmissionConsumer` streams a submission's runs to its owner and staff only."""
+`LeaderboardConsumer` serves one board (leaderboard × GPU type), `SubmissionConsumer` a submission's runs (outcome
+level: `serializers.live_run`), each to whoever may see it (`access.authority`); others are closed with 4404."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from . import live
-from .events import run_state
-from .models import Board, BoardEntry, Leaderboard, Run, Submission, Visibility
+from .access.authority import access_submission
+from .errors import AccessDenied
+from .models import Board, BoardEntry, Leaderboard, Run
+from .serializers import live_run
 
 SNAPSHOT_ROWS = 50
 
@@ -31,18 +33,13 @@ def board_snapshot(leaderboard_id: int, gpu_type_id: int) -> dict[str, Any]:
 
 
 def board_visible(user, leaderboard_id: int, gpu_type_id: int) -> bool:
-    boards = Leaderboard.objects.filter(pk=leaderboard_id, gpu_types=gpu_type_id)
-    if not user.is_staff:
-        boards = boards.exclude(visibility=Visibility.CLOSED)
-    return boards.exists()
+    return Leaderboard.objects.visible_to(user).filter(pk=leaderboard_id, gpu_types=gpu_type_id).exists()
 
 
-def submission_snapshot(user, submission_id: int) -> dict[str, Any] | None:
-    submission = Submission.objects.filter(pk=submission_id).first()
-    if submission is None or not (user.is_staff or submission.user_id == user.pk):
-        return None
+def submission_snapshot(user, submission_id: int) -> dict[str, Any]:
+    access_submission(user, submission_id)
     runs = Run.objects.filter(submission_id=submission_id).select_related("gpu_type")
-    return {"type": "snapshot", "runs": [run_state(r) for r in runs]}
+    return {"type": "snapshot", "runs": [live_run(r) for r in runs]}
 
 
 class LeaderboardConsumer(AsyncJsonWebsocketConsumer):
@@ -82,9 +79,10 @@ class LeaderboardConsumer(AsyncJsonWebsocketConsumer):
 class SubmissionConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self) -> None:
         self.submission_id = int(self.scope["url_route"]["kwargs"]["submission_id"])
-        snapshot = await database_sync_to_async(submission_snapshot)(self.scope["user"], self.submission_id)
-        if snapshot is None:
-            await self.close(code=4403)
+        try:
+            snapshot = await database_sync_to_async(submission_snapshot)(self.scope["user"], self.submission_id)
+        except AccessDenied as exc:
+            await self.close(code=4000 + exc.status)  # the HTTP status as a websocket close code: 4404
             return
         live.ensure_tailer()
         self.group = f"submission.{self.submission_id}"
@@ -98,9 +96,11 @@ class SubmissionConsumer(AsyncJsonWebsocketConsumer):
 
     async def receive_json(self, content: Any, **kwargs) -> None:
         if isinstance(content, dict) and content.get("type") == "resync":
-            snapshot = await database_sync_to_async(submission_snapshot)(self.scope["user"], self.submission_id)
-            if snapshot:
-                await self.send_json(snapshot)
+            try:
+                await self.send_json(await database_sync_to_async(submission_snapshot)(self.scope["user"],
+                                                                                       self.submission_id))
+            except AccessDenied:  # deleted meanwhile
+                await self.close(code=4404)
 
     async def submission_update(self, event: dict[str, Any]) -> None:
         await self.send_json({k: v for k, v in event.items() if k != "type"} | {"type": "run"})

@@ -36,16 +36,9 @@ def send_on_commit(group: str, event_type: str, payload: dict[str, Any]) -> None
 
 
 def run_changed(run) -> None:
-    send(f"submission.{run.submission_id}", "submission.update", run_state(run))
+    from .serializers import live_run  # imported here: models imports this module, the serialiser imports models
 
-
-def run_state(run) -> dict[str, Any]:
-    """A run's live state; the submission page's snapshot and deltas share it. Secret runs: pass/fail only."""
-    stamps = {name: (getattr(run, name).isoformat() if getattr(run, name) else None)
-              for name in ("queued_at", "dispatched_at", "started_at", "finished_at")}
-    return {"run": run.pk, "status": run.status, "attempt": run.attempt, "secret": run.secret,
-            "gpu": run.gpu_type.name, "progress": {} if run.secret else run.progress, "passed": run.passed,
-            "score": None if run.secret else run.score, **stamps}
+    send(f"submission.{run.submission_id}", "submission.update", live_run(run))
 
 
 def board_changed(leaderboard_id: int, gpu_type_id: int, version: int, entries: list[dict],

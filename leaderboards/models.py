@@ -90,6 +90,23 @@ class LeaderboardQuerySet(models.QuerySet):
     def listed(self) -> "LeaderboardQuerySet":
         return self.filter(visibility=Visibility.PUBLIC)
 
+    def visible_to(self, user) -> "LeaderboardQuerySet":
+        """What `user` may see (see leaderboards.access.authority): staff everything, members their closed
+        leaderboards, everyone the public and unlisted ones."""
+        if user.is_staff:
+            return self
+        if not user.is_authenticated:
+            return self.exclude(visibility=Visibility.CLOSED)
+        return self.filter(~Q(visibility=Visibility.CLOSED)
+                           | Q(pk__in=Membership.objects.filter(user=user).values("leaderboard")))
+
+    def listed_for(self, user) -> "LeaderboardQuerySet":
+        """The public leaderboards and the closed ones `user` is a member of."""
+        if not user.is_authenticated:
+            return self.listed()
+        return self.filter(Q(visibility=Visibility.PUBLIC)
+                           | Q(pk__in=Membership.objects.filter(user=user).values("leaderboard")))
+
 
 class Leaderboard(models.Model):
     name = models.SlugField(max_length=100, unique=True)
@@ -150,6 +167,15 @@ class SubmissionMode(models.TextChoices):
     PROFILE = "profile", "Profile"
 
 
+class SubmissionQuerySet(models.QuerySet):
+    def visible_to(self, user) -> "SubmissionQuerySet":
+        """Staff see every submission, owners their own, others the ranked ones of leaderboards they see."""
+        if user.is_staff:
+            return self
+        others = Q(mode=SubmissionMode.LEADERBOARD, leaderboard__in=Leaderboard.objects.visible_to(user))
+        return self.filter(others | Q(user=user) if user.is_authenticated else others)
+
+
 class Submission(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="submissions")
     leaderboard = models.ForeignKey(Leaderboard, on_delete=models.CASCADE, related_name="submissions")
@@ -159,6 +185,8 @@ class Submission(models.Model):
     code = models.ForeignKey(Code, on_delete=models.PROTECT, related_name="submissions")
     mode = models.CharField(max_length=12, choices=SubmissionMode.choices, default=SubmissionMode.LEADERBOARD)
     created = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    objects = SubmissionQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created"]

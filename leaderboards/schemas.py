@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from ninja import Schema
+from ninja import Field, Schema
 
 
 class ErrorOut(Schema):
@@ -58,10 +58,15 @@ class CaseOut(Schema):
 
 
 class RunOut(Schema):
+    """`leaderboards.serializers.run_out`: a secret run shows its outcome class only, except to staff; a public
+    run's error, logs and checker messages show to its author (and to everyone once the code is public)."""
+
     id: int
     gpu: str
     secret: bool
     status: str
+    outcome: str | None = Field(description="When finished: passed, wrong_output, timed_out, crashed, "
+                                "limit_exceeded, rejected or not_evaluated.")
     passed: bool | None
     score: float | None
     error: str

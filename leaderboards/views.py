@@ -1,43 +1,48 @@
-"""Public pages. Thin: reads go through querysets, the one write (submit) through `actions`."""
+"""Public pages. Thin: who sees what is `access.authority`, runs render from `serializers.run_out`, reads go
+through querysets, the one write (submit) through `actions`."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from functools import wraps
 
 from django.contrib import messages
 from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.db.models import Count, Min, Q
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 
 from . import actions
+from .access.authority import RunView, access_leaderboard, access_submission, may_see_run_details, run_view
+from .errors import AccessDenied, Refused
 from .history import board_history
-from .models import (
-    Board,
-    BoardEntry,
-    Leaderboard,
-    Run,
-    Submission,
-    SubmissionMode,
-    Visibility,
-)
+from .models import Board, BoardEntry, Leaderboard, Run, Submission
+from .serializers import Outcome, run_out
 from .web_forms import SubmitForm
 
 PAGE_ROWS = 50
 LOG_PREVIEW = 8 * 1024
 
 
-def visible_leaderboards(user) -> Any:
-    boards = Leaderboard.objects.all()
-    return boards if user.is_staff else boards.exclude(visibility=Visibility.CLOSED)
+def refusals_as_pages(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """The site's one mapping of the authority's refusals: 404 → the not-found page, others → their status."""
+    @wraps(view)
+    def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        try:
+            return view(request, *args, **kwargs)
+        except AccessDenied as exc:
+            if exc.status == 404:
+                raise Http404(exc.message) from exc
+            return HttpResponse(exc.message, status=exc.status, content_type="text/plain; charset=utf-8")
+    return wrapper
 
 
 def home(request: HttpRequest) -> HttpResponse:
-    leaderboards = list(Leaderboard.objects.listed().select_related("competition").prefetch_related("gpu_types")
-                        .annotate(entrants=Count("entries__user", distinct=True)))
+    leaderboards = list(Leaderboard.objects.listed_for(request.user).select_related("competition")
+                        .prefetch_related("gpu_types").annotate(entrants=Count("entries__user", distinct=True)))
     leaders = {e.leaderboard_id: e for e in BoardEntry.objects.filter(rank=1).select_related(
         "user__profile", "gpu_type").order_by("score")}
     for leaderboard in leaderboards:
@@ -50,8 +55,9 @@ def home(request: HttpRequest) -> HttpResponse:
     })
 
 
+@refusals_as_pages
 def leaderboard(request: HttpRequest, name: str) -> HttpResponse:
-    lb = get_object_or_404(visible_leaderboards(request.user).select_related("problem"), name=name)
+    lb = access_leaderboard(request.user, name, queryset=Leaderboard.objects.select_related("problem"))
     gpu_types = list(lb.gpu_types.all())
     if not gpu_types:
         raise Http404("This leaderboard has no GPU types yet.")
@@ -86,12 +92,13 @@ def _score_interval(benchmarks: list[dict]) -> tuple[float, float] | None:
     return last["ci_low"], last["ci_high"]
 
 
+@refusals_as_pages
 def leaderboard_file(request: HttpRequest, name: str, kind: str, key: str) -> HttpResponse:
     """Download a template (`kind=template`, key = language) or a public task file (`kind=file`).
     Only what `definition['templates']`/`['files']` hold is served; the secret seed lives elsewhere."""
     if kind not in ("template", "file"):
         raise Http404("No such file.")
-    lb = get_object_or_404(visible_leaderboards(request.user).select_related("problem"), name=name)
+    lb = access_leaderboard(request.user, name, queryset=Leaderboard.objects.select_related("problem"))
     source = (lb.problem.definition.get("templates" if kind == "template" else "files") or {})
     if key not in source:
         raise Http404("No such file.")
@@ -101,50 +108,39 @@ def leaderboard_file(request: HttpRequest, name: str, kind: str, key: str) -> Ht
     return response
 
 
-def can_see_code(user, submission: Submission) -> bool:
-    lb = submission.leaderboard
-    return (user.is_staff or submission.user_id == user.pk
-            or (lb.code_public_after_deadline and lb.is_finished))
-
-
-def visible_submission(request: HttpRequest, pk: int) -> Submission:
-    """Owners and staff see every submission; others only ranked ones on a non-closed leaderboard."""
-    submission = get_object_or_404(Submission.objects.select_related("leaderboard", "user__profile", "code"), pk=pk)
-    user = request.user
-    if user.is_staff or submission.user_id == user.pk:
-        return submission
-    if submission.mode != SubmissionMode.LEADERBOARD or submission.leaderboard.visibility == Visibility.CLOSED:
-        raise Http404("No such submission.")
-    return submission
-
-
+@refusals_as_pages
 def submission(request: HttpRequest, pk: int) -> HttpResponse:
-    sub = visible_submission(request, pk)
+    sub = access_submission(request.user, pk, queryset=Submission.objects.select_related(
+        "leaderboard", "user__profile", "code"))
+    view = run_view(request.user, sub)
     runs = list(sub.runs.select_related("gpu_type"))
     for run in runs:
-        run.stdout_preview, run.stderr_preview = run.stdout[:LOG_PREVIEW], run.stderr[:LOG_PREVIEW]
-        run.log_truncated = len(run.stdout) > LOG_PREVIEW or len(run.stderr) > LOG_PREVIEW
-    owner = request.user.is_staff or sub.user_id == request.user.pk
+        run.shown = shown = run_out(run, view)
+        shown["stdout_preview"], shown["stderr_preview"] = shown["stdout"][:LOG_PREVIEW], shown["stderr"][:LOG_PREVIEW]
+        shown["log_truncated"] = len(shown["stdout"]) > LOG_PREVIEW or len(shown["stderr"]) > LOG_PREVIEW
+        shown["outcome_text"] = Outcome.TEXT.get(shown["outcome"], "")
     return render(request, "leaderboards/submission.html", {
-        "sub": sub, "runs": runs, "owner": owner, "show_code": can_see_code(request.user, sub),
+        "sub": sub, "runs": runs,
+        "show_code": view >= RunView.DETAILS, "staff_view": view is RunView.ALL,
         "done": all(r.is_terminal for r in runs),
     })
 
 
+@refusals_as_pages
 def submission_log(request: HttpRequest, pk: int, run_id: int, stream: str) -> HttpResponse:
-    sub = visible_submission(request, pk)
+    sub = access_submission(request.user, pk)
     run = get_object_or_404(Run, pk=run_id, submission=sub)
-    if stream not in ("stdout", "stderr") or run.secret:
+    if stream not in ("stdout", "stderr") or not may_see_run_details(run_view(request.user, sub), run):
         raise Http404("No such log.")
     response = HttpResponse(getattr(run, stream), content_type="text/plain; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-{stream}.txt"'
     return response
 
 
+@refusals_as_pages
 def submission_code(request: HttpRequest, pk: int) -> HttpResponse:
-    sub = visible_submission(request, pk)
-    if not can_see_code(request.user, sub):
-        return HttpResponseForbidden("This submission's code is visible to its author and staff only.")
+    sub = access_submission(request.user, pk, for_code=True,
+                            queryset=Submission.objects.select_related("leaderboard", "code"))
     response = HttpResponse(sub.code.text, content_type="text/plain; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{sub.file_name.replace(chr(34), "")}"'
     return response
@@ -152,28 +148,25 @@ def submission_code(request: HttpRequest, pk: int) -> HttpResponse:
 
 def user_page(request: HttpRequest, username: str) -> HttpResponse:
     person = get_object_or_404(get_user_model().objects.select_related("profile"), username=username)
-    mine = request.user.is_staff or request.user.pk == person.pk
-    subs = Submission.objects.filter(user=person).select_related("leaderboard")
-    if not mine:
-        subs = subs.filter(mode=SubmissionMode.LEADERBOARD).exclude(leaderboard__visibility=Visibility.CLOSED)
-    page = Paginator(subs.annotate(
-        best=Min("runs__score", filter=Q(runs__passed=True, runs__secret=False))), 50).get_page(request.GET.get("page"))
-    ranks = BoardEntry.objects.filter(user=person).select_related("leaderboard", "gpu_type").order_by("leaderboard")
-    if not mine:
-        ranks = ranks.exclude(leaderboard__visibility=Visibility.CLOSED)
-    history = (Run.objects.ranked().filter(submission__user=person, secret=False, passed=True, score__isnull=False)
+    subs = Submission.objects.visible_to(request.user).filter(user=person).select_related("leaderboard")
+    page = Paginator(subs.annotate(best=Min("runs__score", filter=Q(runs__passed=True, runs__secret=False)))
+                     .order_by("-created"), 50).get_page(request.GET.get("page"))
+    ranks = BoardEntry.objects.filter(user=person, leaderboard__in=Leaderboard.objects.visible_to(request.user)) \
+        .select_related("leaderboard", "gpu_type").order_by("leaderboard")
+    history = (Run.objects.ranked().filter(submission__user=person, secret=False, passed=True, score__isnull=False,
+                                           submission__leaderboard__in=Leaderboard.objects.visible_to(request.user))
                .order_by("submission__created").values_list("submission__leaderboard__name", "gpu_type__name",
                                                             "submission__created", "score")[:2000])
     series: dict[str, list] = {}
     for board, gpu, created, score in history:
         series.setdefault(f"{board} · {gpu}", []).append([created.isoformat(), score])
     return render(request, "leaderboards/user.html", {"person": person, "page": page, "ranks": ranks,
-                                                      "series": series, "mine": mine})
+                                                      "series": series})
 
 
 @login_required
 def submit(request: HttpRequest) -> HttpResponse:
-    choices = list(visible_leaderboards(request.user).open().prefetch_related("gpu_types"))
+    choices = list(Leaderboard.objects.visible_to(request.user).open().prefetch_related("gpu_types"))
     form = SubmitForm(request.POST or None, request.FILES or None, leaderboards=choices,
                       initial={"leaderboard": request.GET.get("leaderboard"), "gpu": request.GET.get("gpu")})
     status = 200
@@ -182,7 +175,7 @@ def submit(request: HttpRequest) -> HttpResponse:
         try:
             checked = actions.check_submission(request.user, data["leaderboard"], [data["gpu"]], data["mode"],
                                                data["file_name"], data["content"])
-        except actions.SubmissionRejected as exc:
+        except Refused as exc:
             form.add_error(None, exc.message)
             status = exc.status
         else:

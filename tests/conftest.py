@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
+from django.core.cache import cache
 from django_q.conf import Conf
 
-from leaderboards.access.actions import clear_cache
 from leaderboards.taskfile import load_task
 
 from . import factories
@@ -63,9 +63,11 @@ def postgres(settings) -> None:
 
 @pytest.fixture(autouse=True)
 def _isolated_runtime(settings, tmp_path):
-    """Each test gets its own runs directory and an in-memory channel layer unless it asks for Redis."""
+    """Each test gets its own runs directory, an empty local-memory cache and an in-memory channel layer unless
+    it asks for Redis."""
     settings.RUNS_DIR = tmp_path / "runs"
-    clear_cache()  # per-process settings caches (jobs switch, quotas, bans, served GPUs) start empty
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    cache.clear()  # the cached settings (tokens, boards, jobs switch, quotas, bans, served GPUs) start empty
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 

@@ -133,6 +133,8 @@ def status_table(sub: dict[str, Any]) -> Table:
         progress = run["progress"]
         detail = run["error"][:80] or (f"{progress.get('phase', '')} {progress.get('done', '')}/"
                                        f"{progress.get('total', '')}" if progress else "")
+        if not detail and run.get("outcome") not in (None, "passed"):  # a secret run: its outcome class only
+            detail = run["outcome"].replace("_", " ")
         table.add_row(run["gpu"], "secret" if run["secret"] else "public", run["status"],
                       f"{passed}/{len(tests)}" if tests else "-", fmt_seconds(run["score"]), detail)
     queue = sub.get("queue")

@@ -4,20 +4,21 @@
 from __future__ import annotations
 
 import hmac
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import transaction
 from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Min
 from django.utils import timezone
 
-from leaderboards.errors import SubmissionRejected
-from leaderboards.models import ACTIVE_STATUSES, Leaderboard, Run, Submission, SubmissionMode, Visibility
+from leaderboards.errors import AccessDenied, SubmissionRejected
+from leaderboards.models import ACTIVE_STATUSES, Leaderboard, Run, Submission, SubmissionMode
 from runners.models import Gpu
 
+from .cache import SETTINGS_TTL, cached, cached_many, forget, key, token_key
 from .models import (
     ApiToken,
     Ban,
@@ -33,34 +34,6 @@ from .models import (
 
 LAST_USED_RESOLUTION = timedelta(seconds=60)
 MAX_DAYS = 3650  # longest token or invite lifetime
-MAX_CACHED = 10_000
-_cache: dict[tuple, tuple[float, object]] = {}
-
-
-def cached(key: tuple, seconds: float, compute):
-    """A per-process value kept `seconds`, for what every submission reads (switch, quotas, boards, tokens).
-    None (nothing found) is not kept: such keys come from requests and are unbounded."""
-    hit = _cache.get(key)
-    if hit and time.monotonic() - hit[0] < seconds:
-        return hit[1]
-    value = compute()
-    if value is not None:
-        if len(_cache) >= MAX_CACHED:
-            _cache.clear()
-        _cache[key] = (time.monotonic(), value)
-    return value
-
-
-def clear_cache(**signal) -> None:
-    """Also the receiver of board, token and user saves: an edit or revocation takes effect at once in the
-    process that made it and within SETTINGS_TTL in the others."""
-    _cache.clear()
-
-
-class AccessDenied(Exception):
-    def __init__(self, message: str, status: int = 400):
-        super().__init__(message)
-        self.message, self.status = message, status
 
 
 # --- tokens ------------------------------------------------------------------------------------
@@ -74,27 +47,30 @@ def do_create_token(user, name: str = "cli", expires_days: int | None = None) ->
 
 
 def do_revoke_token(user, token_id: int) -> bool:
-    revoked = ApiToken.objects.filter(user=user, pk=token_id, revoked__isnull=True).update(revoked=timezone.now())
-    clear_cache()
+    tokens = ApiToken.objects.filter(user=user, pk=token_id, revoked__isnull=True)
+    digests = list(tokens.values_list("digest", flat=True))
+    revoked = tokens.update(revoked=timezone.now())
+    forget(*map(token_key, digests))
     return bool(revoked)
 
 
 def authenticate_token(raw: str | None):
     """The active user a token belongs to, or None. Records last use at most once a minute.
-    Kept per process like the other settings (SETTINGS_TTL): reading it was a third of a submission's CPU."""
+    Cached like the other settings (access/cache.py): reading it was a third of a submission's CPU."""
     if not raw:
         return None
-    key = digest(raw.strip())
+    hashed = digest(raw.strip())
     # revocation and expiry are checked here rather than in SQL (see ApiToken.is_usable), so a cached token
     # that expires meanwhile is refused too
-    token = cached(("token", key), SETTINGS_TTL,
-                   lambda: ApiToken.objects.select_related("user__profile").filter(digest=key).first())
+    token = cached(token_key(hashed),
+                   lambda: ApiToken.objects.select_related("user__profile").filter(digest=hashed).first())
     now = timezone.now()
     if token is None or not token.is_usable(now) or not token.user.is_active:
         return None
     if token.last_used is None or now - token.last_used > LAST_USED_RESOLUTION:
         ApiToken.objects.filter(pk=token.pk).update(last_used=now)
         token.last_used = now
+        cache.set(token_key(hashed), token, SETTINGS_TTL)  # the cache holds a copy: record the use there too
     return token.user
 
 
@@ -133,30 +109,23 @@ def admin_token_matches(presented: str | None) -> bool:
     return bool(expected) and presented is not None and hmac.compare_digest(presented.encode(), expected.encode())
 
 
-# --- who may submit where -----------------------------------------------------------------------
-def can_see(user, leaderboard: Leaderboard) -> bool:
-    if leaderboard.visibility != Visibility.CLOSED or (user.is_authenticated and user.is_staff):
-        return True
-    return user.is_authenticated and Membership.objects.filter(leaderboard=leaderboard, user=user).exists()
+# --- who may submit how often (who may see where: authority.py) ---------------------------------------
+def _switch() -> JobSwitch:
+    return JobSwitch.objects.filter(pk=1).first() or JobSwitch(pk=1)
 
 
-SETTINGS_TTL = 2.0  # seconds a process may act on a stale jobs switch, quota, ban, leaderboard or token
+def _quotas(leaderboard_id: int) -> dict[str, tuple[int, int]]:
+    return {q.kind: (q.max_submissions, q.window_seconds)
+            for q in SubmissionQuota.objects.filter(leaderboard_id=leaderboard_id)}
 
 
 def accepting_jobs() -> JobSwitch:
-    return cached(("switch",), SETTINGS_TTL, lambda: JobSwitch.objects.filter(pk=1).first() or JobSwitch(pk=1))
+    return cached(key("switch"), _switch)
 
 
 def do_set_accepting_jobs(accepting: bool, reason: str = "") -> JobSwitch:
     switch, _ = JobSwitch.objects.update_or_create(pk=1, defaults={"accepting": accepting, "reason": reason})
-    clear_cache()
-    return switch
-
-
-def quota_for(leaderboard: Leaderboard, kind: str) -> tuple[int, int]:
-    rows = cached(("quotas", leaderboard.pk), SETTINGS_TTL, lambda: {
-        q.kind: (q.max_submissions, q.window_seconds) for q in SubmissionQuota.objects.filter(leaderboard=leaderboard)})
-    return rows.get(kind) or settings.SUBMISSION_QUOTAS[kind]
+    return switch  # its post_save receiver forgets the cached switch
 
 
 def quota_kind(mode: str) -> str:
@@ -164,19 +133,21 @@ def quota_kind(mode: str) -> str:
 
 
 def check_may_submit(user, leaderboard: Leaderboard, mode: str) -> None:
-    """Jobs switch, bans and the per-user quota; raises SubmissionRejected (503, 403, 429)."""
-    switch = accepting_jobs()
+    """Jobs switch, bans and the per-user quota; raises SubmissionRejected (503, 403, 429). The three settings
+    come from the cache in one round trip."""
+    found = cached_many({key("switch"): _switch, key("quotas", leaderboard.pk): lambda: _quotas(leaderboard.pk),
+                         key("bans", user.pk): lambda: list(Ban.objects.filter(user=user))})
+    switch, quotas, bans = found[key("switch")], found[key("quotas", leaderboard.pk)], found[key("bans", user.pk)]
     if not switch.accepting:
         raise SubmissionRejected("Submissions are paused by the organisers"
                                  + (f": {switch.reason}" if switch.reason else "") + "; try again later.", 503)
-    bans = cached(("bans", user.pk), SETTINGS_TTL, lambda: list(Ban.objects.filter(user=user))) if user.pk else []
     ban = next((b for b in bans if b.leaderboard_id in (leaderboard.pk, None)), None)
     if ban is not None:
         where = f"'{leaderboard.name}'" if ban.leaderboard_id else "all leaderboards"
         raise SubmissionRejected(f"You are banned from submitting to {where}"
                                  + (f": {ban.reason}" if ban.reason else "") + ".", 403)
     kind = quota_kind(mode)
-    limit, window = quota_for(leaderboard, kind)
+    limit, window = quotas.get(kind) or settings.SUBMISSION_QUOTAS[kind]
     if not limit:
         return
     modes = [SubmissionMode.LEADERBOARD] if kind == QuotaKind.RANKED else \
@@ -214,13 +185,12 @@ def do_join(user, code: str) -> Membership:
 
 def do_ban(user, leaderboard: Leaderboard | None, reason: str = "") -> Ban:
     ban, _ = Ban.objects.update_or_create(user=user, leaderboard=leaderboard, defaults={"reason": reason})
-    clear_cache()
-    return ban
+    return ban  # its post_save receiver forgets the user's cached bans
 
 
 def do_unban(user, leaderboard: Leaderboard | None) -> int:
     removed = Ban.objects.filter(user=user, leaderboard=leaderboard).delete()[0]
-    clear_cache()
+    forget(key("bans", user.pk))
     return removed
 
 
@@ -235,10 +205,6 @@ class QueueEstimate:
 
 
 DEFAULT_RUN_SECONDS = 60.0
-
-
-def mean_run_seconds(gpu_type_id: int) -> float:
-    return cached(("run-seconds", gpu_type_id), 60, lambda: _mean_run_seconds(gpu_type_id))
 
 
 def _mean_run_seconds(gpu_type_id: int) -> float:
@@ -261,11 +227,15 @@ def queue_estimate(submission: Submission, runs: Iterable[Run] | None = None) ->
     ahead = first.queued_ahead
     if ahead is None:
         ahead = Run.objects.filter(gpu_type_id=first.gpu_type_id, status__in=ACTIVE_STATUSES, pk__lt=first.pk).count()
-    eta = (ahead // devices_serving(first.gpu_type_id) + len(mine)) * mean_run_seconds(first.gpu_type_id)
+    devices, seconds = eta_inputs(first.gpu_type_id)
+    eta = (ahead // devices + len(mine)) * seconds
     return QueueEstimate(runner=first.runner or "queue", gpu=first.gpu_type.name, queued_jobs=ahead + len(mine),
                          position=ahead + 1, eta_seconds=round(eta))
 
 
-def devices_serving(gpu_type_id: int) -> int:
-    return cached(("devices", gpu_type_id), 30, lambda: max(1, Gpu.objects.filter(
-        gpu_type_id=gpu_type_id, enabled=True, node__enabled=True, node__pool__enabled=True).count()))
+def eta_inputs(gpu_type_id: int) -> tuple[int, float]:
+    """(devices serving the GPU type, mean seconds of its recent runs), cached 30 s in one round trip."""
+    found = cached_many({key("devices", gpu_type_id): lambda: max(1, Gpu.objects.filter(
+        gpu_type_id=gpu_type_id, enabled=True, node__enabled=True, node__pool__enabled=True).count()),
+        key("run-seconds", gpu_type_id): lambda: _mean_run_seconds(gpu_type_id)}, timeout=30)
+    return found[key("devices", gpu_type_id)], found[key("run-seconds", gpu_type_id)]

@@ -25,7 +25,21 @@ class TokenAuth(HttpBearer):
         return user
 
 
+class OptionalTokenAuth(TokenAuth):
+    """For public reads: the token's user when one is presented (401 when it is not valid), else the session's
+    user, logged in or anonymous."""
+
+    def __call__(self, request):
+        if "Authorization" not in request.headers:
+            return request.user
+        user = super().__call__(request)
+        if user is None:
+            raise HttpError(401, "Invalid, expired or revoked token.")
+        return user
+
+
 token_auth = TokenAuth()
+optional_token_auth = OptionalTokenAuth()
 router = Router(tags=["account"], auth=token_auth)
 
 
@@ -81,7 +95,4 @@ def start_cli_login(request, provider: str = "github"):
 @router.post("/join", response={200: JoinedOut, 401: ErrorOut, 404: ErrorOut, 410: ErrorOut})
 def join(request, body: JoinIn):
     """Join a closed leaderboard with an invite code."""
-    try:
-        return {"leaderboard": actions.do_join(request.auth, body.code).leaderboard.name}
-    except actions.AccessDenied as exc:
-        raise HttpError(exc.status, exc.message) from exc
+    return {"leaderboard": actions.do_join(request.auth, body.code).leaderboard.name}

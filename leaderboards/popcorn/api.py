@@ -13,78 +13,33 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db import DataError, transaction
+from django.contrib.auth.models import AnonymousUser
+from django.db import transaction
 from django.db.models import Count, Q
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest
 from django.urls import reverse
 from django.utils import timezone
-from ninja import NinjaAPI, Schema
-from ninja.errors import HttpError, ValidationError
+from ninja import NinjaAPI, Router, Schema
+from ninja.errors import HttpError
+from ninja.security import APIKeyHeader, HttpBearer
 
+from kernelbot.api_errors import install_error_handlers
 from kernelbot.cli.directives import parse_directives
 from leaderboards import actions
 from leaderboards.access import actions as access
+from leaderboards.access.authority import RunView, access_leaderboard, access_submission, run_view
 from leaderboards.access.models import Invite
 from leaderboards.importing import ImportRejected, do_import_task
-from leaderboards.models import Leaderboard, Run, Submission, Visibility
+from leaderboards.models import Leaderboard, Run, Submission
+from leaderboards.serializers import job_state
 from leaderboards.taskfile import TaskFileError, collection_root, load_competition, load_task, load_task_from_zip
 
 from . import wire
 
-api = NinjaAPI(title="popcorn-cli compatibility", version="popcorn", urls_namespace="popcorn", docs_url=None,
-               openapi_url=None)
-
-
-def detail(request, message: str, status: int, **headers: str) -> HttpResponse:
-    response = api.create_response(request, {"detail": message}, status=status)
-    for name, value in headers.items():
-        response[name] = value
-    return response
-
-
-@api.exception_handler(actions.SubmissionRejected)
-def submission_rejected(request, exc: actions.SubmissionRejected):
-    extra = {"Retry-After": str(exc.retry_after)} if exc.retry_after else {}
-    return detail(request, exc.message, exc.status, **extra)
-
-
-@api.exception_handler(access.AccessDenied)
-def access_denied(request, exc: access.AccessDenied):
-    return detail(request, exc.message, exc.status)
-
-
-@api.exception_handler(HttpError)
-def http_error(request, exc: HttpError):
-    return detail(request, str(exc.message), exc.status_code)
-
-
-@api.exception_handler(ValidationError)
-def validation_error(request, exc: ValidationError):
-    parts = [f"{'.'.join(str(p) for p in e.get('loc', [])[1:]) or 'request'}: {e.get('msg')}" for e in exc.errors]
-    return detail(request, "Invalid request: " + "; ".join(parts), 400)
-
-
-@api.exception_handler(DataError)
-def data_error(request, exc: DataError):
-    return detail(request, "The request holds characters that cannot be stored or looked up (such as NUL bytes).",
-                  400)
-
-
-@api.exception_handler(Http404)
-def not_found(request, exc: Http404):
-    return detail(request, str(exc) or "Not found.", 404)
-
-
-@api.exception_handler(Exception)
-def server_error(request, exc: Exception):
-    import logging
-
-    logging.getLogger(__name__).exception("popcorn API error")
-    return detail(request, "Internal server error; the organisers have been notified.", 500)
-
 
 # --- authentication -------------------------------------------------------------------------------
 def cli_user(request: HttpRequest):
+    """The user of the `X-Popcorn-Cli-Id` header (a token or a linked pending id), or a 401 that says what to do."""
     raw = request.headers.get("X-Popcorn-Cli-Id", "").strip()
     if not raw:
         raise HttpError(401, "Missing X-Popcorn-Cli-Id header: run `popcorn-cli register discord` (or set "
@@ -98,44 +53,54 @@ def cli_user(request: HttpRequest):
     return user
 
 
-def require_admin(request: HttpRequest) -> None:
-    scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
-    if not settings.ADMIN_TOKEN:
-        raise HttpError(403, "Admin commands are disabled: the server has no ADMIN_TOKEN.")
-    if scheme.lower() != "bearer" or not access.admin_token_matches(presented.strip()):
+class CliAuth(APIKeyHeader):
+    param_name = "X-Popcorn-Cli-Id"
+
+    def authenticate(self, request, key: str | None):
+        return cli_user(request)
+
+
+class OptionalCliAuth(CliAuth):
+    """Public reads: anonymous without the header, the header's user (or a 401) with it."""
+
+    def authenticate(self, request, key: str | None):
+        return cli_user(request) if key is not None else AnonymousUser()
+
+
+class AdminAuth(HttpBearer):
+    """`Authorization: Bearer <ADMIN_TOKEN>`, compared in constant time; no ADMIN_TOKEN: admin is off."""
+
+    def __call__(self, request):
+        if not settings.ADMIN_TOKEN:
+            raise HttpError(403, "Admin commands are disabled: the server has no ADMIN_TOKEN.")
+        return super().__call__(request) or self.refuse()
+
+    def authenticate(self, request, token: str):
+        return access.admin_token_matches(token.strip()) or self.refuse()
+
+    @staticmethod
+    def refuse():
         raise HttpError(401, "Missing or wrong admin token (Authorization: Bearer <ADMIN_TOKEN>).")
 
 
-def visible_leaderboard(user, name: str) -> Leaderboard:
-    leaderboard = Leaderboard.objects.select_related("problem").filter(name=name).first() or \
-        Leaderboard.objects.select_related("problem").filter(name__iexact=name).first()
-    if leaderboard is None or not access.can_see(user, leaderboard):
-        raise Http404(f"Unknown leaderboard '{name}'.")
-    return leaderboard
+api = NinjaAPI(title="popcorn-cli compatibility", version="popcorn", urls_namespace="popcorn", docs_url=None,
+               openapi_url=None, auth=CliAuth())
+install_error_handlers(api, validation_as_text=True)
+admin = Router(auth=AdminAuth())
+optional_cli = OptionalCliAuth()
 
 
-# --- competitor routes ----------------------------------------------------------------------------
-@api.get("/leaderboards")
+# --- competitor routes (X-Popcorn-Cli-Id) -----------------------------------------------------------
+@api.get("/leaderboards", auth=optional_cli)
 def list_leaderboards(request):
-    user = cli_user(request) if request.headers.get("X-Popcorn-Cli-Id") else None
-    query = Q(visibility=Visibility.PUBLIC)
-    if user is not None:
-        query |= Q(members__user=user)
-    boards = Leaderboard.objects.filter(query).distinct().select_related("problem").prefetch_related("gpu_types")
+    boards = Leaderboard.objects.listed_for(request.auth).select_related("problem").prefetch_related("gpu_types")
     return [wire.leaderboard_item(b) for b in boards]
 
 
-@api.get("/gpus/{leaderboard}")
+@api.get("/gpus/{leaderboard}", auth=optional_cli)
 def list_gpus(request, leaderboard: str):
-    user = cli_user(request) if request.headers.get("X-Popcorn-Cli-Id") else None
-    board = visible_leaderboard(user or _anonymous(), leaderboard)
+    board = access_leaderboard(request.auth, leaderboard, queryset=Leaderboard.objects.prefetch_related("gpu_types"))
     return [g.name for g in board.gpu_types.all()]
-
-
-def _anonymous():
-    from django.contrib.auth.models import AnonymousUser
-
-    return AnonymousUser()
 
 
 def read_upload(request: HttpRequest) -> tuple[str, bytes]:
@@ -175,35 +140,29 @@ def runner_queue(submission: Submission, runs: list[Run]) -> dict[str, Any] | No
 
 @api.post("/submission/{leaderboard}/{gpu}/{mode}")
 def submit(request, leaderboard: str, gpu: str, mode: str):
-    user = cli_user(request)
     file_name, content = read_upload(request)
-    submission = accept(user, leaderboard, gpu, mode, file_name, content)
+    submission = accept(request.auth, leaderboard, gpu, mode, file_name, content)
     return {"details": {"id": submission.pk}, "status": "accepted",
             "runner_queue": runner_queue(submission, submission.new_runs)}
 
 
-def owned_submission(user, submission_id: int) -> Submission:
-    submission = Submission.objects.select_related("leaderboard", "code").filter(pk=submission_id).first()
-    if submission is None or (submission.user_id != user.pk and not user.is_staff):
-        raise Http404(f"Submission {submission_id} not found.")
-    return submission
-
-
-def detail_of(submission: Submission) -> dict[str, Any]:
+def detail_of(submission: Submission, view: RunView) -> dict[str, Any]:
     runs = list(submission.runs.select_related("gpu_type", "submission").order_by("gpu_type", "secret"))
-    return wire.submission_detail(submission, runs, runner_queue(submission, runs))
+    return wire.submission_detail(submission, runs, view, runner_queue(submission, runs))
 
 
 @api.get("/user/submissions/{submission_id}")
 def get_submission(request, submission_id: int):
-    return detail_of(owned_submission(cli_user(request), submission_id))
+    """The detail holds the code: for whoever may read it (`for_code`)."""
+    submission = access_submission(request.auth, submission_id, for_code=True,
+                                   queryset=Submission.objects.select_related("leaderboard", "code"))
+    return detail_of(submission, run_view(request.auth, submission))
 
 
 @api.get("/user/submissions")
 def list_submissions(request, leaderboard: str | None = None, limit: int = 50, offset: int = 0):
-    user = cli_user(request)
-    qs = Submission.objects.filter(user=user).select_related("leaderboard").prefetch_related("runs__gpu_type",
-                                                                                             "runs__submission")
+    qs = Submission.objects.filter(user=request.auth).select_related("leaderboard").prefetch_related(
+        "runs__gpu_type", "runs__submission")
     if leaderboard:
         qs = qs.filter(leaderboard__name=leaderboard)
     limit = max(1, min(limit, 200))
@@ -211,19 +170,15 @@ def list_submissions(request, leaderboard: str | None = None, limit: int = 50, o
     for s in qs[max(0, offset): max(0, offset) + limit]:
         runs = list(s.runs.all())
         rows.append({"id": s.pk, "leaderboard_name": s.leaderboard.name, "file_name": s.file_name,
-                     "submission_time": s.created.isoformat(), "mode": s.mode, "done": wire.job_state(runs)[0],
-                     "runs": [{"gpu_type": r.gpu_type.name, "score": None if r.secret else r.score,
-                               "secret": r.secret, "status": r.status, "passed": r.passed} for r in runs]})
+                     "submission_time": s.created.isoformat(), "mode": s.mode,
+                     "done": job_state(runs, RunView.DETAILS)[0], "runs": [wire.run_row(r, RunView.DETAILS)
+                                                                             for r in runs]})
     return rows
 
 
 @api.delete("/user/submissions/{submission_id}")
 def delete_submission(request, submission_id: int):
-    user = cli_user(request)
-    submission = owned_submission(user, submission_id)
-    if submission.user_id != user.pk:
-        raise Http404(f"Submission {submission_id} not found.")
-    actions.do_delete_submission(submission)
+    actions.do_delete_submission(access_submission(request.auth, submission_id, for_change=True))
     return {"status": "ok", "submission_id": submission_id}
 
 
@@ -233,17 +188,17 @@ class JoinIn(Schema):
 
 @api.post("/user/join")
 def join(request, body: JoinIn):
-    membership = access.do_join(cli_user(request), body.code)
+    membership = access.do_join(request.auth, body.code)
     return {"status": "ok", "leaderboard": membership.leaderboard.name}
 
 
 # --- registration ---------------------------------------------------------------------------------
-@api.get("/auth/init")
+@api.get("/auth/init", auth=None)
 def auth_init(request, provider: str):
     return {"state": access.do_start_cli_login(provider)}
 
 
-@api.get("/auth/cli/{provider}")
+@api.get("/auth/cli/{provider}", auth=None)
 def auth_callback(request, provider: str, code: str, state: str):
     from .oauth import user_from_oauth
 
@@ -257,23 +212,20 @@ class SwitchIn(Schema):
     reason: str = ""
 
 
-@api.post("/admin/start")
+@admin.post("/start")
 def admin_start(request):
-    require_admin(request)
     access.do_set_accepting_jobs(True)
     return {"status": "ok", "accepting_jobs": True}
 
 
-@api.post("/admin/stop")
+@admin.post("/stop")
 def admin_stop(request):
-    require_admin(request)
     access.do_set_accepting_jobs(False, "stopped by an administrator")
     return {"status": "ok", "accepting_jobs": False}
 
 
-@api.get("/admin/stats")
+@admin.get("/stats")
 def admin_stats(request, last_day_only: bool = False):
-    require_admin(request)
     since = timezone.now() - timedelta(days=1) if last_day_only else None
     subs = Submission.objects.filter(created__gte=since) if since else Submission.objects.all()
     runs = Run.objects.filter(submission__in=subs)
@@ -283,18 +235,16 @@ def admin_stats(request, last_day_only: bool = False):
             "num_unique_codes": subs.values("code").distinct().count()}
 
 
-@api.get("/admin/submissions/{submission_id}")
+@admin.get("/submissions/{submission_id}")
 def admin_get_submission(request, submission_id: int):
-    require_admin(request)
     submission = Submission.objects.select_related("leaderboard", "code").filter(pk=submission_id).first()
     if submission is None:
         raise Http404(f"Submission {submission_id} not found.")
-    return detail_of(submission)
+    return detail_of(submission, RunView.ALL)
 
 
-@api.delete("/admin/submissions/{submission_id}")
+@admin.delete("/submissions/{submission_id}")
 def admin_delete_submission(request, submission_id: int):
-    require_admin(request)
     submission = Submission.objects.filter(pk=submission_id).first()
     if submission is None:
         raise Http404(f"Submission {submission_id} not found.")
@@ -320,9 +270,8 @@ def inside_problems_dir(relative: str) -> Path:
     return target
 
 
-@api.post("/admin/leaderboards")
+@admin.post("/leaderboards")
 def admin_create_leaderboard(request, body: CreateLeaderboardIn):
-    require_admin(request)
     target = inside_problems_dir(body.directory)
     try:
         task = load_task(target, root=collection_root(target, within=settings.PROBLEMS_DIR))
@@ -338,9 +287,8 @@ def admin_create_leaderboard(request, body: CreateLeaderboardIn):
     return {"status": "ok", "created": report.created, "updated": report.updated, "unchanged": report.unchanged}
 
 
-@api.delete("/admin/leaderboards/{name}")
+@admin.delete("/leaderboards/{name}")
 def admin_delete_leaderboard(request, name: str, force: bool = False):
-    require_admin(request)
     leaderboard = Leaderboard.objects.filter(name=name).first()
     if leaderboard is None:
         raise Http404(f"Unknown leaderboard '{name}'.")
@@ -352,10 +300,9 @@ def admin_delete_leaderboard(request, name: str, force: bool = False):
     return {"status": "ok", "leaderboard": name, "deleted_submissions": count}
 
 
-@api.post("/admin/update-problems")
+@admin.post("/update-problems")
 def admin_update_problems(request, force: bool = False, directory: str | None = None):
     """From a competition file / problem tree under the problems directory, or an uploaded zip (`file`)."""
-    require_admin(request)
     created: list[str] = []
     updated: list[str] = []
     skipped: list[dict] = []
@@ -405,9 +352,8 @@ class InviteIn(Schema):
     expires_days: int | None = None
 
 
-@api.post("/admin/invites")
+@admin.post("/invites")
 def admin_create_invite(request, body: InviteIn):
-    require_admin(request)
     leaderboard = Leaderboard.objects.filter(name=body.leaderboard).first()
     if leaderboard is None:
         raise Http404(f"Unknown leaderboard '{body.leaderboard}'.")
@@ -415,16 +361,14 @@ def admin_create_invite(request, body: InviteIn):
     return {"code": invite.code, "leaderboard": leaderboard.name, "max_uses": invite.max_uses}
 
 
-@api.get("/admin/leaderboards/{leaderboard}/invites")
+@admin.get("/leaderboards/{leaderboard}/invites")
 def admin_list_invites(request, leaderboard: str):
-    require_admin(request)
     return [{"code": i.code, "uses": i.uses, "max_uses": i.max_uses, "expires": wire.iso(i.expires)}
             for i in Invite.objects.filter(leaderboard__name=leaderboard).order_by("created")]
 
 
-@api.delete("/admin/invites/{code}")
+@admin.delete("/invites/{code}")
 def admin_delete_invite(request, code: str):
-    require_admin(request)
     deleted, _ = Invite.objects.filter(code=code).delete()
     if not deleted:
         raise Http404(f"Unknown invite '{code}'.")
@@ -450,16 +394,17 @@ def _ban_target(body: BanIn):
     return user, leaderboard
 
 
-@api.post("/admin/bans")
+@admin.post("/bans")
 def admin_ban(request, body: BanIn):
-    require_admin(request)
     user, leaderboard = _ban_target(body)
     access.do_ban(user, leaderboard, body.reason)
     return {"status": "ok", "user": user.get_username(), "leaderboard": body.leaderboard}
 
 
-@api.post("/admin/unban")
+@admin.post("/unban")
 def admin_unban(request, body: BanIn):
-    require_admin(request)
     user, leaderboard = _ban_target(body)
     return {"status": "ok", "removed": access.do_unban(user, leaderboard)}
+
+
+api.add_router("/admin", admin)

@@ -1,14 +1,16 @@
-"""The JSON shapes popcorn-cli reads, built from our models; shared by the polled and the streamed routes."""
+"""The JSON shapes popcorn-cli reads, rendered from `serializers.run_out` (so a secret run shows its outcome
+class only); shared by the polled and the streamed routes."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from leaderboards.models import TERMINAL_STATUSES, Leaderboard, Run, RunStatus, Submission
+from leaderboards.access.authority import RunView
+from leaderboards.models import Leaderboard, Run, RunStatus, Submission
+from leaderboards.serializers import iso, job_state, run_out
 
 PUBLIC_TASK_KEYS = ("lang", "description", "templates", "tests", "benchmarks", "ranking_by", "test_timeout",
                     "benchmark_timeout", "ranked_timeout", "multi_gpu")
-FAILED_JOB = (RunStatus.FAILED, RunStatus.TIMED_OUT, RunStatus.HACKED, RunStatus.ERROR, RunStatus.CANCELLED)
 
 
 def public_task(leaderboard: Leaderboard) -> dict[str, Any]:
@@ -25,67 +27,58 @@ def leaderboard_item(leaderboard: Leaderboard) -> dict[str, Any]:
             "task": public_task(leaderboard)}
 
 
-def iso(value) -> str | None:
-    return value.isoformat() if value else None
-
-
-def job_state(runs: list[Run]) -> tuple[bool, str, str]:
-    """(done, job status, error) from one snapshot of the runs, so `done` and the final status always agree."""
-    done = bool(runs) and all(r.status in TERMINAL_STATUSES for r in runs)
-    failed = next((r for r in runs if r.status in FAILED_JOB), None)
-    if failed is not None and done:
-        return True, failed.status, failed.error
-    if done:
-        return True, "succeeded", ""
-    if any(r.status == RunStatus.RUNNING for r in runs):
-        return False, "running", ""
-    return False, "pending", ""
-
-
-def run_item(run: Run) -> dict[str, Any]:
+def run_item(run: Run, view: RunView) -> dict[str, Any]:
+    shown = run_out(run, view)
     return {"start_time": iso(run.started_at), "end_time": iso(run.finished_at), "mode": run.submission.mode,
-            "secret": run.secret, "runner": run.gpu_type.name, "status": run.status,
-            "score": None if run.secret else run.score, "passed": run.passed, "gpu_type": run.gpu_type.name}
+            "secret": run.secret, "runner": shown["gpu"], "status": run.status, "score": shown["score"],
+            "passed": run.passed, "gpu_type": shown["gpu"]}
 
 
-def submission_detail(submission: Submission, runs: list[Run], runner_queue: dict | None) -> dict[str, Any]:
-    done, status, error = job_state(runs)
+def run_row(run: Run, view: RunView) -> dict[str, Any]:
+    """A run in the submission list."""
+    shown = run_out(run, view)
+    return {"gpu_type": shown["gpu"], "score": shown["score"], "secret": run.secret, "status": run.status,
+            "passed": run.passed}
+
+
+def submission_detail(submission: Submission, runs: list[Run], view: RunView,
+                      runner_queue: dict | None) -> dict[str, Any]:
+    done, status, error = job_state(runs, view)
     return {
         "id": submission.pk, "leaderboard_id": submission.leaderboard_id,
         "leaderboard_name": submission.leaderboard.name, "file_name": submission.file_name,
         "user_id": str(submission.user_id), "submission_time": submission.created.isoformat(), "done": done,
-        "code": submission.code.text, "mode": submission.mode, "runs": [run_item(r) for r in runs],
+        "code": submission.code.text, "mode": submission.mode, "runs": [run_item(r, view) for r in runs],
         "job": {"status": status, "error": error}, "runner_queue": runner_queue,
     }
 
 
-def run_result(run: Run) -> dict[str, Any]:
+def run_result(run: Run, view: RunView) -> dict[str, Any]:
     """One GPU's outcome in the shape popcorn prints: results[i].runs[<mode>].run.{stdout,stderr,...}."""
-    result = run.result or {}
+    shown = run_out(run, view)
     body = {"success": run.status == RunStatus.SUCCEEDED, "passed": bool(run.passed), "status": run.status,
-            "score": run.score, "stdout": run.stdout, "stderr": run.stderr, "error": run.error,
+            "score": shown["score"], "stdout": shown["stdout"], "stderr": shown["stderr"], "error": shown["error"],
             "duration": (run.finished_at - run.started_at).total_seconds()
             if run.finished_at and run.started_at else None,
-            "tests": result.get("tests", []), "benchmarks": result.get("benchmarks", []),
-            "profile": result.get("profile")}
-    return {"gpu": run.gpu_type.name, "success": body["success"], "runs": {run.submission.mode: {"run": body}}}
+            "tests": shown["tests"], "benchmarks": shown["benchmarks"], "profile": shown["profile"]}
+    return {"gpu": shown["gpu"], "success": body["success"], "runs": {run.submission.mode: {"run": body}}}
 
 
-def report(run: Run) -> str:
+def report(run: Run, view: RunView) -> str:
     """A short markdown report of one run."""
-    result = run.result or {}
-    lines = [f"## {run.submission.file_name} on {run.gpu_type.name} ({run.submission.mode}): {run.status}"]
-    if run.error:
-        lines.append(f"\n{run.error}")
-    for title, rows in (("Tests", result.get("tests") or []), ("Benchmarks", result.get("benchmarks") or [])):
+    shown = run_out(run, view)
+    lines = [f"## {run.submission.file_name} on {shown['gpu']} ({run.submission.mode}): {run.status}"]
+    if shown["error"]:
+        lines.append(f"\n{shown['error']}")
+    for title, rows in (("Tests", shown["tests"]), ("Benchmarks", shown["benchmarks"])):
         if rows:
             lines += [f"\n### {title}", "| case | status | mean |", "| --- | --- | --- |"]
             lines += [f"| {r.get('spec', '')} | {r.get('status', '')} | "
                       f"{format_ns(r.get('mean'))} |" for r in rows]
-    if run.score is not None:
-        lines.append(f"\nscore: {run.score * 1e6:.3f} µs")
-    if result.get("profile"):
-        lines.append(f"\n### Profile\n```\n{result['profile']}\n```")
+    if shown["score"] is not None:
+        lines.append(f"\nscore: {shown['score'] * 1e6:.3f} µs")
+    if shown["profile"]:
+        lines.append(f"\n### Profile\n```\n{shown['profile']}\n```")
     return "\n".join(lines)
 
 

@@ -59,12 +59,3 @@ def error_text(response) -> str:
 @pytest.fixture
 def popcorn(client, alice):
     return Popcorn(client, alice.raw_token)
-
-
-@pytest.fixture(autouse=True)
-def _fresh_access_cache():
-    from leaderboards.access.actions import clear_cache
-
-    clear_cache()
-    yield
-    clear_cache()

@@ -78,7 +78,14 @@ def test_submission_create_status_list_delete(client, leaderboard, alice):
     other = UserFactory()
     from leaderboards.access.actions import do_create_token
     other_headers = {"Authorization": f"Bearer {do_create_token(other)[1]}"}
-    assert client.get(f"/api/v1/submissions/{body['id']}", headers=other_headers).status_code == 404
+    # a ranked submission is visible to whoever sees its leaderboard, as on the site: outcome only, no logs
+    seen = client.get(f"/api/v1/submissions/{body['id']}", headers=other_headers)
+    assert seen.status_code == 200 and all(r["error"] == r["stdout"] == "" for r in seen.json()["runs"])
+    test_run = client.post("/api/v1/submissions", {"file": SimpleUploadedFile("add.py", GOOD), "mode": "test",
+                                                   "leaderboard": leaderboard.name}, headers=bearer(alice)).json()
+    assert client.get(f"/api/v1/submissions/{test_run['id']}", headers=other_headers).status_code == 404
+    assert client.delete(f"/api/v1/submissions/{body['id']}", headers=other_headers).status_code == 404
+    assert client.delete(f"/api/v1/submissions/{test_run['id']}", headers=bearer(alice)).status_code == 200
     assert client.delete(f"/api/v1/submissions/{body['id']}", headers=bearer(alice)).json()["status"] == "ok"
     assert client.get("/api/v1/submissions", headers=bearer(alice)).json()["count"] == 0
 

@@ -1,7 +1,9 @@
 """Websocket consumers: snapshots, versioned deltas, access rules, and delivery across processes."""
 
 import asyncio
+import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -81,14 +83,16 @@ def test_leaderboard_consumer_refuses_unknown_or_closed_boards(leaderboard, cpu_
 
 
 @pytest.mark.django_db
-def test_submission_consumer_streams_to_owner_and_staff_only(leaderboard, django_capture_on_commit_callbacks):
+def test_submission_consumer_streams_to_whoever_may_see_it(leaderboard, django_capture_on_commit_callbacks):
     sub = submission(leaderboard, mode="leaderboard")
+    private = submission(leaderboard, user=sub.user, mode="test")
     staff, nosy = UserFactory(username="staff", is_staff=True), UserFactory(username="nosy")
 
     async def scenario():
-        ws = communicator(f"/ws/submission/{sub.pk}/", nosy)
-        assert (await ws.connect())[1] == 4403
-        for user in (sub.user, staff):
+        for path in (f"/ws/submission/{private.pk}/", "/ws/submission/999999/"):
+            ws = communicator(path, nosy)
+            assert (await ws.connect())[1] == 4404  # as if it did not exist, like the page and the API
+        for user in (sub.user, staff, nosy):  # a ranked submission is as visible as its leaderboard
             ws = communicator(f"/ws/submission/{sub.pk}/", user)
             assert (await ws.connect())[0]
             snapshot = await ws.receive_json_from()
@@ -168,3 +172,46 @@ def test_event_from_another_process_arrives_through_the_redis_layer(redis_url, p
         run(scenario)
     finally:
         channel_layers.backends.clear()
+
+
+def deployment_layers(**environ: str) -> dict:
+    """The channel layer and cache settings a deployment with this environment gets (a fresh interpreter)."""
+    script = ("import json, django; django.setup(); from django.conf import settings; "
+              "print(json.dumps([settings.CHANNEL_LAYERS['default'], settings.CACHES['default']]))")
+    env = {k: v for k, v in os.environ.items() if k != "KERNELBOT_INSTANCE"} | environ
+    out = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
+                         check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_deployments_sharing_a_redis_server_do_not_hear_each_other(redis_url):
+    """Redis pub/sub ignores the database number: each deployment's channels carry its own prefix."""
+    from channels_redis.pubsub import RedisPubSubChannelLayer
+
+    server = redis_url.rsplit("/", 1)[0]
+    production, _ = deployment_layers(REDIS_URL=f"{server}/6", DATABASE_URL="postgres://db/kernelbot")
+    staging, staging_cache = deployment_layers(REDIS_URL=f"{server}/7", DATABASE_URL="postgres://db/kernelbot")
+    named, _ = deployment_layers(REDIS_URL=f"{server}/6", DATABASE_URL="postgres://db/kernelbot",
+                                 KERNELBOT_INSTANCE="prod-eu")
+    prefixes = {production["CONFIG"]["prefix"], staging["CONFIG"]["prefix"], named["CONFIG"]["prefix"]}
+    assert len(prefixes) == 3 and staging_cache["KEY_PREFIX"] == staging["CONFIG"]["prefix"]
+
+    def layer(config: dict) -> RedisPubSubChannelLayer:
+        # the deployment's prefix on this test's Redis server and database, so nothing leaves it
+        return RedisPubSubChannelLayer(hosts=[redis_url], prefix=config["CONFIG"]["prefix"] + ".test")
+
+    async def scenario():
+        listener, neighbour, colleague = layer(production), layer(staging), layer(production)
+        channel = await listener.new_channel()
+        await listener.group_add("leaderboard.1", channel)
+        try:
+            await neighbour.group_send("leaderboard.1", {"type": "leaderboard.ranks", "from": "staging"})
+            await colleague.group_send("leaderboard.1", {"type": "leaderboard.ranks", "from": "production"})
+            received = await asyncio.wait_for(listener.receive(channel), 5)
+            assert received["from"] == "production"
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(listener.receive(channel), 0.5)
+        finally:
+            for each in (listener, neighbour, colleague):
+                await each.flush()
+    run(scenario)

@@ -1,0 +1,112 @@
+"""Who may see what: the one authority that every front-end calls (site pages, /api/v1, popcorn, the SSE streams,
+the websockets, and the Discord bot to come). Like zulip's `access_message`, each `access_*` returns the object or
+raises `AccessDenied`, which each front-end maps once to its own answer; `Leaderboard.objects.visible_to(user)`
+and `Submission.objects.visible_to(user)` are the same rules as querysets.
+
+- Staff see everything.
+- A leaderboard is visible unless it is closed; a closed one to its members (invite codes).
+- A submission is visible to its owner, and when ranked (mode `leaderboard`) to whoever sees its leaderboard.
+- Its code, and its public runs' details (error, logs, checker messages), are the owner's; everyone who sees the
+  submission reads them once the leaderboard's code is public (`code_public_after_deadline`, after the deadline).
+- A secret run's details are for staff only; everyone else sees its outcome class (`leaderboards.serializers`).
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+from leaderboards.errors import AccessDenied, SubmissionRejected
+from leaderboards.models import Leaderboard, Run, Submission, SubmissionMode, Visibility
+
+from .cache import board_key, cached
+from .models import Membership
+
+
+class RunView(IntEnum):
+    """How much of a submission's runs a viewer sees."""
+
+    OUTCOME = 0  # status, outcome class, pass/fail; public runs' score, progress and timings
+    DETAILS = 1  # and public runs' error, logs and checker messages (the owner; everyone once the code is public)
+    ALL = 2  # and the secret runs' details (staff)
+
+
+def is_owner(user, submission: Submission) -> bool:
+    return user.is_authenticated and submission.user_id == user.pk
+
+
+def may_see_leaderboard(user, leaderboard: Leaderboard) -> bool:
+    if leaderboard.visibility != Visibility.CLOSED or user.is_staff:
+        return True
+    return user.is_authenticated and Membership.objects.filter(leaderboard=leaderboard, user=user).exists()
+
+
+def may_see_submission(user, submission: Submission) -> bool:
+    if user.is_staff or is_owner(user, submission):
+        return True
+    return submission.mode == SubmissionMode.LEADERBOARD and may_see_leaderboard(user, submission.leaderboard)
+
+
+def code_is_public(leaderboard: Leaderboard) -> bool:
+    return leaderboard.code_public_after_deadline and leaderboard.is_finished
+
+
+def run_view(user, submission: Submission) -> RunView:
+    """For a viewer who may see the submission."""
+    if user.is_staff:
+        return RunView.ALL
+    if is_owner(user, submission) or code_is_public(submission.leaderboard):
+        return RunView.DETAILS
+    return RunView.OUTCOME
+
+
+def may_see_code(user, submission: Submission) -> bool:
+    return run_view(user, submission) >= RunView.DETAILS
+
+
+def may_see_run_details(view: RunView, run: Run) -> bool:
+    return view is RunView.ALL or (view is RunView.DETAILS and not run.secret)
+
+
+def _by_name(queryset, name: str) -> Leaderboard | None:
+    """Names match case-insensitively (popcorn-cli lower-cases them); an exact match wins."""
+    found = list(queryset.filter(name__iexact=name)[:5])
+    return next((b for b in found if b.name == name), found[0] if found else None)
+
+
+def access_leaderboard(user, name: str, *, for_submit: bool = False, queryset=None) -> Leaderboard:
+    """The leaderboard `name` if `user` may see it, or a 404 (the same as for a name that does not exist).
+    `for_submit`: also open now (403 before its start or after its deadline), refused as SubmissionRejected like
+    every other reason a submission is refused; read from the cache, since every submission asks (the bare row:
+    no problem definition)."""
+    refuse = SubmissionRejected if for_submit else AccessDenied
+    if for_submit:
+        board = cached(board_key(name), lambda: _by_name(Leaderboard.objects.all(), name))
+    else:
+        board = _by_name(queryset if queryset is not None else Leaderboard.objects.all(), name)
+    if board is None or not may_see_leaderboard(user, board):
+        raise refuse(f"Unknown leaderboard '{name}'.", 404)
+    if for_submit:
+        if not user.is_authenticated:
+            raise refuse("Log in to submit.", 401)
+        if not board.has_started:
+            raise refuse(f"Leaderboard '{board.name}' opens at {board.starts_at:%Y-%m-%d %H:%M} UTC; it does not "
+                         "accept submissions yet.", 403)
+        if board.is_finished:
+            raise refuse(f"Leaderboard '{board.name}' closed at {board.deadline:%Y-%m-%d %H:%M} UTC; it no longer "
+                         "accepts submissions.", 403)
+    return board
+
+
+def access_submission(user, submission_id: int, *, for_code: bool = False, for_change: bool = False,
+                      queryset=None) -> Submission:
+    """The submission if `user` may see it, or AccessDenied: 404 when it is not visible (as if it did not exist)
+    or, `for_change` (delete), not the user's own; 403 `for_code` when it is visible but its code is not."""
+    queryset = queryset if queryset is not None else Submission.objects.select_related("leaderboard")
+    submission = queryset.filter(pk=submission_id).first()
+    if (submission is None or not may_see_submission(user, submission)
+            or (for_change and not is_owner(user, submission))):
+        raise AccessDenied(f"Submission {submission_id} not found.", 404)
+    if for_code and not may_see_code(user, submission):
+        later = ", and to everyone after the deadline" if submission.leaderboard.code_public_after_deadline else ""
+        raise AccessDenied(f"This submission's code is visible to its author and staff only{later}.", 403)
+    return submission

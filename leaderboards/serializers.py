@@ -1,0 +1,112 @@
+"""One serialiser for a run, applying the secret-run rule and the log-privacy rule once (`access.authority`):
+/api/v1, popcorn's wire shapes, the SSE streams, the websockets and the site's submission page all render from
+`run_out`; the Discord bot will too."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .access.authority import RunView, may_see_run_details
+from .models import TERMINAL_STATUSES, Run, RunStatus
+
+
+class Outcome:
+    """What a terminal run came to, in classes that name no input: all a secret run shows to non-staff."""
+
+    PASSED = "passed"
+    WRONG_OUTPUT = "wrong_output"
+    TIMED_OUT = "timed_out"
+    CRASHED = "crashed"
+    LIMIT_EXCEEDED = "limit_exceeded"
+    REJECTED = "rejected"  # the harness refused the results (status hacked)
+    NOT_EVALUATED = "not_evaluated"  # cancelled, or given up after infrastructure failures
+
+    TEXT = {PASSED: "passed", WRONG_OUTPUT: "wrong output", TIMED_OUT: "timed out", CRASHED: "crashed",
+            LIMIT_EXCEEDED: "limit exceeded", REJECTED: "rejected by the harness", NOT_EVALUATED: "not evaluated"}
+
+
+# how a sandbox kill is reported in the first line of a crash (runners/harness/sandbox.py _SIGNAL_REASONS)
+LIMIT_MARKERS = ("limit exceeded", "SIGKILL", "SIGXCPU", "SIGXFSZ", "out of memory")
+
+
+def outcome(run: Run) -> str | None:
+    if run.status not in TERMINAL_STATUSES:
+        return None
+    verdict = run.verdict
+    if run.status == RunStatus.SUCCEEDED and run.passed:
+        return Outcome.PASSED
+    if run.status in (RunStatus.CANCELLED, RunStatus.ERROR):
+        return Outcome.NOT_EVALUATED
+    if run.status == RunStatus.HACKED:
+        return Outcome.REJECTED
+    if run.status == RunStatus.TIMED_OUT or verdict == "timeout":
+        return Outcome.TIMED_OUT
+    if verdict in ("limit", "limit_exceeded") or (
+            verdict == "crash" and any(m in run.error.partition("\n")[0] for m in LIMIT_MARKERS)):
+        return Outcome.LIMIT_EXCEEDED
+    if verdict in ("crash", "compile_error"):
+        return Outcome.CRASHED
+    return Outcome.WRONG_OUTPUT
+
+
+def case_out(case: dict[str, Any], details: bool) -> dict[str, Any]:
+    """One test or benchmark case as the harness reported it; the checker's message only with the details."""
+    return case if details else {k: v for k, v in case.items() if k != "message"}
+
+
+def iso(value) -> str | None:
+    return value.isoformat() if value else None
+
+
+def run_out(run: Run, view: RunView) -> dict[str, Any]:
+    """Everything a viewer with `view` may know of a run. Needs `run.gpu_type`."""
+    details = may_see_run_details(view, run)
+    timings = details or not run.secret  # a public run's score, progress and timings go with its outcome
+    result = (run.result or {}) if timings else {}
+    cases = {phase: [case_out(c, details) for c in result.get(phase) or []]
+             for phase in ("tests", "benchmarks", "ranked")}
+    return {"id": run.pk, "gpu": run.gpu_type.name, "secret": run.secret, "status": run.status,
+            "attempt": run.attempt, "outcome": outcome(run), "passed": run.passed,
+            "score": run.score if timings else None, "progress": run.progress if timings else {},
+            "queued_at": run.queued_at, "dispatched_at": run.dispatched_at, "started_at": run.started_at,
+            "finished_at": run.finished_at, **cases,
+            "system_info": run.system_info if timings else {},
+            "error": run.error if details else "", "stdout": run.stdout if details else "",
+            "stderr": run.stderr if details else "", "profile": result.get("profile") if details else None}
+
+
+def failure_text(shown: dict[str, Any]) -> str:
+    """A failed run's error as this viewer may read it: the error itself, or else its outcome class."""
+    if shown["error"]:
+        return shown["error"]
+    kind = "secret run" if shown["secret"] else "run"
+    return f"{kind} on {shown['gpu']}: {Outcome.TEXT.get(shown['outcome'], shown['status'])}" + \
+        (" (details are for staff)" if shown["secret"] else "")
+
+
+LIVE_FIELDS = ("status", "attempt", "secret", "gpu", "progress", "passed", "score", "outcome")
+
+
+def live_run(run: Run) -> dict[str, Any]:
+    """The small JSON state the submission websocket sends (snapshot and deltas alike): outcome-level only, so
+    one event serves every viewer of the submission."""
+    shown = run_out(run, RunView.OUTCOME)
+    return {"run": run.pk, **{k: shown[k] for k in LIVE_FIELDS},
+            **{k: iso(shown[k]) for k in ("queued_at", "dispatched_at", "started_at", "finished_at")}}
+
+
+FAILED_JOB = (RunStatus.FAILED, RunStatus.TIMED_OUT, RunStatus.HACKED, RunStatus.ERROR, RunStatus.CANCELLED)
+
+
+def job_state(runs: list[Run], view: RunView) -> tuple[bool, str, str]:
+    """(done, job status, error as `view` may read it) from one snapshot of the runs, so `done` and the final
+    status always agree."""
+    done = bool(runs) and all(r.status in TERMINAL_STATUSES for r in runs)
+    failed = next((r for r in runs if r.status in FAILED_JOB), None)
+    if failed is not None and done:
+        return True, failed.status, failure_text(run_out(failed, view))
+    if done:
+        return True, "succeeded", ""
+    if any(r.status == RunStatus.RUNNING for r in runs):
+        return False, "running", ""
+    return False, "pending", ""
