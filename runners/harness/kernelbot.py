@@ -350,7 +350,9 @@ class KernelbotRun:
             assert self.session is not None
             outcome = self.session.close()
             how = outcome.reason or f"exit code {outcome.returncode}"
-            if outcome.timed_out:
+            if outcome.memory_exceeded:
+                result.fail("memory_limit", f"{outcome.reason} (in the {phase} phase)")
+            elif outcome.timed_out:
                 result.fail("timeout", f"timed out in the {phase} phase ({outcome.reason})")
             else:
                 result.fail("crash", f"the submission's process ended during the {phase} phase ({how}):\n"
