@@ -311,6 +311,8 @@ class KernelbotRun:
         self.problem = Problem(job.workdir)
         try:
             self.start_phase({"benchmark": "benchmark", "profile": "profile"}.get(job.mode, "test"))
+            if not torch.cuda.is_available() and (cases := job.tests or job.benchmarks):
+                self.problem.generate(cases[0], 0)  # a problem that needs CUDA says so before any submission runs
             self.session = ChildSession(job)
             if job.mode in ("benchmark", "leaderboard"):
                 self.calibrate(job.benchmarks)  # ranked cases are among the benchmarks
