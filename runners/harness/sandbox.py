@@ -89,7 +89,7 @@ class Limits:
     open_files: int = 256
     output_bytes: int = 64 << 10
     shm_bytes: int = 256 << 20  # size of the private /dev/shm tmpfs; bubblewrap only
-    tree_memory_bytes: int = 0  # memory cgroup limit of the whole tree; 0: this node's share (see node_share)
+    tree_memory_bytes: int = 0  # memory cgroup limit of the whole tree; 0: this node's share (tree_memory_limit)
     runs_per_node: int = 1  # runs this node may hold at once: the node's spare memory is split between them
 
 
