@@ -97,3 +97,29 @@ def test_pool_memory_limit_stops_a_memory_bomb_end_to_end(cpu_pool, demo_task, s
     assert (run.status, run.verdict) == (RunStatus.FAILED, "memory_limit"), run.error
     assert run.error.startswith("memory limit exceeded: the run's processes together reached its 1024 MiB limit")
     assert run.system_info["sandbox"]["memory"]["tree_limit_bytes"] == 1 << 30
+
+
+@pytest.mark.slow
+def test_problem_needing_cuda_on_a_cpu_runner_is_not_the_users_fault(cpu_pool, demo_task, sync_queue, settings,
+                                                                      django_capture_on_commit_callbacks):
+    """The harness answers status error: retried a bounded number of times, then ERROR with the clear message."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("asserts what a runner without CUDA answers")
+    settings.RUN_MAX_ATTEMPTS = 2
+    problem = problem_from(demo_task)
+    files = problem.definition["files"]
+    files["reference.py"] = files["reference.py"].replace("device=DEVICE", 'device="cuda"')
+    problem.save()
+    leaderboard = LeaderboardFactory(problem=problem, gpu_types=[cpu_pool.cpu])
+    user = UserFactory()
+    code = (REPO / "problems" / "demo" / "vectoradd_py" / "solutions" / "fast.py").read_bytes()
+    request = check_submission(user, leaderboard.name, ["CPU"], "test", "fast.py", code)
+    with django_capture_on_commit_callbacks(execute=True):
+        submission = do_submit(user, request)
+    run = submission.runs.get()
+    assert (run.status, run.infra_failures, run.attempt) == (RunStatus.ERROR, 2, 2)
+    assert run.error == ("gave up after 2 infrastructure failures; last: this problem needs a CUDA GPU; "
+                         "this runner has none")
+    assert run.passed is None and run.verdict == ""
