@@ -1,6 +1,7 @@
 """One env-driven settings module. Embedded defaults run everything on one machine;
 production sets DEBUG=0, SECRET_KEY, ALLOWED_HOSTS, DATABASE_URL and REDIS_URL."""
 
+import hashlib
 import os
 import re
 from pathlib import Path
@@ -212,6 +213,16 @@ if not DEBUG:
 # --- kernelbot ---------------------------------------------------------------------------------
 # Where runs' working directories are created by the local runner.
 RUNS_DIR = Path(os.environ.get("KERNELBOT_RUNS_DIR", DATA_DIR / "runs"))
+# Host uids of sandboxed runs: SANDBOX_UID_BASE + (Gpu.pk mod SANDBOX_UID_SLOTS). RLIMIT_NPROC counts per uid, so two
+# installations on one host must not share uids: the default base is one of 16000 blocks above 2^20, chosen by
+# this installation's database and runs directory.
+SANDBOX_UID_SLOTS = 1 << 16
+_installation = "|".join(str(DATABASES["default"].get(k, "")) for k in ("ENGINE", "HOST", "PORT", "NAME"))
+SANDBOX_UID_BASE = int(os.environ.get("KERNELBOT_SANDBOX_UID_BASE") or (1 << 20) + SANDBOX_UID_SLOTS * (int.from_bytes(
+    hashlib.sha256(f"{_installation}|{RUNS_DIR.resolve()}".encode()).digest()[:8], "big") % 16000))
+if not 1 << 16 <= SANDBOX_UID_BASE <= (1 << 31) - 1 - SANDBOX_UID_SLOTS:
+    raise ImproperlyConfigured(f"KERNELBOT_SANDBOX_UID_BASE starts a block of {SANDBOX_UID_SLOTS} uids: it must be "
+                               f"between 65536 and {(1 << 31) - 1 - SANDBOX_UID_SLOTS}.")
 # Where `import_problems` and the admin find problem trees by default.
 PROBLEMS_DIR = Path(os.environ.get("KERNELBOT_PROBLEMS_DIR", BASE_DIR / "problems"))
 # Python interpreter that runs the harness (needs torch); defaults to the web app's own.

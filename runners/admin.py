@@ -29,7 +29,7 @@ class NodeInline(admin.TabularInline):
 
 @admin.register(GpuPool)
 class GpuPoolAdmin(admin.ModelAdmin):
-    list_display = ["name", "backend", "enabled", "device_count"]
+    list_display = ["name", "backend", "enabled", "memory_limit_mib", "device_count"]
     list_filter = ["backend", "enabled"]
     inlines = [NodeInline]
 

@@ -9,11 +9,27 @@ from pathlib import Path
 from django.conf import settings
 
 from leaderboards.models import Run, SubmissionMode
+from runners.models import Gpu
 
-SANDBOX_UID_BASE = 61000  # + device: concurrent runs never share a uid, so never share RLIMIT_NPROC
+# memory_bytes is per process (address space); the whole tree's memory is run_limits' cgroup limit
 DEFAULT_LIMITS = {"memory_bytes": 16 << 30, "cpu_seconds": 3600, "processes": 256,
                   "file_size_bytes": 256 << 20, "output_bytes": 64 << 10}
 CUDA_COMPILE_TIMEOUT = 120  # KernelBot's Timeout.COMPILE
+
+
+def sandbox_uid(gpu: Gpu) -> int:
+    """One host uid per device and installation: concurrent runs never share RLIMIT_NPROC."""
+    return settings.SANDBOX_UID_BASE + gpu.pk % settings.SANDBOX_UID_SLOTS
+
+
+def run_limits(gpu: Gpu) -> dict[str, int]:
+    """The sandbox limits of a run on `gpu`: the pool's memory limit for the whole tree when it sets one, else the
+    harness gives the run its node's share (the node's spare memory split between its enabled devices)."""
+    pool = gpu.node.pool
+    limits = {**DEFAULT_LIMITS, "runs_per_node": Gpu.objects.filter(node_id=gpu.node_id, enabled=True).count() or 1}
+    if pool.memory_limit_mib:
+        limits["tree_memory_bytes"] = pool.memory_limit_mib << 20
+    return limits
 
 
 def derive_seed(*parts: object) -> int:
@@ -34,7 +50,7 @@ def workdir_files(run: Run) -> dict[str, str]:
     return {**definition["files"], definition["submission_name"]: run.submission.code.text}
 
 
-def harness_job(run: Run, workdir: Path, devices: list[str], gpu_pk: int) -> dict:
+def harness_job(run: Run, workdir: Path, devices: list[str], gpu: Gpu) -> dict:
     definition = run.submission.problem.definition
     return {
         "mode": run.submission.mode,
@@ -50,10 +66,10 @@ def harness_job(run: Run, workdir: Path, devices: list[str], gpu_pk: int) -> dic
         "gpus": devices,
         "timeouts": {"test": definition["test_timeout"], "benchmark": definition["benchmark_timeout"],
                      "ranked": definition["ranked_timeout"], "compile": CUDA_COMPILE_TIMEOUT},
-        "limits": DEFAULT_LIMITS,
+        "limits": run_limits(gpu),
         "timing": settings.HARNESS_TIMING,
         "cuda": cuda_config(run),
-        "sandbox_uid": SANDBOX_UID_BASE + gpu_pk % 4000,
+        "sandbox_uid": sandbox_uid(gpu),
     }
 
 

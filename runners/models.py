@@ -1,5 +1,6 @@
 """GPU inventory: which devices exist, on which node, and which runner backend reaches them."""
 
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 
@@ -45,6 +46,13 @@ class GpuPool(models.Model):
     settings = models.JSONField(default=dict, blank=True, help_text="Backend settings (no secrets: those come "
                                 "from the environment).")
     enabled = models.BooleanField(default=True)
+    memory_limit_mib = models.PositiveIntegerField(
+        "memory limit (MiB)", null=True, blank=True,
+        validators=[MinValueValidator(1024, "At least 1024 MiB: importing torch alone takes several hundred."),
+                    MaxValueValidator(1 << 24, "At most 16 TiB (16777216 MiB).")],
+        help_text="Memory one run's whole process tree may use on a node of this pool (a memory cgroup). Empty: the "
+                  "node's share, its physical memory minus max(2 GiB, 20 %) divided by its enabled devices. A node "
+                  "never grants more than that total, whatever is set here.")
 
     objects = GpuPoolQuerySet.as_manager()
 

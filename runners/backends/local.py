@@ -60,7 +60,7 @@ class LocalBackend(RunnerBackend):
                 for name, text in workdir_files(run).items():
                     (workdir / name).write_text(text)
                 devices = [] if run.gpu_type.is_cpu else [str(gpu.index)]
-                job = harness_job(run, workdir, devices, gpu.pk)
+                job = harness_job(run, workdir, devices, gpu)
                 result, failure = self.run_harness(run_id, attempt, job, timeout)
             finally:
                 shutil.rmtree(workdir, ignore_errors=True)
@@ -103,7 +103,8 @@ class LocalBackend(RunnerBackend):
     def run_harness(self, run_id: int, attempt: int, job: dict, timeout: int) -> tuple[dict | None, str]:
         python = settings.HARNESS_PYTHON or sys.executable
         env = {"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8", "PYTHONPATH": str(settings.BASE_DIR),
-               "HOME": job["workdir"], "KERNELBOT_SANDBOX": os.environ.get("KERNELBOT_SANDBOX", "")}
+               "HOME": job["workdir"], "KERNELBOT_SANDBOX": os.environ.get("KERNELBOT_SANDBOX", ""),
+               "KERNELBOT_CGROUP": os.environ.get("KERNELBOT_CGROUP", "")}
         job = {**job, "nonce": secrets.token_hex(16)}  # only the trusted parent's result echoes it
         proc = subprocess.Popen(
             [python, "-m", "runners.harness"], cwd=settings.BASE_DIR, env=env, stdin=subprocess.PIPE,

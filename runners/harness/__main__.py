@@ -6,7 +6,9 @@ Input: {"mode": "test|benchmark|leaderboard|profile", "workdir": "/abs", "protoc
 (all but mode/workdir optional).
 Output: zero or more {"event": "progress", ...} lines, then exactly one {"event": "result", ...} line.
 Exit code 0 whenever the result line was written. status "error" means the harness (or the problem
-definition) broke, not the submission: the platform may retry.
+definition) broke, not the submission: the platform may retry. A problem whose own code (reference,
+generate_input) asks for CUDA on a machine without it ends with status "error", the flag "needs-cuda" and the
+error NEEDS_CUDA: the runner, not the submission, is wrong for it.
 """
 
 from __future__ import annotations
@@ -14,19 +16,63 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import os
+import re
 import sys
 import traceback
 
-from .job import JobError, parse_job
+from .job import Job, JobError, parse_job
 from .result import Emitter, Result
 
 PR_SET_DUMPABLE = 4
+NEEDS_CUDA = "this problem needs a CUDA GPU; this runner has none"
 
 
 def _harden_self() -> None:
     """Make /proc/<our pid>/mem, environ and fd unreadable to other same-uid processes (the child)."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+def needs_cuda(exc: BaseException) -> bool:
+    """Whether trusted problem code failed because it asked for CUDA where there is none. Only exceptions raised
+    in this (trusted) process get here: the child's failures arrive as messages and are judged as such."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return False
+    except Exception:  # no usable torch: nothing to judge by
+        return False
+    seen: BaseException | None = exc
+    while seen is not None:
+        if re.search(r"\bcuda\b|nvidia", f"{type(seen).__name__}: {seen}", re.IGNORECASE):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def preflight_popcorn(job: Job) -> None:
+    """eval.py generates its inputs inside the sandbox, where a CUDA request would end in a raw traceback. On a
+    machine without CUDA, generate the first case here first, with the problem's own reference, so that case
+    gets the clear message; any other failure is left for eval.py to report."""
+    import torch
+
+    cases = job.tests or job.benchmarks
+    if torch.cuda.is_available() or not cases or not os.path.isfile(os.path.join(job.workdir, "reference.py")):
+        return
+    from .problem import Problem
+
+    problem = None
+    try:
+        problem = Problem(job.workdir)
+        problem.generate(cases[0], 0)
+    except Exception as exc:
+        if needs_cuda(exc):
+            raise
+    finally:
+        if problem is not None:
+            problem.close()
 
 
 def main() -> int:
@@ -45,15 +91,22 @@ def main() -> int:
             from .cuda import run
         elif job.protocol == "popcorn":
             from .popcorn import run
+
+            preflight_popcorn(job)
         else:
             from .kernelbot import run
         result = run(job, emitter)
     except (JobError, json.JSONDecodeError) as exc:
         result = Result(mode=mode, protocol=protocol, status="error")
         result.fail("fail", f"invalid job: {exc}")
-    except Exception:
+    except Exception as exc:
         result = Result(mode=mode, protocol=protocol, status="error")
-        result.fail("fail", f"internal harness error:\n{traceback.format_exc(limit=-10)}")
+        if needs_cuda(exc):
+            result.fail("fail", NEEDS_CUDA)
+            result.flags.append("needs-cuda")
+            result.extra["cause"] = f"{type(exc).__name__}: {str(exc)[:500]}"
+        else:
+            result.fail("fail", f"internal harness error:\n{traceback.format_exc(limit=-10)}")
     emitter.line(result.as_dict(nonce))
     return 0
 

@@ -61,7 +61,7 @@ class Job:
     cuda: Cuda = Cuda()
     nonce: str = ""  # echoed in the result so the caller can reject result lines forged by the child
     # Host uid the child runs as (when the harness is root). RLIMIT_NPROC counts per uid, so concurrent
-    # runs on one machine get one uid per device slot.
+    # runs on one machine get one uid per device slot, from a block of uids per installation.
     sandbox_uid: int = 65534
 
     def __repr__(self) -> str:  # keep the seed out of tracebacks and logs
@@ -165,6 +165,6 @@ def _cuda(raw: Any) -> Cuda:
 
 
 def _uid(value) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not 1000 <= value < 65535:
-        raise JobError(f"sandbox_uid must be an unprivileged uid (1000..65534), got {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or not 1000 <= value < 1 << 31 or value == 65535:
+        raise JobError(f"sandbox_uid must be an unprivileged uid (1000..2^31-1, not 65535), got {value!r}")
     return value

@@ -311,6 +311,8 @@ class KernelbotRun:
         self.problem = Problem(job.workdir)
         try:
             self.start_phase({"benchmark": "benchmark", "profile": "profile"}.get(job.mode, "test"))
+            if not torch.cuda.is_available() and (cases := job.tests or job.benchmarks):
+                self.problem.generate(cases[0], 0)  # a problem that needs CUDA says so before any submission runs
             self.session = ChildSession(job)
             if job.mode in ("benchmark", "leaderboard"):
                 self.calibrate(job.benchmarks)  # ranked cases are among the benchmarks
@@ -350,7 +352,9 @@ class KernelbotRun:
             assert self.session is not None
             outcome = self.session.close()
             how = outcome.reason or f"exit code {outcome.returncode}"
-            if outcome.timed_out:
+            if outcome.memory_exceeded:
+                result.fail("memory_limit", f"{outcome.reason} (in the {phase} phase)")
+            elif outcome.timed_out:
                 result.fail("timeout", f"timed out in the {phase} phase ({outcome.reason})")
             else:
                 result.fail("crash", f"the submission's process ended during the {phase} phase ({how}):\n"

@@ -179,6 +179,8 @@ def run_program(sandbox: Sandbox, argv: list[str], cases: Sequence[Case], job: J
 def judge(result: Result, outcome: Outcome, text: str, limit: float, program: str = "eval.py") -> Result:
     """The verdict of one program run from its outcome and its POPCORN_FD output."""
     result.stdout, result.stderr = outcome.stdout, outcome.stderr
+    if outcome.memory_exceeded:
+        return result.fail("memory_limit", outcome.reason)
     if outcome.timed_out:
         phase = PHASE.get(result.mode, result.mode)
         return result.fail("timeout", f"timed out in the {phase} phase (limit {limit:g} s)")

@@ -12,7 +12,7 @@ from typing import IO, Any
 from . import sandbox
 from .stats import Summary
 
-VERDICTS = ("pass", "fail", "compile_error", "crash", "timeout", "hacked")
+VERDICTS = ("pass", "fail", "compile_error", "crash", "timeout", "hacked", "memory_limit")
 OUTPUT_CAP = 16 << 10  # characters of child stdout/stderr kept in the result
 
 

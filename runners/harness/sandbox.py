@@ -2,25 +2,34 @@
 
 API (stable; other modules depend on it):
 
-    limits = Limits(wall_seconds=60, memory_bytes=4 << 30)
+    limits = Limits(wall_seconds=60, memory_bytes=4 << 30, tree_memory_bytes=8 << 30)
     proc = Sandbox(workdir, limits).start(argv, env={...}, pass_fds=(fd,))
-    outcome = proc.wait()          # kills the whole tree on wall-time expiry
-    outcome.returncode, outcome.stdout, outcome.stderr, outcome.timed_out, outcome.reason
+    outcome = proc.wait()          # kills the whole tree on wall-time expiry or when it hits its memory limit
+    outcome.returncode, outcome.stdout, outcome.stderr, outcome.timed_out, outcome.memory_exceeded, outcome.reason
 
     describe() -> dict             # which protections are active on this machine
 
 Backends, chosen per process by `KERNELBOT_SANDBOX` (read when a Sandbox is built):
-  "auto" (default)  bubblewrap if it works here, else rlimits-only;
-  "require"         bubblewrap or `SandboxUnavailable`;
-  "none"            rlimits-only (development only).
+  "auto" (default)  bubblewrap if it works here, else rlimits-only; a memory cgroup if one is usable;
+  "require"         bubblewrap and a memory cgroup, or `SandboxUnavailable` (no submission runs without both);
+  "none"            rlimits-only, no cgroup (development only).
+
+Memory of the whole tree (`cgroups.py`): every run gets its own memory cgroup, joined by the forked child
+before it execs anything, with `tree_memory_bytes` as its limit: by default what this node can spare
+(physical memory minus a margin of max(2 GiB, 20 %), divided by `runs_per_node`), and never more than that
+total, so no run can take the host below the margin. When the kernel's OOM killer acts in the group, the
+whole tree is killed and the outcome says "memory limit exceeded" (`memory_exceeded`).
 
 bubblewrap as root: bwrap keeps root to build the mounts, then `setpriv` drops the child to a plain
 host uid (65534 by default) with no capabilities and no_new_privs, so RLIMIT_NPROC applies and host
 files are protected by their modes too. As non-root: an unprivileged user namespace
 (`--unshare-user --disable-userns`), uid unchanged. Namespaces: net (only a private loopback), pid,
 ipc, uts, cgroup. Filesystem: /usr (+ /bin, /lib* links), a few /etc files, a synthetic
-/etc/passwd, the Python installation read-only, fresh size-capped /tmp and /dev/shm, minimal /dev,
-own /proc, and the workdir read-write at the same path. Nothing else of the host exists inside.
+/etc/passwd, the Python installation read-only, minimal /dev, own /proc, and the workdir read-write at
+the same path; HOME and TMPDIR point at the workdir, the rest of the tree (/, /tmp, /dev) is read-only.
+The one other writable place is a private, size-capped /dev/shm (POSIX semaphores: `multiprocessing`
+needs it, and reference-kernels' eval.py uses a process pool); its pages count against the memory cgroup.
+Nothing else of the host exists inside.
 
 rlimits are set by `prlimit` (util-linux) in front of everything, so they are inherited by the
 child and cannot be raised by it: CPU (soft -> SIGXCPU, +1 s -> SIGKILL), AS (or DATA when GPU
@@ -37,8 +46,8 @@ double-forked, setsid'd descendants. The rlimits-only fallback can only kill the
 Known gaps: no seccomp filter (the full syscall surface, incl. unprivileged user namespaces when
 bwrap ran as root, is reachable); RLIMIT_NPROC is per host uid, so concurrent sandboxes sharing a
 uid share it (pass `uid=` per worker slot); total disk use in the workdir is unbounded (FSIZE is
-per file); memory is per process (no cgroup); the fallback hides nothing of the filesystem
-beyond file modes and leaves the network open.
+per file); without a usable memory cgroup (not root, no delegation) memory is limited per process only;
+the fallback hides nothing of the filesystem beyond file modes and leaves the network open.
 """
 
 from __future__ import annotations
@@ -57,8 +66,13 @@ import threading
 import time
 from collections.abc import Sequence
 
+from .cgroups import CgroupUnavailable, MemoryGroup, MemoryParent, memory_parent
+
 NOBODY = 65534
 _CHUNK = 1 << 16
+MEMORY_POLL_S = 0.1
+MIN_MARGIN_BYTES = 2 << 30
+MIN_TREE_BYTES = 512 << 20
 
 
 class SandboxUnavailable(RuntimeError):
@@ -74,7 +88,9 @@ class Limits:
     file_size_bytes: int = 256 << 20
     open_files: int = 256
     output_bytes: int = 64 << 10
-    tmp_bytes: int = 256 << 20  # size of each private tmpfs (/tmp, /dev/shm); bubblewrap only
+    shm_bytes: int = 256 << 20  # size of the private /dev/shm tmpfs; bubblewrap only
+    tree_memory_bytes: int = 0  # memory cgroup limit of the whole tree; 0: this node's share (tree_memory_limit)
+    runs_per_node: int = 1  # runs this node may hold at once: the node's spare memory is split between them
 
 
 @dataclasses.dataclass
@@ -87,6 +103,20 @@ class Outcome:
     stdout_truncated: bool = False
     stderr_truncated: bool = False
     elapsed: float = 0.0  # wall seconds from start to exit, as seen by the parent
+    memory_exceeded: bool = False  # the tree hit its memory cgroup limit and was killed
+
+
+def node_memory() -> tuple[int, int]:
+    """(physical memory, what runs may use together: physical minus a safety margin) in bytes."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return total, total - max(MIN_MARGIN_BYTES, total // 5)
+
+
+def tree_memory_limit(limits: Limits) -> int:
+    """The tree's limit: the configured one or this node's share, never above what the node can spare."""
+    usable = node_memory()[1]
+    wanted = limits.tree_memory_bytes or usable // max(1, limits.runs_per_node)
+    return max(MIN_TREE_BYTES, min(wanted, usable))
 
 
 def _mode() -> str:
@@ -202,6 +232,18 @@ class Sandbox:
             raise SandboxUnavailable(f"KERNELBOT_SANDBOX=require but bubblewrap is unusable: {err}")
         self.bwrap = None if err else bwrap
         self.fallback_reason = "" if self.bwrap else ("KERNELBOT_SANDBOX=none" if self.mode == "none" else err)
+        self.tree_memory = tree_memory_limit(limits)
+        self.cgroup: MemoryParent | None = None
+        self.cgroup_error = "KERNELBOT_SANDBOX=none"
+        if self.mode != "none":
+            try:
+                self.cgroup, self.cgroup_error = memory_parent(), ""
+            except CgroupUnavailable as e:
+                self.cgroup_error = str(e)
+        if self.mode == "require" and self.cgroup_error:
+            raise SandboxUnavailable(
+                f"KERNELBOT_SANDBOX=require but no memory cgroup is usable ({self.cgroup_error}); run the "
+                "harness as root or set KERNELBOT_CGROUP to a cgroup delegated to it")
 
     def describe(self) -> dict:
         bw = self.bwrap is not None
@@ -216,7 +258,9 @@ class Sandbox:
             "uid_dropped": _privileged() and self.uid is not None,
             "rlimits": [opt.lstrip("-") for *_, opt in _rlimits(self.limits, self._data_not_as())],
             "env": "scrubbed",
-            "tree_kill": "pid namespace" if bw else "process group only",
+            "tree_kill": "pid namespace" if bw else ("cgroup" if self.cgroup else "process group only"),
+            "memory": {"cgroup": self.cgroup.version, "tree_limit_bytes": self.tree_memory} if self.cgroup else
+            {"cgroup": None, "tree_limit_bytes": None, "per_process_only": self.cgroup_error},
             "devices": self._device_nodes() if bw else [],
             "mode": self.mode,
             **({"fallback_reason": self.fallback_reason} if not bw else {}),
@@ -240,7 +284,8 @@ class Sandbox:
         pydir = os.path.dirname(sys.executable)
         out = {
             "PATH": f"{pydir}:/usr/local/bin:/usr/bin:/bin",
-            "HOME": "/tmp",
+            "HOME": self.workdir,
+            "TMPDIR": self.workdir,
             "LANG": "C.UTF-8",
             **(env or {}),
         }
@@ -277,7 +322,7 @@ class Sandbox:
                 a += ["--ro-bind", p, p]
         uid = self.uid if self.uid is not None else os.getuid()
         for path, text in (
-            ("/etc/passwd", f"sandbox:x:{uid}:{uid}:sandbox:/tmp:/usr/sbin/nologin\n"),
+            ("/etc/passwd", f"sandbox:x:{uid}:{uid}:sandbox:{self.workdir}:/usr/sbin/nologin\n"),
             ("/etc/group", f"sandbox:x:{uid}:\n"),
         ):
             r, w = os.pipe()
@@ -285,9 +330,8 @@ class Sandbox:
             os.close(w)
             data_fds.append(r)
             a += ["--perms", "0444", "--ro-bind-data", str(r), path]
-        a += ["--proc", "/proc", "--dev", "/dev"]
-        for tmp in ("/tmp", "/dev/shm"):
-            a += ["--perms", "1777", "--size", str(self.limits.tmp_bytes), "--tmpfs", tmp]
+        a += ["--proc", "/proc", "--dev", "/dev", "--perms", "0555", "--dir", "/tmp"]
+        a += ["--perms", "1777", "--size", str(self.limits.shm_bytes), "--tmpfs", "/dev/shm"]
         # bwrap copies the modes of the host's parent dirs (/root is 0700): make them traversable
         made = {"/", "/usr", "/etc", "/tmp", "/dev", "/proc"}
 
@@ -303,7 +347,8 @@ class Sandbox:
             a += [*parents(p), "--ro-bind", p, p]
         for dev in self._device_nodes():
             a += ["--dev-bind", dev, dev]
-        a += [*parents(self.workdir), "--bind", self.workdir, self.workdir, "--chdir", self.workdir, "--"]
+        a += [*parents(self.workdir), "--bind", self.workdir, self.workdir, "--chdir", self.workdir]
+        a += ["--remount-ro", "/dev", "--remount-ro", "/", "--"]  # only the workdir and /dev/shm stay writable
         if self.uid is not None:
             a += [
                 "setpriv",
@@ -321,15 +366,18 @@ class Sandbox:
         self._prepare_workdir()
         limits = _rlimits(self.limits, self._data_not_as())
         data_fds: list[int] = []
+        group = self.cgroup.create(self.tree_memory) if self.cgroup else None
+        procs_fd = group.open_procs() if group else None
         try:
             cmd = self._bwrap_argv(argv, data_fds) if self.bwrap else list(argv)
             prlimit = shutil.which("prlimit")
-            preexec = None
             if prlimit:
                 cmd = [prlimit, *(f"{opt}={soft}:{hard}" for _, soft, hard, opt in limits), "--", *cmd]
-            else:
 
-                def preexec() -> None:
+            def preexec() -> None:
+                if procs_fd is not None:  # join the run's memory cgroup before anything is exec'd
+                    os.write(procs_fd, b"0")
+                if not prlimit:
                     for res, soft, hard, _ in limits:
                         resource.setrlimit(res, (soft, hard))
 
@@ -344,13 +392,19 @@ class Sandbox:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
-                preexec_fn=preexec,
+                preexec_fn=preexec if procs_fd is not None or not prlimit else None,
                 **drop,
             )
+        except BaseException:
+            if group:
+                group.remove()
+            raise
         finally:
             for fd in data_fds:
                 os.close(fd)
-        return SandboxedProcess(proc, self.limits, started, bwrap=self.bwrap is not None)
+            if procs_fd is not None:
+                os.close(procs_fd)
+        return SandboxedProcess(proc, self.limits, started, bwrap=self.bwrap is not None, group=group)
 
 
 class _Capture(threading.Thread):
@@ -389,10 +443,12 @@ _SIGNAL_REASONS = {
 
 
 class SandboxedProcess:
-    def __init__(self, proc: subprocess.Popen, limits: Limits, started: float | None = None, *, bwrap: bool = False):
-        self.proc, self.limits, self.bwrap = proc, limits, bwrap
+    def __init__(self, proc: subprocess.Popen, limits: Limits, started: float | None = None, *, bwrap: bool = False,
+                 group: MemoryGroup | None = None):
+        self.proc, self.limits, self.bwrap, self.group = proc, limits, bwrap, group
         self.started = time.monotonic() if started is None else started
-        self.timed_out, self.killed = False, False
+        self.timed_out, self.killed, self.memory_exceeded = False, False, False
+        self._exited = threading.Event()
         self._lock = threading.Lock()
         self._out = _Capture(proc.stdout, limits.output_bytes)
         self._err = _Capture(proc.stderr, limits.output_bytes)
@@ -400,6 +456,8 @@ class SandboxedProcess:
         self._timer = threading.Timer(max(0.0, self.started + limits.wall_seconds - time.monotonic()), self._expire)
         self._timer.daemon = True
         self._timer.start()
+        if group is not None:
+            threading.Thread(target=self._watch_memory, daemon=True).start()
         self._outcome: Outcome | None = None
 
     @property
@@ -411,6 +469,17 @@ class SandboxedProcess:
             if self.proc.poll() is None:
                 self.timed_out = True
                 self._kill()
+
+    def _watch_memory(self) -> None:
+        """The kernel's OOM killer takes one process (v1) or the group (v2): finish the rest of the tree."""
+        assert self.group is not None
+        while not self._exited.wait(MEMORY_POLL_S):
+            if self.group.oom_kills():
+                with self._lock:
+                    self.memory_exceeded = True
+                    if self.proc.poll() is None:
+                        self._kill()
+                return
 
     def kill(self) -> None:
         with self._lock:
@@ -430,9 +499,13 @@ class SandboxedProcess:
             return self._outcome
         rc = self.proc.wait()
         elapsed = time.monotonic() - self.started
+        self._exited.set()
         self._timer.cancel()
         with self._lock:
             self._kill()  # leftovers in our process group (fallback) once the main process is gone
+        if self.group is not None:
+            self.memory_exceeded = self.memory_exceeded or self.group.oom_kills() > 0
+            self.group.remove()  # kills what is left in the group, however detached, then removes it
         # EOF comes at once unless something outside our reach still holds the pipes (fallback: a
         # setsid'd grandchild); never hang on it, the reader threads keep draining and close them.
         deadline = time.monotonic() + (5.0 if self.bwrap else 2.0)
@@ -441,7 +514,11 @@ class SandboxedProcess:
         escaped = self._out.is_alive() or self._err.is_alive()
         if self.bwrap and 128 < rc < 128 + signal.NSIG:
             rc = -(rc - 128)  # bwrap's init reports a signalled child as 128 + signo
-        if self.timed_out:
+        if self.memory_exceeded:
+            assert self.group is not None
+            reason = (f"memory limit exceeded: the run's processes together reached its {self.group.limit >> 20} MiB "
+                      "limit and were killed")
+        elif self.timed_out:
             reason = f"wall time exceeded ({self.limits.wall_seconds:g} s)"
         elif self.killed:
             reason = "killed by the parent"
@@ -459,6 +536,7 @@ class SandboxedProcess:
             self._out.truncated,
             self._err.truncated,
             elapsed,
+            self.memory_exceeded,
         )
         return self._outcome
 

@@ -1,16 +1,14 @@
-# Attack: write the result into an input's storage and return that alias (the checker would see the
-# mutated input as "the input" in an in-process harness).
-# Defence: outputs sharing storage with inputs are rejected; the reference uses a pristine copy anyway.
+# Attack: zero the inputs in place and return an alias of one as the output, so a checker that recomputes the
+# reference from the inputs it handed over (or trusts memory the kernel can still change) sees agreement.
+# Defence: the parent computes the reference on its pristine copy and checks its own copy of the output,
+# taken when the call returns. Sharing storage with an input is allowed (preallocated outputs do), so only
+# the values decide.
 # expected: fail
 # mode: test
-import torch
-
-
 def custom_kernel(data):
     a, b = data
-    result = a @ b
-    flat = a.view(-1)
-    if flat.numel() >= result.numel():
-        flat[: result.numel()] = result.view(-1)
-        return flat[: result.numel()].view(result.shape)
-    return torch.zeros(1).expand(result.shape)
+    m, n = a.shape[0], b.shape[1]
+    a.zero_()
+    b.zero_()
+    source = a if a.numel() >= m * n else b
+    return source.view(-1)[: m * n].view(m, n) if source.numel() >= m * n else a

@@ -50,5 +50,6 @@ def run_harness(job: dict[str, Any] | str, timeout: float = 240) -> tuple[Line, 
     return results[0], [line for line in lines if line["event"] == "progress"]
 
 
-def run_submission(tmp_path: Path, submission: Path, mode: str = "test", **overrides: Any) -> dict[str, Any]:
-    return run_harness(job_for(make_workdir(tmp_path, submission), mode, **overrides))[0]
+def run_submission(tmp_path: Path, submission: Path, mode: str = "test", problem: str = "matmul",
+                   **overrides: Any) -> dict[str, Any]:
+    return run_harness(job_for(make_workdir(tmp_path, submission, problem), mode, **overrides))[0]

@@ -1,11 +1,13 @@
-"""Every hostile submission in tests/cheats/ must get its expected verdict from the real harness."""
+"""Every hostile submission in tests/cheats/ must get its expected verdict from the real harness; the honest
+ones there (`# expected: pass`) guard against defences that misfire."""
 
+import os
 import re
 from pathlib import Path
 
 import pytest
 
-from runners.harness import sandbox
+from runners.harness import cgroups, sandbox
 
 from .helpers import CHEATS, run_submission
 
@@ -13,27 +15,53 @@ pytestmark = pytest.mark.slow
 CHEAT_FILES = sorted(CHEATS.glob("*.py"))
 _box = sandbox.describe()
 ISOLATED = bool(_box.get("pid_namespace")) and _box.get("uid") != 0
+# The whole tree of every corpus run may use 2 GiB (a run on a real node gets that node's share).
+CORPUS_LIMITS = {"tree_memory_bytes": 2 << 30}
 
 
-def header(path: Path, key: str) -> str:
+def header(path: Path, key: str, default: str | None = None) -> str:
     match = re.search(rf"^# {key}: (.+)$", path.read_text(), re.MULTILINE)
-    assert match, f"{path.name} has no '# {key}:' header"
-    return match.group(1).strip()
+    assert match or default is not None, f"{path.name} has no '# {key}:' header"
+    return match.group(1).strip() if match else default
+
+
+def _memory_cgroup() -> bool:
+    try:
+        cgroups.memory_parent()
+    except cgroups.CgroupUnavailable:
+        return False
+    return True
 
 
 @pytest.mark.parametrize("cheat", CHEAT_FILES, ids=lambda p: p.stem)
 def test_cheat_gets_expected_verdict(tmp_path, cheat):
     expected = header(cheat, "expected").split("|")
-    if "# needs: isolation" in cheat.read_text() and not ISOLATED:
+    needs = header(cheat, "needs", "")
+    if needs == "isolation" and not ISOLATED:
         pytest.skip("this defence needs the bubblewrap sandbox (pid namespace, uid drop)")
-    result = run_submission(tmp_path, cheat, header(cheat, "mode"),
-                            timeouts={"test": 10, "benchmark": 30, "ranked": 30})
+    if needs == "memory-cgroup" and not _memory_cgroup() and os.environ.get("CI") != "true":
+        pytest.skip("this defence needs a memory cgroup (root or a delegated cgroup)")
+    result = run_submission(tmp_path, cheat, header(cheat, "mode"), header(cheat, "problem", "matmul"),
+                            timeouts={"test": 10, "benchmark": 30, "ranked": 30}, limits=CORPUS_LIMITS)
     assert result["status"] == "ok"
+    if expected == ["pass"]:
+        assert result["verdict"] == "pass" and result["passed"] is True, result["error"]
+        return
     assert result["verdict"] != "pass" and result["passed"] is False
     assert result["verdict"] in expected, (result["verdict"], result["error"])
     assert result["error"]
     assert "LEAKED" not in result["stderr"]
     assert result["ranked"] == []
+
+
+def test_memory_bomb_verdict_is_clear(tmp_path):
+    if not _memory_cgroup() and os.environ.get("CI") != "true":
+        pytest.skip("needs a memory cgroup (root or a delegated cgroup)")
+    result = run_submission(tmp_path, CHEATS / "memory_bomb.py", limits=CORPUS_LIMITS)
+    assert (result["status"], result["verdict"]) == ("ok", "memory_limit"), result["error"]
+    assert result["error"] == ("memory limit exceeded: the run's processes together reached its 2048 MiB limit "
+                               "and were killed (in the test phase)")
+    assert result["system"]["sandbox"]["memory"]["tree_limit_bytes"] == 2 << 30
 
 
 def test_corpus_is_complete():

@@ -11,7 +11,7 @@ from leaderboards.models import BoardEntry, RunStatus
 from leaderboards.taskfile import load_task
 from runners.harness.job import parse_job
 from runners.jobs import CUDA_COMPILE_TIMEOUT, harness_job, total_timeout, workdir_files
-from runners.models import GpuType
+from runners.models import Gpu, GpuType
 
 from ..factories import LeaderboardFactory, UserFactory, submission
 from .helpers import FIXTURES
@@ -41,7 +41,7 @@ def test_the_job_carries_the_task_files_and_config_as_declared(cu_board, tmp_pat
     files = workdir_files(run)
     assert files == {"eval.cu": (TASK / "eval.cu").read_text(), "task.h": (TASK / "task.h").read_text(),
                      "submission.cu": GOOD}
-    job = harness_job(run, tmp_path, ["0"], 1)
+    job = harness_job(run, tmp_path, ["0"], Gpu.objects.get())
     assert (job["lang"], job["protocol"], job["timeouts"]["compile"]) == ("cu", "popcorn", CUDA_COMPILE_TIMEOUT)
     assert job["cuda"] == {"sources": ["eval.cu", "submission.cu"], "headers": ["task.h"], "include_dirs": [],
                            "defines": {"SCALE": 3}, "compile_flags": ["-DFROM_COMPILE_FLAGS=1"], "arch": "90a"}
@@ -51,7 +51,7 @@ def test_the_job_carries_the_task_files_and_config_as_declared(cu_board, tmp_pat
 
 def test_cpu_gpu_type_compiles_for_the_native_arch(cu_board, tmp_path):
     (run,) = submission(cu_board, code=GOOD, mode="test").runs.all()
-    assert harness_job(run, tmp_path, [], 1)["cuda"]["arch"] == ""
+    assert harness_job(run, tmp_path, [], Gpu.objects.get())["cuda"]["arch"] == ""
 
 
 def submit(board, code: str, mode: str, capture):

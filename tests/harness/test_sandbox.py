@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from runners.harness import cgroups
 from runners.harness import sandbox as sb
 from runners.harness.sandbox import Limits, Sandbox, SandboxUnavailable
 
@@ -33,6 +34,20 @@ needs_bwrap = pytest.mark.skipif(
     not _bwrap_ok() and os.environ.get("CI") != "true", reason="bubblewrap unusable here (fails under CI=true)"
 )
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="uid drop needs root")
+
+
+def _cgroup_error() -> str:
+    try:
+        cgroups.memory_parent()
+    except cgroups.CgroupUnavailable as e:
+        return str(e)
+    return ""
+
+
+needs_cgroup = pytest.mark.skipif(
+    bool(_cgroup_error()) and os.environ.get("CI") != "true",
+    reason=f"no usable memory cgroup here: {_cgroup_error()} (fails under CI=true)",
+)
 
 
 @pytest.fixture
@@ -61,6 +76,8 @@ def test_describe_reports_bubblewrap():
     assert d["backend"] == "bubblewrap" and d["network"] == "isolated" and d["pid_namespace"] is True
     assert d["uid"] == (sb.NOBODY if os.geteuid() == 0 else os.getuid())
     assert {"cpu", "as", "nproc", "fsize", "nofile", "core"} <= set(d["rlimits"])
+    if not _cgroup_error():
+        assert d["memory"]["cgroup"] in ("v1", "v2") and d["memory"]["tree_limit_bytes"] == sb.node_memory()[1]
 
 
 @needs_bwrap
@@ -144,7 +161,7 @@ def test_env_and_host_processes_hidden(tmp_path: Path, monkeypatch):
     )
     assert o.returncode == 0, o.stderr
     assert "s3cr3t" not in o.stdout and "KERNELBOT_SECRET_TOKEN" not in o.stdout
-    assert "ENV ['GIVEN', 'HOME', 'LANG', 'PATH', 'PWD']" in o.stdout
+    assert "ENV ['GIVEN', 'HOME', 'LANG', 'PATH', 'PWD', 'TMPDIR']" in o.stdout
     assert "PROCS 2 ['/usr/bin/bwrap " in o.stdout  # only the namespace's init and itself: no host process
     assert "ENVIRON 1 " not in o.stdout  # the namespace's init runs as root: unreadable
 
@@ -165,7 +182,8 @@ def test_runs_as_nobody_without_capabilities(tmp_path: Path):
 
 @needs_bwrap
 def test_torch_imports_under_default_limits(tmp_path: Path):
-    o = run(tmp_path, "import torch; print(torch.ones(4).sum().item())", Limits(wall_seconds=60))
+    code = "import numpy, torch; print(torch.from_numpy(numpy.ones(4)).sum().item())"  # what problems import
+    o = run(tmp_path, code, Limits(wall_seconds=60))
     assert (o.returncode, o.stdout.strip()) == (0, "4.0"), o.stderr
 
 
@@ -173,6 +191,102 @@ def test_torch_imports_under_default_limits(tmp_path: Path):
 def test_memory_bomb_fails(tmp_path: Path):
     o = run(tmp_path, "x = bytearray(4 << 30)", Limits(wall_seconds=30, memory_bytes=1 << 30))
     assert o.returncode == 1 and "MemoryError" in o.stderr
+
+
+# Each child stays far below the per-process limit; only a limit on the whole tree stops them together.
+TREE_BOMB = """
+    import os, sys, time
+    for _ in range(6):
+        if os.fork() == 0:
+            os.setsid()  # detached: a process-group kill would miss it
+            hoard = [b"x" * (64 << 20) for _ in range(5)]  # 320 MiB each, touched
+            print("hoarded", flush=True)
+            time.sleep(120)  # {marker}
+            os._exit(0)
+    time.sleep(120)
+"""
+
+
+def _groups_left() -> list[str]:
+    parent = cgroups.memory_parent().path
+    return [n for n in os.listdir(parent) if n.startswith(f"{cgroups.PREFIX}{os.getpid()}-")]
+
+
+@needs_cgroup
+@needs_bwrap
+def test_memory_limit_covers_the_whole_tree(tmp_path: Path):
+    marker = f"sbx-{uuid.uuid4().hex}"
+    limits = Limits(wall_seconds=120, memory_bytes=4 << 30, tree_memory_bytes=768 << 20)
+    o = run(tmp_path, TREE_BOMB.format(marker=marker), limits)
+    assert o.memory_exceeded and not o.timed_out, o
+    assert o.reason.startswith("memory limit exceeded") and "768 MiB" in o.reason
+    assert o.stdout.count("hoarded") < 3  # 3 x 320 MiB cannot fit in 768 MiB
+    assert not _alive(marker)
+    assert _groups_left() == []
+
+
+@needs_cgroup
+def test_memory_limit_and_tree_kill_without_bubblewrap(tmp_path: Path, monkeypatch):
+    """The rlimits-only fallback still gets the cgroup: the tree's memory is capped and detached descendants die."""
+    monkeypatch.setattr(sb, "_bwrap_path", lambda: None)
+    monkeypatch.setenv("KERNELBOT_SANDBOX", "auto")
+    limits = Limits(wall_seconds=120, memory_bytes=4 << 30, tree_memory_bytes=768 << 20)
+    box = Sandbox(str(tmp_path), limits, uid=None)  # stay root: the interpreter may sit in a private home
+    assert box.describe()["tree_kill"] == "cgroup" and box.describe()["memory"]["tree_limit_bytes"] == 768 << 20
+    marker = f"sbx-{uuid.uuid4().hex}"
+    o = box.start([PY, "-c", textwrap.dedent(TREE_BOMB.format(marker=marker))]).wait()
+    assert o.memory_exceeded and o.reason.startswith("memory limit exceeded"), o
+    assert not _alive(marker)
+    script = f"import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)  # {marker}\n"
+    o = box.start([PY, "-c", script]).wait()
+    assert o.returncode == 0 and not o.memory_exceeded and o.reason == "", o
+    assert not _alive(marker)  # outside the process group, inside the cgroup
+    assert _groups_left() == []
+
+
+def test_tree_memory_defaults_to_the_nodes_share():
+    total, usable = sb.node_memory()
+    assert usable == total - max(2 << 30, total // 5)
+    assert sb.tree_memory_limit(Limits()) == usable
+    assert sb.tree_memory_limit(Limits(runs_per_node=3)) == usable // 3
+    assert sb.tree_memory_limit(Limits(tree_memory_bytes=1 << 30)) == 1 << 30  # a pool's own setting
+    assert sb.tree_memory_limit(Limits(tree_memory_bytes=total * 2)) == usable  # never past the margin
+    assert sb.tree_memory_limit(Limits(tree_memory_bytes=1)) == sb.MIN_TREE_BYTES
+
+
+def test_missing_memory_cgroup_is_refused_under_require(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("KERNELBOT_CGROUP", str(tmp_path))  # not a cgroup
+    monkeypatch.setenv("KERNELBOT_SANDBOX", "require")
+    with pytest.raises(SandboxUnavailable, match="no memory cgroup is usable .*not a memory-controller group"):
+        Sandbox(str(tmp_path), Limits())
+    monkeypatch.setenv("KERNELBOT_SANDBOX", "auto")
+    memory = Sandbox(str(tmp_path), Limits()).describe()["memory"]
+    assert memory["cgroup"] is None and "not a memory-controller group" in memory["per_process_only"]
+
+
+@needs_bwrap
+def test_only_workdir_and_shm_are_writable(tmp_path: Path):
+    o = run(
+        tmp_path,
+        """
+        import multiprocessing, os, tempfile
+        print("HOME", os.environ["HOME"] == os.getcwd(), tempfile.gettempdir() == os.getcwd())
+        for path in ["/tmp/x", "/x", "/etc/x", "/dev/x", "/dev/shm/x", "mine.txt"]:
+            try:
+                open(path, "w").write("1")
+                print("WRITABLE", path)
+            except OSError as e:
+                print("refused", path, e.strerror)
+        with open("/dev/null", "w") as f:
+            f.write("devices still work")
+        multiprocessing.get_context("spawn").Lock()  # a POSIX semaphore in /dev/shm
+        print("semaphore ok")
+    """,
+    )
+    assert o.returncode == 0, o.stderr
+    assert "HOME True True" in o.stdout and "semaphore ok" in o.stdout
+    assert [line.split()[1] for line in o.stdout.splitlines() if line.startswith("WRITABLE")] == [
+        "/dev/shm/x", "mine.txt"]
 
 
 @needs_bwrap
@@ -370,7 +484,7 @@ def test_fallback_rlimits_env_session(tmp_path: Path, monkeypatch, how):
     o = box.start(["/bin/sh", "-c", "id -u; ulimit -n; ulimit -t; ulimit -c; env | sort; ps -o sid= -p $$"]).wait()
     lines = o.stdout.split()
     assert lines[:4] == [str(d["uid"]), "77", "5", "0"], o
-    assert "s3cr3t" not in o.stdout and "HOME=/tmp" in o.stdout
+    assert "s3cr3t" not in o.stdout and f"HOME={tmp_path}" in o.stdout and f"TMPDIR={tmp_path}" in o.stdout
     assert int(lines[-1]) != os.getsid(0)  # its own session
 
 
@@ -394,6 +508,7 @@ def test_unprivileged_caller_uses_user_namespace():
         for init in (base / "runners" / "__init__.py", pkg / "__init__.py"):
             init.touch()
         shutil.copy(sb.__file__, pkg / "sandbox.py")
+        shutil.copy(cgroups.__file__, pkg / "cgroups.py")
         wd = base / "wd"
         wd.mkdir()
         os.chown(wd, sb.NOBODY, sb.NOBODY)

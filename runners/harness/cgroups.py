@@ -1,0 +1,225 @@
+"""A memory limit on a whole process tree, enforced by the kernel: one memory cgroup per sandboxed run.
+
+    parent = memory_parent()                  # MemoryParent, or raises CgroupUnavailable(why)
+    group = parent.create(limit_bytes)        # a fresh child group with the limit set
+    fd = group.open_procs()                   # the forked child writes "0" here before exec: the whole
+                                              # tree is inside from its first instruction
+    group.oom_kills(), group.kill(), group.remove()
+
+Both hierarchies behind the same interface: cgroup v2 (`memory.max`, `memory.swap.max`, `memory.oom.group`,
+`memory.events`) and the v1 memory controller (`memory.limit_in_bytes`, `memory.memsw.limit_in_bytes`,
+`memory.oom_control`). The parent is `KERNELBOT_CGROUP` when set (a cgroup directory this process may create
+groups in: v2 with `memory` in its `cgroup.subtree_control`, or a v1 memory-controller directory), else the
+group this process itself is in (v2 when `memory` is enabled for its children, else the v1 memory controller).
+Groups are nested there, so the run stays accounted (and limited) wherever the runner itself is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import os
+import re
+import signal
+import time
+
+_counter = itertools.count()
+PREFIX = "kernelbot-"
+
+
+class CgroupUnavailable(RuntimeError):
+    """No memory cgroup this process may create groups in."""
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def _write(path: str, value: str) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+def _field(text: str, key: str) -> int:
+    """`key N` from a flat-keyed cgroup file (memory.events, memory.oom_control)."""
+    match = re.search(rf"^{key} (\d+)$", text, re.MULTILINE)
+    return int(match.group(1)) if match else 0
+
+
+def _own_groups() -> dict[str, tuple[str, str]]:
+    """version -> (mount point, this process's group directory) from /proc/self/{cgroup,mountinfo}."""
+    paths: dict[str, str] = {}
+    for line in _read("/proc/self/cgroup").splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            paths["v2"] = path
+        elif "memory" in controllers.split(","):
+            paths["v1"] = path
+    found: dict[str, tuple[str, str]] = {}
+    for line in _read("/proc/self/mountinfo").splitlines():
+        pre, _, post = line.partition(" - ")
+        fields, (fstype, _source, options) = pre.split(), post.split()[:3]
+        root, mount = fields[3], fields[4]
+        version = "v2" if fstype == "cgroup2" else "v1" if fstype == "cgroup" and "memory" in options.split(",") else ""
+        if version and version in paths and version not in found:
+            rel = os.path.relpath(paths[version], root)
+            if not rel.startswith(".."):
+                found[version] = (mount, os.path.normpath(os.path.join(mount, rel)))
+    return found
+
+
+def _usable(version: str, directory: str) -> str:
+    """"" if we may create memory-limited groups in `directory`, else why not."""
+    if version == "v2":
+        try:
+            enabled = _read(os.path.join(directory, "cgroup.subtree_control")).split()
+        except OSError as exc:
+            return f"cgroup v2 at {directory}: {exc.strerror}"
+        if "memory" not in enabled:
+            return f"cgroup v2: memory is not enabled in {directory}/cgroup.subtree_control"
+    elif not os.path.exists(os.path.join(directory, "memory.limit_in_bytes")):
+        return f"cgroup v1: {directory} is not a memory-controller group"
+    if not os.access(directory, os.W_OK):
+        return f"cgroup {version}: {directory} is not writable by uid {os.geteuid()}"
+    return ""
+
+
+class MemoryGroup:
+    def __init__(self, path: str, version: str, limit: int):
+        self.path, self.version, self.limit = path, version, limit
+
+    def _file(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    def open_procs(self) -> int:
+        return os.open(self._file("cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+
+    def oom_kills(self) -> int:
+        """Processes the kernel killed because the group hit its limit."""
+        name = "memory.events" if self.version == "v2" else "memory.oom_control"
+        try:
+            return _field(_read(self._file(name)), "oom_kill")
+        except OSError:
+            return 0
+
+    def pids(self) -> list[int]:
+        try:
+            return [int(p) for p in _read(self._file("cgroup.procs")).split()]
+        except OSError:
+            return []
+
+    def kill(self) -> None:
+        """SIGKILL every process in the group, however it was forked or detached."""
+        if self.version == "v2" and os.path.exists(self._file("cgroup.kill")):
+            with contextlib.suppress(OSError):
+                _write(self._file("cgroup.kill"), "1")
+            return
+        for _ in range(100):  # v1: new processes may be forked while we kill; a few rounds empty it
+            pids = self.pids()
+            if not pids:
+                return
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.01)
+
+    def remove(self, timeout: float = 5.0) -> bool:
+        self.kill()
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                os.rmdir(self.path)
+                return True
+            except FileNotFoundError:
+                return True
+            except OSError:
+                if time.monotonic() > deadline:
+                    return False
+                self.kill()
+                time.sleep(0.02)
+
+
+class MemoryParent:
+    def __init__(self, version: str, path: str):
+        self.version, self.path = version, path
+
+    def __str__(self) -> str:
+        return f"{self.version} {self.path}"
+
+    def create(self, limit: int) -> MemoryGroup:
+        self._remove_stale()
+        path = os.path.join(self.path, f"{PREFIX}{os.getpid()}-{next(_counter)}-{time.monotonic_ns()}")
+        os.mkdir(path, 0o755)
+        group = MemoryGroup(path, self.version, limit)
+        try:
+            if self.version == "v2":
+                _write(group._file("memory.max"), str(limit))
+                _write(group._file("memory.oom.group"), "1")  # an OOM kills the whole tree, not one process
+                optional = {"memory.swap.max": "0"}
+            else:
+                _write(group._file("memory.limit_in_bytes"), str(limit))
+                optional = {"memory.memsw.limit_in_bytes": str(limit)}  # memory + swap, where accounted
+            for name, value in optional.items():
+                if os.path.exists(group._file(name)):
+                    _write(group._file(name), value)
+        except OSError:
+            group.remove()
+            raise
+        return group
+
+    def _remove_stale(self) -> None:
+        """Groups left by a runner that died before removing them (empty once their processes are gone)."""
+        with contextlib.suppress(OSError):
+            for name in os.listdir(self.path):
+                match = re.fullmatch(rf"{PREFIX}(\d+)-\d+-\d+", name)
+                if match and not _alive(int(match.group(1))):
+                    with contextlib.suppress(OSError):
+                        os.rmdir(os.path.join(self.path, name))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def memory_parent() -> MemoryParent:
+    return _memory_parent(os.environ.get("KERNELBOT_CGROUP", "").strip())
+
+
+@functools.cache
+def _memory_parent(configured: str) -> MemoryParent:
+    """Probed once per process and setting: create, limit and remove a group."""
+    if configured:
+        version = "v2" if os.path.exists(os.path.join(configured, "cgroup.controllers")) else "v1"
+        candidates = [(version, os.path.realpath(configured))]
+    else:
+        try:
+            own = _own_groups()
+        except (OSError, ValueError, IndexError) as exc:
+            raise CgroupUnavailable(f"cannot read this process's cgroups: {exc}") from None
+        candidates = [(v, own[v][1]) for v in ("v2", "v1") if v in own]
+        if not candidates:
+            raise CgroupUnavailable("no cgroup v2 or v1 memory hierarchy is mounted")
+    problems = []
+    for version, directory in candidates:
+        if problem := _usable(version, directory):
+            problems.append(problem)
+            continue
+        parent = MemoryParent(version, directory)
+        try:
+            parent.create(1 << 30).remove()
+        except OSError as exc:
+            problems.append(f"cgroup {version}: cannot create a group in {directory}: {exc}")
+            continue
+        return parent
+    raise CgroupUnavailable("; ".join(problems))
