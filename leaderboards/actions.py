@@ -12,6 +12,7 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
+from runners.harness.result import NEEDS_CUDA, NEEDS_CUDA_FLAG
 from runners.models import GpuPool, GpuType
 from runners.queue import enqueue_on_commit
 
@@ -221,6 +222,12 @@ def do_ingest_result(run_id: int, attempt: int, result: dict) -> bool:
             log.info("ignoring result for run %s attempt %s (now %s, attempt %s)",
                      run_id, attempt, run.status, run.attempt)
             return False
+        if result.get("status") != "ok" and NEEDS_CUDA_FLAG in (result.get("flags") or []):
+            # the problem cannot run on this runner at all: retrying here only repeats it (not the user's fault)
+            run.update_status(RunStatus.ERROR, infra_failures=run.infra_failures + 1, reason=result["error"],
+                              error=str(result.get("error") or NEEDS_CUDA), result=result,
+                              system_info=result.get("system", {}))
+            return True
         if result.get("status") != "ok":
             _infrastructure_failure(run, result.get("error") or "the runner reported an error")
             return True

@@ -22,10 +22,9 @@ import sys
 import traceback
 
 from .job import Job, JobError, parse_job
-from .result import Emitter, Result
+from .result import NEEDS_CUDA, NEEDS_CUDA_FLAG, Emitter, Result
 
 PR_SET_DUMPABLE = 4
-NEEDS_CUDA = "this problem needs a CUDA GPU; this runner has none"
 
 
 def _harden_self() -> None:
@@ -103,7 +102,7 @@ def main() -> int:
         result = Result(mode=mode, protocol=protocol, status="error")
         if needs_cuda(exc):
             result.fail("fail", NEEDS_CUDA)
-            result.flags.append("needs-cuda")
+            result.flags.append(NEEDS_CUDA_FLAG)
             result.extra["cause"] = f"{type(exc).__name__}: {str(exc)[:500]}"
         else:
             result.fail("fail", f"internal harness error:\n{traceback.format_exc(limit=-10)}")

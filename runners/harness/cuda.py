@@ -21,7 +21,7 @@ import subprocess
 from .job import Job
 from .popcorn import FLAG, STAGES, phase_limits, run_stages
 from .problem import derive_seed
-from .result import Emitter, Result, cap, tail
+from .result import NEEDS_CUDA, NEEDS_CUDA_FLAG, Emitter, Result, cap, tail
 from .sandbox import Sandbox
 
 PROGRAM = "eval.out"
@@ -95,8 +95,8 @@ def run(job: Job, emitter: Emitter) -> Result:
         return result
     if not has_gpu(job) and NO_GPU.search(failed.stderr):
         result.status = "error"
-        return result.fail("crash", "this runner has no CUDA GPU for this run, so the program's CUDA "
-                                    f"calls failed (not your code):\n{tail(failed.stderr, 5)}")
+        result.flags.append(NEEDS_CUDA_FLAG)
+        return result.fail("crash", f"{NEEDS_CUDA} (the program's CUDA calls failed):\n{tail(failed.stderr, 5)}")
     return result.fail(failed.verdict, failed.error)
 
 

@@ -13,6 +13,9 @@ from . import sandbox
 from .stats import Summary
 
 VERDICTS = ("pass", "fail", "compile_error", "crash", "timeout", "hacked", "memory_limit")
+# Status "error" with this flag: the problem cannot run on this runner at all; the platform ends the run at once.
+NEEDS_CUDA = "this problem needs a CUDA GPU; this runner has none"
+NEEDS_CUDA_FLAG = "needs-cuda"
 OUTPUT_CAP = 16 << 10  # characters of child stdout/stderr kept in the result
 
 

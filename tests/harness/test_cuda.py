@@ -93,7 +93,8 @@ def test_a_compile_reading_dev_zero_is_stopped_by_the_memory_limit(tmp_path):
 def test_cuda_calls_without_a_gpu_end_with_a_clear_runner_error(tmp_path):
     result, _ = run_harness(cuda_job(tmp_path, "gpu_call.cu", "test", gpus=[]), timeout=600)
     assert (result["status"], result["passed"]) == ("error", False)
-    assert result["error"].startswith("this runner has no CUDA GPU for this run")
+    assert result["error"].startswith("this problem needs a CUDA GPU; this runner has none")
+    assert "needs-cuda" in result["flags"]
     assert "CUDA error" in result["error"]  # the runtime's own words, after the explanation
 
 
