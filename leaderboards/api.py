@@ -13,6 +13,7 @@ from ninja import File, Form, Router
 from ninja.errors import HttpError
 from ninja.files import UploadedFile
 
+from kernelbot.api_errors import check_offset
 from kernelbot.cli.directives import parse_directives
 
 from . import actions
@@ -111,7 +112,7 @@ def create_submission(request, file: File[UploadedFile], leaderboard: Form[str] 
     gpus = [g for g in (gpu or found.get("gpu", "")).split(",") if g.strip()]
     if not leaderboard:
         raise HttpError(400, "Name a leaderboard (form field or a #!POPCORN leaderboard line).")
-    checked = actions.check_submission(request.auth, leaderboard, gpus, mode.lower(), file.name or "submission",
+    checked = actions.check_submission(request.auth, leaderboard, gpus, mode, file.name or "submission",
                                        content)
     submission = actions.do_submit(request.auth, checked)
     return 201, submission_out(submission, submission.new_runs, RunView.DETAILS,
@@ -124,7 +125,8 @@ def list_submissions(request, leaderboard: str = "", limit: int = 50, offset: in
     qs = Submission.objects.filter(user=request.auth).select_related("leaderboard").prefetch_related("runs")
     if leaderboard:
         qs = qs.filter(leaderboard__name=leaderboard)
-    limit, offset = max(1, min(limit, 200)), max(0, min(offset, 10**9))
+    check_offset(offset)
+    limit = max(1, min(limit, 200))
     rows = []
     for s in qs[offset:offset + limit]:
         runs = list(s.runs.all())
