@@ -31,7 +31,7 @@ from .schemas import (
     SubmissionOut,
     SubmissionPageOut,
 )
-from .serializers import job_state, run_out
+from .serializers import job_state, run_out, submission_scores
 
 router = Router(tags=["leaderboards"])
 ERRORS = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 413: ErrorOut, 429: ErrorOut, 503: ErrorOut}
@@ -122,7 +122,8 @@ def create_submission(request, file: File[UploadedFile], leaderboard: Form[str] 
 @router.get("/submissions", response=SubmissionPageOut, auth=token_auth)
 def list_submissions(request, leaderboard: str = "", limit: int = 50, offset: int = 0):
     """The caller's submissions, newest first."""
-    qs = Submission.objects.filter(user=request.auth).select_related("leaderboard").prefetch_related("runs")
+    qs = Submission.objects.filter(user=request.auth).select_related("leaderboard").prefetch_related(
+        "runs__gpu_type")
     if leaderboard:
         qs = qs.filter(leaderboard__name=leaderboard)
     check_offset(offset)
@@ -131,7 +132,7 @@ def list_submissions(request, leaderboard: str = "", limit: int = 50, offset: in
     for s in qs[offset:offset + limit]:
         runs = list(s.runs.all())
         done, status, _ = job_state(runs, RunView.DETAILS)
-        scores = [r.score for r in runs if not r.secret and r.score is not None]
+        scores = submission_scores(s.mode, runs).values()  # per GPU type, as its board entries rank it
         rows.append({"id": s.pk, "leaderboard": s.leaderboard.name, "file_name": s.file_name, "mode": s.mode,
                      "created": s.created, "done": done, "status": status, "score": min(scores, default=None)})
     return {"count": qs.count(), "results": rows}
