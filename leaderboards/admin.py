@@ -65,7 +65,8 @@ class ProblemAdmin(NoAddAdmin):  # problems come from "Import problem (zip)" or 
                 return redirect("admin:leaderboards_problem_changelist")
         context = {**self.admin_site.each_context(request), "form": form, "title": "Import a problem",
                    "opts": self.model._meta}
-        return render(request, "admin/leaderboards/problem/upload.html", context)
+        return render(request, "admin/leaderboards/problem/upload.html", context,
+                      status=400 if request.method == "POST" else 200)
 
 
 @admin.register(Leaderboard)

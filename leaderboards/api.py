@@ -34,6 +34,7 @@ from .schemas import (
 from .serializers import job_state, run_out, submission_scores
 
 router = Router(tags=["leaderboards"])
+MAX_PAGE = 10**6
 ERRORS = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 413: ErrorOut, 429: ErrorOut, 503: ErrorOut}
 
 
@@ -63,7 +64,8 @@ def get_leaderboard(request, name: str):
     return leaderboard_out(visible(request, name))
 
 
-@router.get("/leaderboards/{name}/rankings/{gpu}", response={200: RankingPageOut, 401: ErrorOut, 404: ErrorOut},
+@router.get("/leaderboards/{name}/rankings/{gpu}", response={200: RankingPageOut, 400: ErrorOut, 401: ErrorOut,
+                                                             404: ErrorOut},
             auth=optional_token_auth)
 def rankings(request, name: str, gpu: str, page: int = 1, page_size: int = 50):
     """One board (leaderboard × GPU type), best first; `page` from 1, `page_size` up to 200."""
@@ -71,7 +73,9 @@ def rankings(request, name: str, gpu: str, page: int = 1, page_size: int = 50):
     gpu_type = next((g for g in board.gpu_types.all() if g.name.lower() == gpu.lower()), None)
     if gpu_type is None:
         raise HttpError(404, f"Leaderboard '{name}' does not run on GPU '{gpu}'.")
-    page, page_size = max(1, min(page, 10**6)), max(1, min(page_size, 200))
+    if not 1 <= page <= MAX_PAGE:
+        raise HttpError(400, f"page must be between 1 and {MAX_PAGE}; got {page}.")
+    page_size = max(1, min(page_size, 200))
     entries = BoardEntry.objects.for_board(board, gpu_type).select_related("user")
     start = (page - 1) * page_size
     return {"leaderboard": board.name, "gpu": gpu_type.name, "count": entries.count(), "page": page,

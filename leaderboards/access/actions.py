@@ -34,6 +34,7 @@ from .models import (
 
 LAST_USED_RESOLUTION = timedelta(seconds=60)
 MAX_DAYS = 3650  # longest token or invite lifetime
+MAX_INVITE_USES = 10**6
 MAX_TOKEN_NAME = ApiToken._meta.get_field("name").max_length
 
 
@@ -171,7 +172,8 @@ def check_may_submit(user, leaderboard: Leaderboard, mode: str) -> None:
 # --- invitations and bans -----------------------------------------------------------------------
 def do_create_invite(leaderboard: Leaderboard, max_uses: int = 1, expires_days: int | None = None) -> Invite:
     expires = timezone.now() + timedelta(days=min(max(expires_days, 1), MAX_DAYS)) if expires_days else None
-    return Invite.objects.create(leaderboard=leaderboard, max_uses=min(max(1, max_uses), 10**6), expires=expires)
+    return Invite.objects.create(leaderboard=leaderboard, max_uses=min(max(1, max_uses), MAX_INVITE_USES),
+                                 expires=expires)
 
 
 def do_join(user, code: str) -> Membership:

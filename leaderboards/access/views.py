@@ -15,15 +15,18 @@ from .models import ApiToken
 @require_http_methods(["GET", "POST"])
 def link_cli(request):
     """popcorn-cli's `register` stores a pending id; the user pastes it here (it is never put in a URL path)."""
+    status = 200
     if request.method == "POST":
         try:
             actions.do_bind_cli_login(request.user, request.POST.get("cli_id", ""))
         except actions.AccessDenied as exc:
             messages.error(request, exc.message)
+            status = exc.status
         else:
             messages.success(request, "Your CLI is linked: popcorn-cli can submit as you now.")
             return redirect("access:tokens")
-    return render(request, "leaderboards/access/link_cli.html", {"cli_id": request.GET.get("state", "")})
+    return render(request, "leaderboards/access/link_cli.html", {"cli_id": request.GET.get("state", "")},
+                  status=status)
 
 
 @login_required

@@ -18,7 +18,7 @@ from django.db.models import Count, Q
 from django.http import Http404, HttpRequest
 from django.urls import reverse
 from django.utils import timezone
-from ninja import NinjaAPI, Router, Schema
+from ninja import Field, NinjaAPI, Router, Schema
 from ninja.errors import HttpError
 from ninja.security import APIKeyHeader, HttpBearer
 
@@ -350,8 +350,8 @@ def _zip_sources(data: bytes):
 
 class InviteIn(Schema):
     leaderboard: str
-    max_uses: int = 1
-    expires_days: int | None = None
+    max_uses: int = Field(1, ge=1, le=access.MAX_INVITE_USES)
+    expires_days: int | None = Field(None, ge=1, le=access.MAX_DAYS)
 
 
 @admin.post("/invites")
