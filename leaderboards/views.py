@@ -156,13 +156,19 @@ def user_page(request: HttpRequest, username: str) -> HttpResponse:
         sub.scores = submission_scores(sub.mode, sub.scored_runs)
     ranks = BoardEntry.objects.filter(user=person, leaderboard__in=Leaderboard.objects.visible_to(request.user)) \
         .select_related("leaderboard", "gpu_type").order_by("leaderboard")
-    history = (Run.objects.ranked().filter(submission__user=person, secret=False, passed=True, score__isnull=False,
+    history = (Run.objects.ranked().filter(submission__user=person, passed=True, score__isnull=False,
                                            submission__leaderboard__in=Leaderboard.objects.visible_to(request.user))
-               .order_by("submission__created").values_list("submission__leaderboard__name", "gpu_type__name",
-                                                            "submission__created", "score")[:2000])
+               .select_related("gpu_type", "submission__leaderboard").order_by("submission__created", "pk")
+               .only("secret", "passed", "score", "gpu_type__name", "submission__created", "submission__mode",
+                     "submission__leaderboard__name")[:4000])
+    by_submission: dict[int, list[Run]] = {}
+    for run in history:
+        by_submission.setdefault(run.submission_id, []).append(run)
     series: dict[str, list] = {}
-    for board, gpu, created, score in history:
-        series.setdefault(f"{board} · {gpu}", []).append([created.isoformat(), score])
+    for runs in by_submission.values():  # the same score as everywhere else: the slower of public and secret
+        sub = runs[0].submission
+        for gpu, score in submission_scores(sub.mode, runs).items():
+            series.setdefault(f"{sub.leaderboard.name} · {gpu}", []).append([sub.created.isoformat(), score])
     return render(request, "leaderboards/user.html", {"person": person, "page": page, "ranks": ranks,
                                                       "series": series, "ranked_rule": score_rule("leaderboard"),
                                                       "other_rule": score_rule("test")})

@@ -1,6 +1,8 @@
 """A submission has one score, the board entry's (the slower of its public and secret runs), shown the same on the
 board, its own page, its user's page and /api/v1, with how it was made."""
 
+import json
+
 import pytest
 
 from leaderboards import actions
@@ -30,6 +32,8 @@ def test_board_submission_user_page_and_api_show_the_same_score(client, leaderbo
     assert "the slower of its public and secret runs, as ranked" in own
     assert "this run 77.50 µs" in own  # the public run's own time stays visible, labelled as that run's
     assert person.count('<span class="score">78.32 µs</span>') == 1 and "77.50" not in person
+    history = json.loads(person.split('id="history-data" type="application/json">')[1].split("</script>")[0])
+    assert [score for series in history.values() for _, score in series] == [pytest.approx(78.32e-6)]
     assert "for a ranked submission the slower of its public and secret runs" in person
     listed = client.get("/api/v1/submissions", headers={"Authorization": f"Bearer {do_create_token(user)[1]}"})
     assert listed.json()["results"][0]["score"] == pytest.approx(78.32e-6)
