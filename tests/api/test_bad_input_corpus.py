@@ -182,6 +182,11 @@ CASES: dict[str, tuple[Callable, int, str]] = {
                                         "'directory' holds a NUL byte"),
     "popcorn admin: directory outside": (pop("post", "admin/leaderboards", {"directory": "../.."}, ADMIN), 400,
                                          "outside the problems directory"),
+    **{f"popcorn admin: {kind} leaderboard name": (
+        pop("post", "admin/leaderboards", {"directory": "demo/vectoradd_py", "name": name}, ADMIN), 400, fragment)
+       for kind, name, fragment in [("NUL in", NUL, "is not a valid leaderboard name"),
+                                    ("over-long", "a" * 101, "at most 100 characters"),
+                                    ("non-slug", "Vector Add!", "Vector Add!")]},
     "popcorn admin: gpus wrong type": (pop("post", "admin/leaderboards", {"directory": "demo", "gpus": 3},
                                            ADMIN), 400, "gpus"),
     "popcorn admin: NUL in invite board": (pop("post", "admin/invites", {"leaderboard": NUL}, ADMIN), 400,
