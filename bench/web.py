@@ -19,6 +19,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "kernelbot.settings")
 os.environ.setdefault("DEBUG", "0")  # production settings: no template debug bookkeeping
 os.environ.setdefault("SECRET_KEY", "bench-only")
 os.environ.setdefault("ALLOWED_HOSTS", "testserver")
+os.environ.setdefault("SECURE_SSL_REDIRECT", "0")  # the test client speaks plain HTTP
 
 import django  # noqa: E402
 

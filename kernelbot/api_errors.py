@@ -14,7 +14,27 @@ from ninja.errors import HttpError, ValidationError
 from leaderboards.errors import Refused
 
 log = logging.getLogger(__name__)
-NUL_BYTES = "The request holds characters that cannot be stored or looked up (such as NUL bytes)."
+NUL_BYTES = "The request holds a NUL byte, which no name, text or path can contain."
+MAX_OFFSET = 10**9
+
+
+def check_offset(offset: int) -> None:
+    if not 0 <= offset <= MAX_OFFSET:
+        raise HttpError(400, f"offset must be between 0 and {MAX_OFFSET}; got {offset}.")
+
+
+def data_error_message(exc: DataError) -> str:
+    """The database refused a value itself: say which kind, not a guess (psycopg/sqlite messages differ)."""
+    text = str(exc.__cause__ or exc).lower()
+    if "nul" in text or "0x00" in text:
+        return NUL_BYTES
+    if "out of range" in text or "too large" in text or "too big" in text or "overflow" in text:
+        return "A number in the request is too large to store or compare (at most 2^63 - 1)."
+    if "too long" in text:
+        return "A text value in the request is longer than its field allows."
+    if "encoding" in text or "utf" in text or "character" in text:
+        return "The request holds characters that cannot be stored (invalid or unsupported encoding)."
+    return "The request holds a value the database cannot store or compare."
 
 
 def refusal(exc: Exception) -> tuple[str, int, dict[str, str]] | None:
@@ -26,7 +46,7 @@ def refusal(exc: Exception) -> tuple[str, int, dict[str, str]] | None:
     if isinstance(exc, Http404):
         return str(exc) or "Not found.", 404, {}
     if isinstance(exc, DataError):  # e.g. a NUL byte in a name: the database refuses the value itself
-        return NUL_BYTES, 400, {}
+        return data_error_message(exc), 400, {}
     return None
 
 
@@ -39,9 +59,9 @@ def error_response(exc: Exception) -> JsonResponse:
     return JsonResponse({"detail": message}, status=status, headers=headers)
 
 
-def install_error_handlers(api: NinjaAPI, *, validation_as_text: bool = False) -> None:
-    """`validation_as_text`: invalid input is a 400 with one string (popcorn-cli prints `detail` only when it is
-    a string); otherwise ninja's 422 with the list of errors."""
+def install_error_handlers(api: NinjaAPI, *, validation_status: int = 422) -> None:
+    """Invalid input is `validation_status` with one string naming each bad field (popcorn-cli prints `detail`
+    only when it is a string, and wants a 400)."""
     def answer(request, exc: Exception):
         found = refusal(exc)
         if found is None:
@@ -55,9 +75,9 @@ def install_error_handlers(api: NinjaAPI, *, validation_as_text: bool = False) -
 
     for kind in (Refused, HttpError, Http404, DataError, Exception):
         api.add_exception_handler(kind, answer)
-    if validation_as_text:
-        @api.exception_handler(ValidationError)
-        def validation_error(request, exc: ValidationError):
-            parts = [f"{'.'.join(str(p) for p in e.get('loc', [])[1:]) or 'request'}: {e.get('msg')}"
-                     for e in exc.errors]
-            return api.create_response(request, {"detail": "Invalid request: " + "; ".join(parts)}, status=400)
+    @api.exception_handler(ValidationError)
+    def validation_error(request, exc: ValidationError):
+        parts = [f"{'.'.join(str(p) for p in e.get('loc', [])[1:]) or 'request'}: {e.get('msg')}"
+                 for e in exc.errors]
+        return api.create_response(request, {"detail": "Invalid request: " + "; ".join(parts)},
+                                   status=validation_status)

@@ -5,7 +5,7 @@ class RejectNulBytesMiddleware:
     """NUL bytes in a path or query can never name anything; answer 400 before any database sees them
     (PostgreSQL refuses them with an error, SQLite would silently miss)."""
 
-    MESSAGE = "The request holds characters that cannot be stored or looked up (such as NUL bytes)."
+    MESSAGE = "The request's path or query holds a NUL byte, which no name can contain."
 
     def __init__(self, get_response):
         self.get_response = get_response

@@ -1,5 +1,5 @@
-"""One env-driven settings module. Embedded defaults run everything on one machine;
-production sets DEBUG=0, SECRET_KEY, ALLOWED_HOSTS, DATABASE_URL and REDIS_URL."""
+"""One env-driven settings module. Embedded defaults run everything on one machine (`./dev` sets DEBUG=1 for
+itself, tests/settings.py for the suite); production sets SECRET_KEY, ALLOWED_HOSTS, DATABASE_URL and REDIS_URL."""
 
 import hashlib
 import os
@@ -23,7 +23,7 @@ def env_list(name: str, default: str = "") -> list[str]:
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
 
 
-DEBUG = env_bool("DEBUG", True)
+DEBUG = env_bool("DEBUG", False)  # off unless asked for: a forgotten variable never serves debug pages
 SECRET_KEY = os.environ.get("SECRET_KEY", "")
 if not SECRET_KEY:
     if not DEBUG:
@@ -81,6 +81,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "leaderboards.context_processors.site_state",
             ],
         },
     },
@@ -206,9 +207,15 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
 }
 
-if not DEBUG:
+if not DEBUG:  # behind a TLS proxy that sets X-Forwarded-Proto; `manage.py check --deploy` is clean
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_bool("SECURE_COOKIES", True)
+    SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)
+    SECURE_HSTS_SECONDS = int(os.environ.get("SECURE_HSTS_SECONDS", str(365 * 24 * 3600)))
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
+    if not SECURE_HSTS_PRELOAD:  # joining browsers' preload list is the operator's own, hard-to-undo choice
+        SILENCED_SYSTEM_CHECKS = ["security.W021"]
 
 # --- kernelbot ---------------------------------------------------------------------------------
 # Where runs' working directories are created by the local runner.

@@ -1,4 +1,5 @@
 from django.contrib import admin, messages
+from django.http import HttpRequest
 from django.shortcuts import redirect, render
 from django.urls import path
 from django.utils.html import format_html
@@ -9,6 +10,14 @@ from .forms import ProblemUploadForm
 from .importing import ImportRejected, do_import_task
 from .models import Board, BoardEntry, Code, Competition, Leaderboard, Problem, Profile, Run, RunAttempt, Submission
 from .taskfile import TaskFileError, load_task_from_zip
+
+
+class NoAddAdmin(admin.ModelAdmin):
+    """Rows made only by an action or an import (a submission, a run, a problem version, a ranking): the admin's
+    blank "add" form could only fail or bypass the rules, so it is not offered."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
 
 
 @admin.register(Profile)
@@ -23,7 +32,7 @@ class CompetitionAdmin(admin.ModelAdmin):
 
 
 @admin.register(Problem)
-class ProblemAdmin(admin.ModelAdmin):
+class ProblemAdmin(NoAddAdmin):  # problems come from "Import problem (zip)" or import_problems
     list_display = ["name", "version", "lang", "harness", "short_hash", "created"]
     list_filter = ["lang", "harness"]
     search_fields = ["name"]
@@ -56,7 +65,8 @@ class ProblemAdmin(admin.ModelAdmin):
                 return redirect("admin:leaderboards_problem_changelist")
         context = {**self.admin_site.each_context(request), "form": form, "title": "Import a problem",
                    "opts": self.model._meta}
-        return render(request, "admin/leaderboards/problem/upload.html", context)
+        return render(request, "admin/leaderboards/problem/upload.html", context,
+                      status=400 if request.method == "POST" else 200)
 
 
 @admin.register(Leaderboard)
@@ -111,7 +121,7 @@ class RunInline(admin.TabularInline):
 
 
 @admin.register(Submission)
-class SubmissionAdmin(admin.ModelAdmin):
+class SubmissionAdmin(NoAddAdmin):
     list_display = ["id", "user", "leaderboard", "mode", "file_name", "created"]
     list_filter = ["mode", "leaderboard"]
     search_fields = ["user__username", "file_name"]
@@ -140,7 +150,7 @@ class RunAttemptInline(admin.TabularInline):
 
 
 @admin.register(Run)
-class RunAdmin(admin.ModelAdmin):
+class RunAdmin(NoAddAdmin):
     list_display = ["id", "submission", "gpu_type", "secret", "status", "attempt", "verdict", "score",
                     "queued_at", "finished_at"]
     list_filter = ["status", "secret", "gpu_type", "submission__mode"]
@@ -151,9 +161,6 @@ class RunAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request):
         return super().get_queryset(request).select_related("submission__leaderboard", "gpu_type")
-
-    def has_add_permission(self, request) -> bool:
-        return False
 
     @admin.action(description="Requeue (run again)")
     def requeue(self, request, queryset):
@@ -168,18 +175,18 @@ class RunAdmin(admin.ModelAdmin):
 
 
 @admin.register(BoardEntry)
-class BoardEntryAdmin(admin.ModelAdmin):
+class BoardEntryAdmin(NoAddAdmin):
     list_display = ["leaderboard", "gpu_type", "rank", "user", "score", "submission", "submitted_at"]
     list_filter = ["leaderboard", "gpu_type"]
     ordering = ["leaderboard", "gpu_type", "rank"]
 
 
 @admin.register(Board)
-class BoardAdmin(admin.ModelAdmin):
+class BoardAdmin(NoAddAdmin):
     list_display = ["leaderboard", "gpu_type", "version", "updated"]
 
 
-admin.site.register(Code)
+admin.site.register(Code, NoAddAdmin)
 
 
 # --- API access, quotas and invitations ----------------------------------------------------------
@@ -221,4 +228,12 @@ class BanAdmin(admin.ModelAdmin):
 
 @admin.register(JobSwitch)
 class JobSwitchAdmin(admin.ModelAdmin):
+    """The one switch (pk=1): edited in place; saving it takes effect at once (its post_save forgets the cache)."""
+
     list_display = ["accepting", "reason", "changed"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return not JobSwitch.objects.exists()
+
+    def has_delete_permission(self, request: HttpRequest, obj: JobSwitch | None = None) -> bool:
+        return False

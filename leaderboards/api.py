@@ -13,6 +13,7 @@ from ninja import File, Form, Router
 from ninja.errors import HttpError
 from ninja.files import UploadedFile
 
+from kernelbot.api_errors import check_offset
 from kernelbot.cli.directives import parse_directives
 
 from . import actions
@@ -30,9 +31,10 @@ from .schemas import (
     SubmissionOut,
     SubmissionPageOut,
 )
-from .serializers import job_state, run_out
+from .serializers import job_state, run_out, submission_scores
 
 router = Router(tags=["leaderboards"])
+MAX_PAGE = 10**6
 ERRORS = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 413: ErrorOut, 429: ErrorOut, 503: ErrorOut}
 
 
@@ -62,7 +64,8 @@ def get_leaderboard(request, name: str):
     return leaderboard_out(visible(request, name))
 
 
-@router.get("/leaderboards/{name}/rankings/{gpu}", response={200: RankingPageOut, 401: ErrorOut, 404: ErrorOut},
+@router.get("/leaderboards/{name}/rankings/{gpu}", response={200: RankingPageOut, 400: ErrorOut, 401: ErrorOut,
+                                                             404: ErrorOut},
             auth=optional_token_auth)
 def rankings(request, name: str, gpu: str, page: int = 1, page_size: int = 50):
     """One board (leaderboard × GPU type), best first; `page` from 1, `page_size` up to 200."""
@@ -70,7 +73,9 @@ def rankings(request, name: str, gpu: str, page: int = 1, page_size: int = 50):
     gpu_type = next((g for g in board.gpu_types.all() if g.name.lower() == gpu.lower()), None)
     if gpu_type is None:
         raise HttpError(404, f"Leaderboard '{name}' does not run on GPU '{gpu}'.")
-    page, page_size = max(1, min(page, 10**6)), max(1, min(page_size, 200))
+    if not 1 <= page <= MAX_PAGE:
+        raise HttpError(400, f"page must be between 1 and {MAX_PAGE}; got {page}.")
+    page_size = max(1, min(page_size, 200))
     entries = BoardEntry.objects.for_board(board, gpu_type).select_related("user")
     start = (page - 1) * page_size
     return {"leaderboard": board.name, "gpu": gpu_type.name, "count": entries.count(), "page": page,
@@ -111,7 +116,7 @@ def create_submission(request, file: File[UploadedFile], leaderboard: Form[str] 
     gpus = [g for g in (gpu or found.get("gpu", "")).split(",") if g.strip()]
     if not leaderboard:
         raise HttpError(400, "Name a leaderboard (form field or a #!POPCORN leaderboard line).")
-    checked = actions.check_submission(request.auth, leaderboard, gpus, mode.lower(), file.name or "submission",
+    checked = actions.check_submission(request.auth, leaderboard, gpus, mode, file.name or "submission",
                                        content)
     submission = actions.do_submit(request.auth, checked)
     return 201, submission_out(submission, submission.new_runs, RunView.DETAILS,
@@ -121,15 +126,17 @@ def create_submission(request, file: File[UploadedFile], leaderboard: Form[str] 
 @router.get("/submissions", response=SubmissionPageOut, auth=token_auth)
 def list_submissions(request, leaderboard: str = "", limit: int = 50, offset: int = 0):
     """The caller's submissions, newest first."""
-    qs = Submission.objects.filter(user=request.auth).select_related("leaderboard").prefetch_related("runs")
+    qs = Submission.objects.filter(user=request.auth).select_related("leaderboard").prefetch_related(
+        "runs__gpu_type")
     if leaderboard:
         qs = qs.filter(leaderboard__name=leaderboard)
-    limit, offset = max(1, min(limit, 200)), max(0, min(offset, 10**9))
+    check_offset(offset)
+    limit = max(1, min(limit, 200))
     rows = []
     for s in qs[offset:offset + limit]:
         runs = list(s.runs.all())
         done, status, _ = job_state(runs, RunView.DETAILS)
-        scores = [r.score for r in runs if not r.secret and r.score is not None]
+        scores = submission_scores(s.mode, runs).values()  # per GPU type, as its board entries rank it
         rows.append({"id": s.pk, "leaderboard": s.leaderboard.name, "file_name": s.file_name, "mode": s.mode,
                      "created": s.created, "done": done, "status": status, "score": min(scores, default=None)})
     return {"count": qs.count(), "results": rows}

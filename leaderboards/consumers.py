@@ -5,6 +5,7 @@ level: `serializers.live_run`), each to whoever may see it (`access.authority`);
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -17,6 +18,7 @@ from .models import Board, BoardEntry, Leaderboard, Run
 from .serializers import live_run
 
 SNAPSHOT_ROWS = 50
+MAX_ID = 2**63 - 1  # larger ids name nothing (and the database would refuse to compare them)
 
 
 def entry_row(entry: BoardEntry) -> dict[str, Any]:
@@ -42,12 +44,31 @@ def submission_snapshot(user, submission_id: int) -> dict[str, Any]:
     return {"type": "snapshot", "runs": [live_run(r) for r in runs]}
 
 
-class LeaderboardConsumer(AsyncJsonWebsocketConsumer):
+class LiveConsumer(AsyncJsonWebsocketConsumer):
+    """Client frames that are not JSON get an error frame, not a server traceback."""
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs) -> None:
+        try:
+            content = json.loads(text_data if text_data is not None else bytes_data or b"")
+        except (ValueError, UnicodeDecodeError):
+            await self.send_json({"type": "error", "detail": "Frames must be JSON, e.g. {\"type\": \"resync\"}."})
+            return
+        await self.receive_json(content, **kwargs)
+
+
+class NoSuchStream(AsyncJsonWebsocketConsumer):
+    """Any other websocket path: refused with 4404 (URLRouter would log an error with a traceback for each)."""
+
+    async def connect(self) -> None:
+        await self.close(code=4404)
+
+
+class LeaderboardConsumer(LiveConsumer):
     async def connect(self) -> None:
         kwargs = self.scope["url_route"]["kwargs"]
         self.leaderboard_id, self.gpu_type_id = int(kwargs["leaderboard_id"]), int(kwargs["gpu_type_id"])
-        if not await database_sync_to_async(board_visible)(self.scope["user"], self.leaderboard_id,
-                                                           self.gpu_type_id):
+        if max(self.leaderboard_id, self.gpu_type_id) > MAX_ID or not await database_sync_to_async(board_visible)(
+                self.scope["user"], self.leaderboard_id, self.gpu_type_id):
             await self.close(code=4404)
             return
         live.ensure_tailer()
@@ -76,9 +97,12 @@ class LeaderboardConsumer(AsyncJsonWebsocketConsumer):
                               "removed": event.get("removed", [])})
 
 
-class SubmissionConsumer(AsyncJsonWebsocketConsumer):
+class SubmissionConsumer(LiveConsumer):
     async def connect(self) -> None:
         self.submission_id = int(self.scope["url_route"]["kwargs"]["submission_id"])
+        if self.submission_id > MAX_ID:
+            await self.close(code=4404)
+            return
         try:
             snapshot = await database_sync_to_async(submission_snapshot)(self.scope["user"], self.submission_id)
         except AccessDenied as exc:

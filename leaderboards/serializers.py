@@ -4,10 +4,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from .access.authority import RunView, may_see_run_details
-from .models import TERMINAL_STATUSES, Run, RunStatus
+from .models import TERMINAL_STATUSES, Run, RunStatus, SubmissionMode
+
+SCORE_RULES = {SubmissionMode.LEADERBOARD: "the slower of its public and secret runs, as ranked"}
+PUBLIC_RUN_SCORE = "its public run's time"
 
 
 class Outcome:
@@ -73,6 +77,22 @@ def run_out(run: Run, view: RunView) -> dict[str, Any]:
             "system_info": run.system_info if timings else {},
             "error": run.error if details else "", "stdout": run.stdout if details else "",
             "stderr": run.stderr if details else "", "profile": result.get("profile") if details else None}
+
+
+def submission_scores(mode: str, runs: Iterable[Run]) -> dict[str, float]:
+    """GPU type name → a submission's one score there, the board entry's (`actions.ranked_candidates`): for a
+    ranked submission the slower of its public and secret runs once both passed, for other modes (which have
+    no secret run) its public run's. Needs `run.gpu_type`."""
+    found: dict[str, dict[bool, float]] = {}
+    for run in runs:
+        if run.passed and run.score is not None:
+            found.setdefault(run.gpu_type.name, {})[run.secret] = run.score
+    needed = 2 if mode == SubmissionMode.LEADERBOARD else 1
+    return {gpu: max(scores.values()) for gpu, scores in found.items() if len(scores) == needed}
+
+
+def score_rule(mode: str) -> str:
+    return SCORE_RULES.get(mode, PUBLIC_RUN_SCORE)
 
 
 def failure_text(shown: dict[str, Any]) -> str:

@@ -10,7 +10,7 @@ from django.contrib import messages
 from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.db.models import Count, Min, Q
+from django.db.models import Count, Prefetch
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
@@ -20,7 +20,7 @@ from .access.authority import RunView, access_leaderboard, access_submission, ma
 from .errors import AccessDenied, Refused
 from .history import board_history
 from .models import Board, BoardEntry, Leaderboard, Run, Submission
-from .serializers import Outcome, run_out
+from .serializers import Outcome, run_out, score_rule, submission_scores
 from .web_forms import SubmitForm
 
 PAGE_ROWS = 50
@@ -120,7 +120,7 @@ def submission(request: HttpRequest, pk: int) -> HttpResponse:
         shown["log_truncated"] = len(shown["stdout"]) > LOG_PREVIEW or len(shown["stderr"]) > LOG_PREVIEW
         shown["outcome_text"] = Outcome.TEXT.get(shown["outcome"], "")
     return render(request, "leaderboards/submission.html", {
-        "sub": sub, "runs": runs,
+        "sub": sub, "runs": runs, "scores": submission_scores(sub.mode, runs), "score_rule": score_rule(sub.mode),
         "show_code": view >= RunView.DETAILS, "staff_view": view is RunView.ALL,
         "done": all(r.is_terminal for r in runs),
     })
@@ -149,19 +149,29 @@ def submission_code(request: HttpRequest, pk: int) -> HttpResponse:
 def user_page(request: HttpRequest, username: str) -> HttpResponse:
     person = get_object_or_404(get_user_model().objects.select_related("profile"), username=username)
     subs = Submission.objects.visible_to(request.user).filter(user=person).select_related("leaderboard")
-    page = Paginator(subs.annotate(best=Min("runs__score", filter=Q(runs__passed=True, runs__secret=False)))
+    scored = Run.objects.filter(passed=True, score__isnull=False).select_related("gpu_type")
+    page = Paginator(subs.prefetch_related(Prefetch("runs", queryset=scored, to_attr="scored_runs"))
                      .order_by("-created"), 50).get_page(request.GET.get("page"))
+    for sub in page:
+        sub.scores = submission_scores(sub.mode, sub.scored_runs)
     ranks = BoardEntry.objects.filter(user=person, leaderboard__in=Leaderboard.objects.visible_to(request.user)) \
         .select_related("leaderboard", "gpu_type").order_by("leaderboard")
-    history = (Run.objects.ranked().filter(submission__user=person, secret=False, passed=True, score__isnull=False,
+    history = (Run.objects.ranked().filter(submission__user=person, passed=True, score__isnull=False,
                                            submission__leaderboard__in=Leaderboard.objects.visible_to(request.user))
-               .order_by("submission__created").values_list("submission__leaderboard__name", "gpu_type__name",
-                                                            "submission__created", "score")[:2000])
+               .select_related("gpu_type", "submission__leaderboard").order_by("submission__created", "pk")
+               .only("secret", "passed", "score", "gpu_type__name", "submission__created", "submission__mode",
+                     "submission__leaderboard__name")[:4000])
+    by_submission: dict[int, list[Run]] = {}
+    for run in history:
+        by_submission.setdefault(run.submission_id, []).append(run)
     series: dict[str, list] = {}
-    for board, gpu, created, score in history:
-        series.setdefault(f"{board} · {gpu}", []).append([created.isoformat(), score])
+    for runs in by_submission.values():  # the same score as everywhere else: the slower of public and secret
+        sub = runs[0].submission
+        for gpu, score in submission_scores(sub.mode, runs).items():
+            series.setdefault(f"{sub.leaderboard.name} · {gpu}", []).append([sub.created.isoformat(), score])
     return render(request, "leaderboards/user.html", {"person": person, "page": page, "ranks": ranks,
-                                                      "series": series})
+                                                      "series": series, "ranked_rule": score_rule("leaderboard"),
+                                                      "other_rule": score_rule("test")})
 
 
 @login_required

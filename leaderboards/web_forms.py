@@ -27,6 +27,8 @@ class SubmitForm(forms.Form):
         if upload:
             # read one byte past the limit so check_submission reports the size without buffering a huge file
             data["content"], data["file_name"] = upload.read(settings.MAX_SUBMISSION_BYTES + 1), upload.name
+        elif "code" in self.errors:  # its own message says what is wrong (e.g. a NUL character)
+            return data
         elif data.get("code", "").strip():
             data["content"], data["file_name"] = data["code"].replace("\r\n", "\n").encode(), "submission.py"
         else:

@@ -34,14 +34,20 @@ from .models import (
 
 LAST_USED_RESOLUTION = timedelta(seconds=60)
 MAX_DAYS = 3650  # longest token or invite lifetime
+MAX_INVITE_USES = 10**6
+MAX_TOKEN_NAME = ApiToken._meta.get_field("name").max_length
 
 
 # --- tokens ------------------------------------------------------------------------------------
 def do_create_token(user, name: str = "cli", expires_days: int | None = None) -> tuple[ApiToken, str]:
     """A new token and its secret; the secret is not stored and cannot be shown again."""
+    if "\x00" in name or not name.isprintable():
+        raise AccessDenied("A token name cannot hold NUL bytes or control characters.", 400)
+    if len(name) > MAX_TOKEN_NAME:
+        raise AccessDenied(f"A token name is at most {MAX_TOKEN_NAME} characters; this one has {len(name)}.", 400)
     raw = new_secret()
     expires = timezone.now() + timedelta(days=min(max(expires_days, 1), MAX_DAYS)) if expires_days else None
-    token = ApiToken.objects.create(user=user, name=name[:80] or "cli", digest=digest(raw), hint=raw[:10],
+    token = ApiToken.objects.create(user=user, name=name or "cli", digest=digest(raw), hint=raw[:10],
                                     expires=expires)
     return token, raw
 
@@ -166,7 +172,8 @@ def check_may_submit(user, leaderboard: Leaderboard, mode: str) -> None:
 # --- invitations and bans -----------------------------------------------------------------------
 def do_create_invite(leaderboard: Leaderboard, max_uses: int = 1, expires_days: int | None = None) -> Invite:
     expires = timezone.now() + timedelta(days=min(max(expires_days, 1), MAX_DAYS)) if expires_days else None
-    return Invite.objects.create(leaderboard=leaderboard, max_uses=min(max(1, max_uses), 10**6), expires=expires)
+    return Invite.objects.create(leaderboard=leaderboard, max_uses=min(max(1, max_uses), MAX_INVITE_USES),
+                                 expires=expires)
 
 
 def do_join(user, code: str) -> Membership:

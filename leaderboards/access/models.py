@@ -135,5 +135,12 @@ class JobSwitch(models.Model):
     reason = models.CharField(max_length=200, blank=True)
     changed = models.DateTimeField(auto_now=True)
 
+    class Meta:
+        verbose_name = verbose_name_plural = "jobs switch"
+
     def __str__(self) -> str:
         return "accepting jobs" if self.accepting else f"jobs stopped: {self.reason}"
+
+    def save(self, *args, **kwargs) -> None:
+        self.pk = 1  # one switch: a second row would be read by nothing
+        super().save(*args, **kwargs)

@@ -15,28 +15,40 @@ from .models import ApiToken
 @require_http_methods(["GET", "POST"])
 def link_cli(request):
     """popcorn-cli's `register` stores a pending id; the user pastes it here (it is never put in a URL path)."""
+    status = 200
     if request.method == "POST":
         try:
             actions.do_bind_cli_login(request.user, request.POST.get("cli_id", ""))
         except actions.AccessDenied as exc:
             messages.error(request, exc.message)
+            status = exc.status
         else:
             messages.success(request, "Your CLI is linked: popcorn-cli can submit as you now.")
             return redirect("access:tokens")
-    return render(request, "leaderboards/access/link_cli.html", {"cli_id": request.GET.get("state", "")})
+    return render(request, "leaderboards/access/link_cli.html", {"cli_id": request.GET.get("state", "")},
+                  status=status)
 
 
 @login_required
 @require_http_methods(["GET", "POST"])
 def tokens(request):
-    created = None
-    if request.method == "POST" and request.POST.get("revoke"):
-        actions.do_revoke_token(request.user, int(request.POST["revoke"]))
-        return redirect("access:tokens")
-    if request.method == "POST":
-        days = request.POST.get("expires_days") or ""
-        _, created = actions.do_create_token(request.user, request.POST.get("name", "cli"),
-                                             int(days) if days.isdigit() else None)
+    created, status = None, 200
+    try:
+        if request.method == "POST" and "revoke" in request.POST:
+            revoke = request.POST["revoke"]
+            if not revoke.isdigit() or len(revoke) > 18:
+                raise actions.AccessDenied(f"'revoke' must be a token id (a whole number), not {revoke[:40]!r}.")
+            actions.do_revoke_token(request.user, int(revoke))
+            return redirect("access:tokens")
+        if request.method == "POST":
+            days = request.POST.get("expires_days", "").strip()
+            if days and not (days.isdigit() and len(days) <= 6):
+                raise actions.AccessDenied(f"'expires days' must be a whole number of days, not {days[:40]!r}.")
+            _, created = actions.do_create_token(request.user, request.POST.get("name", "cli"),
+                                                 int(days) if days else None)
+    except actions.AccessDenied as exc:
+        messages.error(request, exc.message)
+        status = exc.status
     return render(request, "leaderboards/access/tokens.html", {
         "created": created, "tokens": ApiToken.objects.filter(user=request.user, revoked__isnull=True),
-        "api_url": request.build_absolute_uri("/popcorn").rstrip("/")})
+        "api_url": request.build_absolute_uri("/popcorn").rstrip("/")}, status=status)

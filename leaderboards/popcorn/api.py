@@ -5,7 +5,6 @@ Each endpoint is thin: the same actions as the site and our own /api/v1 do the w
 
 from __future__ import annotations
 
-import io
 import zipfile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -19,11 +18,11 @@ from django.db.models import Count, Q
 from django.http import Http404, HttpRequest
 from django.urls import reverse
 from django.utils import timezone
-from ninja import NinjaAPI, Router, Schema
+from ninja import Field, NinjaAPI, Router, Schema
 from ninja.errors import HttpError
 from ninja.security import APIKeyHeader, HttpBearer
 
-from kernelbot.api_errors import install_error_handlers
+from kernelbot.api_errors import check_offset, install_error_handlers
 from kernelbot.cli.directives import parse_directives
 from leaderboards import actions
 from leaderboards.access import actions as access
@@ -85,7 +84,7 @@ class AdminAuth(HttpBearer):
 
 api = NinjaAPI(title="popcorn-cli compatibility", version="popcorn", urls_namespace="popcorn", docs_url=None,
                openapi_url=None, auth=CliAuth())
-install_error_handlers(api, validation_as_text=True)
+install_error_handlers(api, validation_status=400)
 admin = Router(auth=AdminAuth())
 optional_cli = OptionalCliAuth()
 
@@ -165,9 +164,10 @@ def list_submissions(request, leaderboard: str | None = None, limit: int = 50, o
         "runs__gpu_type", "runs__submission")
     if leaderboard:
         qs = qs.filter(leaderboard__name=leaderboard)
+    check_offset(offset)
     limit = max(1, min(limit, 200))
     rows = []
-    for s in qs[max(0, offset): max(0, offset) + limit]:
+    for s in qs[offset:offset + limit]:
         runs = list(s.runs.all())
         rows.append({"id": s.pk, "leaderboard_name": s.leaderboard.name, "file_name": s.file_name,
                      "submission_time": s.created.isoformat(), "mode": s.mode,
@@ -261,6 +261,8 @@ class CreateLeaderboardIn(Schema):
 
 
 def inside_problems_dir(relative: str) -> Path:
+    if "\x00" in relative:
+        raise HttpError(400, "'directory' holds a NUL byte, which no path can contain.")
     root = settings.PROBLEMS_DIR.resolve()
     target = (root / relative).resolve()
     if root != target and root not in target.parents:
@@ -341,15 +343,15 @@ def _tree_sources(root: Path):
 
 
 def _zip_sources(data: bytes):
-    zipfile.ZipFile(io.BytesIO(data)).testzip()
+    # the loader checks members (paths, encryption, sizes) before reading any; CRCs are checked while extracting
     task = load_task_from_zip(data)
     return [(task.name, lambda force: do_import_task(task, force=force))]
 
 
 class InviteIn(Schema):
     leaderboard: str
-    max_uses: int = 1
-    expires_days: int | None = None
+    max_uses: int = Field(1, ge=1, le=access.MAX_INVITE_USES)
+    expires_days: int | None = Field(None, ge=1, le=access.MAX_DAYS)
 
 
 @admin.post("/invites")

@@ -111,7 +111,7 @@ def test_admin_zip_upload_imports_and_rejects_bad_archives(admin_client, cpu):
     bad.seek(0)
     bad.name = "bad.zip"
     response = admin_client.post("/admin/leaderboards/problem/upload/", {"archive": bad, "harness": "auto"})
-    assert response.status_code == 200 and b"errorlist" in response.content
+    assert response.status_code == 400 and b"errorlist" in response.content
     assert Problem.objects.count() == 1
 
 
@@ -320,7 +320,7 @@ def test_admin_zip_upload_refuses_long_names_with_a_message(admin_client, cpu, f
     response = admin_client.post("/admin/leaderboards/problem/upload/", {
         "archive": vectoradd_zip(folder), "harness": "auto", "leaderboard": leaderboard, "deadline": "2030-01-01",
         "gpus": "CPU"})
-    assert response.status_code == 200 and message in response.content.decode()
+    assert response.status_code == 400 and message in response.content.decode()
     assert not Problem.objects.exists()
 
 

@@ -147,6 +147,6 @@ def test_secret_runs_show_pass_or_fail_only(client, leaderboard):
 
 def test_user_page_shows_ranks_and_history(client, leaderboard, django_assert_max_num_queries):
     sub = ranked_board(leaderboard, 2)[1]
-    with django_assert_max_num_queries(6):
+    with django_assert_max_num_queries(7):
         page = client.get(f"/u/{sub.user.username}/").content.decode()
     assert leaderboard.name in page and "history-data" in page and f"/s/{sub.pk}/" in page
