@@ -149,6 +149,10 @@ def main() -> None:
         shutil.rmtree(root, ignore_errors=True)
 
     print(f"\n{args.reps} reps in {time.monotonic() - started:.0f} s")
+    best = {n: min((c["best"] for c in results[n] if "best" in c), default=None) for n in VARIANTS}
+    if all(best.values()):
+        print("true ratios from the fastest single call of each (least disturbed): " + ", ".join(
+            f"{slow}/{fast} = {best[slow] / best[fast]:.2f}" for _, fast, slow in PAIRS))
     print("\n| pair (true ratio) | order right |\n| --- | --- |")
     for label, fast, slow in PAIRS:
         print(f"| {fast} vs {slow} ({label}) | {right[label]}/{args.reps} |")
