@@ -121,6 +121,7 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=1.5, help="seconds of timing per case (case_budget_s)")
     parser.add_argument("--load", type=int, default=2, help="load processes started by the bench")
     parser.add_argument("--size", type=int, default=256, help="m = k = n of the matmul case")
+    parser.add_argument("--save", type=Path, help="write every run's timed case (JSON) here, for offline analysis")
     args = parser.parse_args()
     print(f"settings: reps={args.reps} budget={args.budget}s load={args.load} size={args.size} "
           f"cores={os.cpu_count()} sandbox={os.environ.get('KERNELBOT_SANDBOX', 'auto')}", flush=True)
@@ -148,6 +149,8 @@ def main() -> None:
             p.wait()
         shutil.rmtree(root, ignore_errors=True)
 
+    if args.save:
+        args.save.write_text(json.dumps(results))
     print(f"\n{args.reps} reps in {time.monotonic() - started:.0f} s")
     best = {n: min((c["best"] for c in results[n] if "best" in c), default=None) for n in VARIANTS}
     if all(best.values()):
