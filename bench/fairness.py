@@ -115,6 +115,32 @@ def spread_row(name: str, runs: list[dict], pick) -> str:
             f"{covers}/{len(cases)} | {stops['ci']}/{stops['budget']}/{stops['max_samples']} | {failed} |")
 
 
+# Estimators compared offline (--analyse) on the same runs; batches are [submission min, reference min,
+# submission median, reference median] per interleaved batch (ns).
+ESTIMATORS = {
+    "mean time (before)": lambda c: c["mean"],
+    "min time": lambda c: c["best"],
+    "time: median of batch minima": lambda c: statistics.median(b[0] for b in c["batches"]),
+    "ratio: median of batch median ratios": lambda c: statistics.median(b[2] / b[3] for b in c["batches"]),
+    "ratio: median of batch min ratios (ranked)": lambda c: statistics.median(b[0] / b[1] for b in c["batches"]),
+    "ratio: min / min": lambda c: min(b[0] for b in c["batches"]) / min(b[1] for b in c["batches"]),
+}
+
+
+def analyse(results: dict[str, list[dict]]) -> None:
+    """Order right and between-run spread of each estimator on the same runs (a failed run scores worst)."""
+    reps = min(len(v) for v in results.values())
+    print(f"\nestimators on the same {reps} reps: order right at 3x / 1.5x, between-run sd per solution")
+    print("| estimator | 3x | 1.5x | sd x1 | sd x2 | sd x3 |\n| --- | --- | --- | --- | --- | --- |")
+    for label, pick in ESTIMATORS.items():
+        values = {name: [pick(c) if "batches" in c else math.inf for c in cases[:reps]]
+                  for name, cases in results.items()}
+        right = [sum(f < s for f, s in zip(values[fast], values[slow], strict=True)) for _, fast, slow in PAIRS]
+        sds = [statistics.stdev(ok) / statistics.fmean(ok) if len(ok := [x for x in v if x < math.inf]) > 1
+               else math.nan for v in values.values()]
+        print(f"| {label} | {right[0]}/{reps} | {right[1]}/{reps} | " + " | ".join(f"{sd:.1%}" for sd in sds) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=20)
@@ -122,7 +148,11 @@ def main() -> None:
     parser.add_argument("--load", type=int, default=2, help="load processes started by the bench")
     parser.add_argument("--size", type=int, default=256, help="m = k = n of the matmul case")
     parser.add_argument("--save", type=Path, help="write every run's timed case (JSON) here, for offline analysis")
+    parser.add_argument("--analyse", type=Path, help="compare estimators on runs saved by --save, and exit")
     args = parser.parse_args()
+    if args.analyse:
+        analyse(json.loads(args.analyse.read_text()))
+        return
     print(f"settings: reps={args.reps} budget={args.budget}s load={args.load} size={args.size} "
           f"cores={os.cpu_count()} sandbox={os.environ.get('KERNELBOT_SANDBOX', 'auto')}", flush=True)
 
@@ -139,6 +169,8 @@ def main() -> None:
             order = names[rep % 3:] + names[:rep % 3]
             for name in order:
                 results[name].append(run_once(paths[name], args, seed=random.getrandbits(62)))
+            if args.save:
+                args.save.write_text(json.dumps(results))
             for label, fast, slow in PAIRS:
                 right[label] += ranked_value(results[fast][-1])[0] < ranked_value(results[slow][-1])[0]
             print(f"rep {rep + 1}: " + "  ".join(f"{n}={ranked_value(results[n][-1])[0]:.4g}" for n in names),
@@ -149,8 +181,8 @@ def main() -> None:
             p.wait()
         shutil.rmtree(root, ignore_errors=True)
 
-    if args.save:
-        args.save.write_text(json.dumps(results))
+    if any("batches" in c for cases in results.values() for c in cases):
+        analyse(results)
     print(f"\n{args.reps} reps in {time.monotonic() - started:.0f} s")
     best = {n: min((c["best"] for c in results[n] if "best" in c), default=None) for n in VARIANTS}
     if all(best.values()):

@@ -4,6 +4,7 @@ management commands, web, API, Discord) calls these, so they never disagree."""
 from __future__ import annotations
 
 import logging
+import math
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
@@ -266,7 +267,11 @@ def ratio_from_result(result: dict, mode: str, ranking_by: str) -> Interval | No
 
 
 def ratio_fields(ratio: Interval | None) -> dict[str, float | None]:
-    return {"ratio": ratio and ratio.value, "ratio_low": ratio and ratio.low, "ratio_high": ratio and ratio.high}
+    """Model fields; an unbounded interval side is stored as null."""
+    if ratio is None:
+        return {"ratio": None, "ratio_low": None, "ratio_high": None}
+    return {"ratio": ratio.value, "ratio_low": ratio.low or None,
+            "ratio_high": ratio.high if math.isfinite(ratio.high) else None}
 
 
 def do_report_failure(run_id: int, attempt: int, reason: str) -> bool:
@@ -365,10 +370,11 @@ def ranked_candidates(leaderboard_id: int, gpu_type_id: int) -> list[Candidate]:
     ).values_list("submission_id", "submission__user_id", "submission__created", "secret", "status", "passed",
                   "score", "ratio", "ratio_low", "ratio_high")
     by_submission: dict[int, dict] = {}
-    for submission_id, user_id, created, secret, status, passed, score, *ratio in rows:
+    for submission_id, user_id, created, secret, status, passed, score, ratio, low, high in rows:
         entry = by_submission.setdefault(submission_id, {"user": user_id, "created": created, "runs": {}})
         if status == RunStatus.SUCCEEDED and passed and score is not None:
-            entry["runs"][secret] = (score, None if None in ratio else Interval(*ratio))
+            interval = None if ratio is None else Interval(ratio, low or 0.0, math.inf if high is None else high)
+            entry["runs"][secret] = (score, interval)
     candidates = []
     for sid, e in by_submission.items():
         if len(e["runs"]) == 2:

@@ -35,8 +35,8 @@ MAX_HEADER = 1 << 20
 MIN_PAYLOAD_CAP = 64 << 20
 PROFILE_CALLS = 5
 CALIBRATION_ROUNDS = 5
-BATCH_S = 0.02  # target duration of one side of an interleaved batch: short against the host's speed drifting
-BATCH_CALLS = (3, 8)  # calls per batch, at least and at most
+BATCH_S = 0.03  # target duration of one side of an interleaved batch: short against the host's speed drifting
+BATCH_CALLS = (4, 10)  # calls per batch, at least and at most
 FREEZE_WAIT_S = 0.5
 CLOCK_TICK_NS = 1e9 / os.sysconf("SC_CLK_TCK")
 STOPPED_STATES = (b"T", b"t", b"Z", b"X", b"x", b"D")  # /proc states that run no user code (D: until it stops)
@@ -205,15 +205,14 @@ class SandboxTree:
     def frozen(self):
         """Every process of the sandbox stopped (SIGSTOP cannot be caught) for the block, so nothing the
         submission started can run, and compete with the parent, while the parent measures its yardstick.
-        The whole process group is stopped at once; a pass over /proc then stops any process that left it
-        (setsid) and repeats until one pass finds every process of the tree stopped: a stopped process cannot
-        fork, so the tree is then complete."""
+        The process group is stopped at once; passes over /proc then stop every process of the tree not yet
+        stopped (bubblewrap's --new-session and any setsid leave the group) until one pass finds them all
+        stopped: a stopped process cannot fork, so the tree is then complete."""
         stopped: set[int] = set()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.root, signal.SIGSTOP)
         try:
             deadline = time.monotonic() + FREEZE_WAIT_S
-            time.sleep(0.001)  # let the group's processes reach the stopped state: usually one pass then
             while True:
                 running = [pid for pid, state in self.states().items() if state not in STOPPED_STATES]
                 if not running or time.monotonic() > deadline:
@@ -359,16 +358,15 @@ class KernelbotRun:
                 self.checked(spec, data, self.timed_call(data)[2])
                 warm.append(time.perf_counter_ns() - t0)  # a call's full cost here: generate, run, check
                 k += 1
-            reference = self.time_reference(case, self.seed(phase, i, k, case), 1)
-            sub_calls, ref_calls = (self.batch_calls(stats.median(warm)), self.batch_calls(reference[0]))
+            calls = self.batch_calls(stats.median(warm))  # the same on both sides: minima of equal counts
             samples: list[float] = []
             walls: list[float] = []
-            batches: list[tuple[float, float, float, float]] = []  # medians and minima: submission, reference
+            batches: list[tuple[float, float, float, float]] = []  # minima and medians: submission, reference
             started, cpu_before = time.monotonic(), self.session.tree.cpu_ns()
             reason = None
             while reason is None:
                 batch = []
-                for _ in range(sub_calls):
+                for _ in range(calls):
                     data = gen(case, self.seed(phase, i, k, case))
                     ns, wall, output = self.timed_call(data)
                     self.checked(spec, data, output)
@@ -376,8 +374,8 @@ class KernelbotRun:
                     walls.append(wall)
                     k += 1
                 samples += batch
-                reference = self.time_reference(case, self.seed(phase, i, k, case), ref_calls)
-                batches.append((stats.median(batch), stats.median(reference), min(batch), min(reference)))
+                reference = self.time_reference(case, self.seed(phase, i, k, case), calls)
+                batches.append((min(batch), min(reference), stats.median(batch), stats.median(reference)))
                 reason = stats.batch_stop_reason(
                     [b[0] / b[1] for b in batches], len(samples), time.monotonic() - started, rel_ci=timing.rel_ci,
                     max_samples=timing.max_samples, budget_s=timing.case_budget_s,

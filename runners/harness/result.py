@@ -57,7 +57,7 @@ class CaseResult:
     time: Estimate | None = None
     reference: Estimate | None = None
     ratio: Estimate | None = None
-    batches: list[list[int]] | None = None  # per batch: submission median, reference median, and minima (ns)
+    batches: list[list[int]] | None = None  # per batch: submission min, reference min, and medians (ns)
 
     def as_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"spec": self.spec, "status": self.status, "message": self.message}

@@ -78,10 +78,11 @@ def stop_reason(
 
 
 # Interleaved batches. A timed case alternates batches of the submission's calls (timed in the sandboxed
-# child) with batches of the reference's calls (timed by the trusted parent while the child's whole process
-# tree is stopped). A batch is summarised by its median, which shrugs off the calls a loaded host preempted;
-# the ranked figure is the median over batches of submission / reference, so a host that runs everything
-# slower for a while moves both and cancels out. Its interval is distribution-free (order statistics of the
+# child) with batches of as many reference calls (timed by the trusted parent while the child's whole process
+# tree is stopped). A batch is summarised by its minimum, the call a loaded host disturbed least (load only
+# ever adds time; bench/fairness.py compares this with medians and means); the ranked figure is the median
+# over batches of submission / reference, so a host that runs everything slower for a while moves both and
+# cancels out. Its interval is distribution-free (order statistics of the
 # batch ratios), widened in quadrature by `run_spread`, the relative between-run spread of identical code
 # that a single run cannot see (process placement, memory layout), measured by bench/fairness.py.
 MIN_BATCHES = 6  # the fewest batches whose median has a 95 % order-statistics interval
