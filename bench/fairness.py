@@ -139,6 +139,20 @@ def analyse(results: dict[str, list[dict]]) -> None:
         sds = [statistics.stdev(ok) / statistics.fmean(ok) if len(ok := [x for x in v if x < math.inf]) > 1
                else math.nan for v in values.values()]
         print(f"| {label} | {right[0]}/{reps} | {right[1]}/{reps} | " + " | ".join(f"{sd:.1%}" for sd in sds) + " |")
+    sys.path.insert(0, str(REPO))
+    from runners.harness.stats import estimate
+
+    print("\ncoverage of the median of identical runs by the ranked ratio's interval, by run_spread:")
+    print("| run_spread | x1 | x2 | x3 | median half-width |\n| --- | --- | --- | --- | --- |")
+    for spread in (0.0, 0.03, 0.05, 0.08, 0.1, 0.15):
+        cells, halves = [], []
+        for cases in results.values():
+            ratios = [[b[0] / b[1] for b in c["batches"]] for c in cases if "batches" in c]
+            mid = statistics.median(statistics.median(r) for r in ratios)
+            intervals = [estimate(r, spread) for r in ratios]
+            cells.append(f"{sum(e.low <= mid <= e.high for e in intervals)}/{len(intervals)}")
+            halves += [e.rel_half_width for e in intervals]
+        print(f"| {spread} | " + " | ".join(cells) + f" | ±{statistics.median(halves):.1%} |")
 
 
 def main() -> None:

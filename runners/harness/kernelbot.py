@@ -38,7 +38,6 @@ CALIBRATION_ROUNDS = 5
 BATCH_S = 0.03  # target duration of one side of an interleaved batch: short against the host's speed drifting
 BATCH_CALLS = (4, 10)  # calls per batch, at least and at most
 FREEZE_WAIT_S = 0.5
-CLOCK_TICK_NS = 1e9 / os.sysconf("SC_CLK_TCK")
 STOPPED_STATES = (b"T", b"t", b"Z", b"X", b"x", b"D")  # /proc states that run no user code (D: until it stops)
 F_SETPIPE_SZ = 1031
 PIPE_BYTES = 1 << 20
@@ -163,6 +162,15 @@ class ChildSession:
         return header, payload
 
 
+def run_queue_wait_ns(schedstat: str) -> int:
+    """The second field of a schedstat file: ns spent waiting on a run queue (0 where unavailable)."""
+    try:
+        with open(schedstat, "rb") as f:
+            return int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 class SandboxTree:
     """The sandbox's processes as the trusted parent sees them from /proc: the one it started and every
     descendant (under bubblewrap a setsid'd double fork still lives below the pid namespace's init)."""
@@ -193,13 +201,15 @@ class SandboxTree:
             todo.extend(children.get(pid, ()))
         return tree
 
-    def cpu_ns(self) -> float:
-        """CPU time the tree has used, reaped children included (utime + stime + cutime + cstime)."""
-        ticks = 0
+    def waited_ns(self) -> int:
+        """Time the tree's threads spent runnable but waiting for a CPU (schedstat), which a loaded host adds to
+        the wall time the parent watches; an exited thread's share is lost, which only makes the check stricter."""
+        total = 0
         for pid in self.states():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                ticks += sum(int(v) for v in self._stat(pid)[11:15])
-        return ticks * CLOCK_TICK_NS
+            with contextlib.suppress(OSError):
+                for tid in os.listdir(f"/proc/{pid}/task"):
+                    total += run_queue_wait_ns(f"/proc/{pid}/task/{tid}/schedstat")
+        return total
 
     @contextlib.contextmanager
     def frozen(self):
@@ -240,6 +250,7 @@ class KernelbotRun:
         self.phase = "test"
         self.deadline = 0.0
         self.overhead: dict[str, float] = {}  # case spec -> calibrated ns of moving one call's data
+        self.waited = 0  # ns this thread waited for a CPU inside timed calls' wall times
 
     # -- plumbing --------------------------------------------------------------------------------------
     def start_phase(self, phase: str) -> None:
@@ -268,11 +279,13 @@ class KernelbotRun:
         assert self.session is not None
         payload = serialize(data)
         cap = self._payload_cap(payload)
+        waited = run_queue_wait_ns("/proc/thread-self/schedstat")
         t0 = time.perf_counter_ns()
         rid = self.session.send("time", payload, self.deadline)
         header, _ = self.session.expect("sample", rid, self.deadline, 0)
         _, out = self.session.expect("output", rid, self.deadline, cap)
         wall = time.perf_counter_ns() - t0
+        self.waited += run_queue_wait_ns("/proc/thread-self/schedstat") - waited
         ns = header.get("ns")
         if not isinstance(ns, int) or isinstance(ns, bool):
             raise Stop("hacked", "protocol violation: a sample that is not an integer")
@@ -362,7 +375,7 @@ class KernelbotRun:
             samples: list[float] = []
             walls: list[float] = []
             batches: list[tuple[float, float, float, float]] = []  # minima and medians: submission, reference
-            started, cpu_before = time.monotonic(), self.session.tree.cpu_ns()
+            started, waited_before = time.monotonic(), self.session.tree.waited_ns() + self.waited
             reason = None
             while reason is None:
                 batch = []
@@ -380,8 +393,8 @@ class KernelbotRun:
                     [b[0] / b[1] for b in batches], len(samples), time.monotonic() - started, rel_ci=timing.rel_ci,
                     max_samples=timing.max_samples, budget_s=timing.case_budget_s,
                 )
-            cpu = self.session.tree.cpu_ns() - cpu_before if not torch.cuda.is_available() else None
-            if problem := stats.implausible(samples, walls, overhead, cpu):
+            waited = self.session.tree.waited_ns() + self.waited - waited_before
+            if problem := stats.implausible(samples, walls, overhead, waited):
                 raise Stop("hacked", f"{phase} {spec}: {problem}")
             results.append(CaseResult(
                 spec, "pass", "", stats.summarize(samples), reason, int(sum(walls)),
