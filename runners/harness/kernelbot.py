@@ -201,15 +201,15 @@ class SandboxTree:
             todo.extend(children.get(pid, ()))
         return tree
 
-    def waited_ns(self) -> int:
-        """Time the tree's threads spent runnable but waiting for a CPU (schedstat), which a loaded host adds to
-        the wall time the parent watches; an exited thread's share is lost, which only makes the check stricter."""
-        total = 0
-        for pid in self.states():
-            with contextlib.suppress(OSError):
-                for tid in os.listdir(f"/proc/{pid}/task"):
-                    total += run_queue_wait_ns(f"/proc/{pid}/task/{tid}/schedstat")
-        return total
+    def leaf(self) -> int | None:
+        """The newest process without children: the child interpreter, while no submission code has run."""
+        tree = self.states()
+        parents = set()
+        for pid in tree:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                parents.add(int(self._stat(pid)[1]))
+        leaves = [pid for pid in tree if pid not in parents]
+        return max(leaves) if leaves else None
 
     @contextlib.contextmanager
     def frozen(self):
@@ -250,7 +250,8 @@ class KernelbotRun:
         self.phase = "test"
         self.deadline = 0.0
         self.overhead: dict[str, float] = {}  # case spec -> calibrated ns of moving one call's data
-        self.waited = 0  # ns this thread waited for a CPU inside timed calls' wall times
+        self.waited = 0  # ns this thread and the child's main thread waited for a CPU inside timed calls
+        self.child_pid: int | None = None  # the child interpreter's host pid, found before the import
 
     # -- plumbing --------------------------------------------------------------------------------------
     def start_phase(self, phase: str) -> None:
@@ -279,17 +280,23 @@ class KernelbotRun:
         assert self.session is not None
         payload = serialize(data)
         cap = self._payload_cap(payload)
-        waited = run_queue_wait_ns("/proc/thread-self/schedstat")
+        waited = self.run_queue_waits()
         t0 = time.perf_counter_ns()
         rid = self.session.send("time", payload, self.deadline)
         header, _ = self.session.expect("sample", rid, self.deadline, 0)
         _, out = self.session.expect("output", rid, self.deadline, cap)
         wall = time.perf_counter_ns() - t0
-        self.waited += run_queue_wait_ns("/proc/thread-self/schedstat") - waited
+        self.waited += self.run_queue_waits() - waited
         ns = header.get("ns")
         if not isinstance(ns, int) or isinstance(ns, bool):
             raise Stop("hacked", "protocol violation: a sample that is not an integer")
         return ns, wall, self._decode(out, data)
+
+    def run_queue_waits(self) -> int:
+        """ns this thread and the child's main thread have waited for a CPU so far (kernel accounting)."""
+        child = self.child_pid
+        return run_queue_wait_ns("/proc/thread-self/schedstat") + (
+            run_queue_wait_ns(f"/proc/{child}/task/{child}/schedstat") if child else 0)
 
     def checked(self, spec: str, data: Any, output: Any) -> None:
         assert self.problem is not None
@@ -314,6 +321,7 @@ class KernelbotRun:
                 self.session.expect("echo", rid, self.deadline, self._payload_cap(outputs))
                 walls.append(time.perf_counter_ns() - t0)
             self.overhead[spec] = statistics.median(walls)
+        self.child_pid = self.session.tree.leaf()
 
     # -- phases ------------------------------------------------------------------------------------------
     def seed(self, phase: str, i: int, k: int, case: Case) -> int:
@@ -375,7 +383,7 @@ class KernelbotRun:
             samples: list[float] = []
             walls: list[float] = []
             batches: list[tuple[float, float, float, float]] = []  # minima and medians: submission, reference
-            started, waited_before = time.monotonic(), self.session.tree.waited_ns() + self.waited
+            started, waited_before = time.monotonic(), self.waited
             reason = None
             while reason is None:
                 batch = []
@@ -393,7 +401,7 @@ class KernelbotRun:
                     [b[0] / b[1] for b in batches], len(samples), time.monotonic() - started, rel_ci=timing.rel_ci,
                     max_samples=timing.max_samples, budget_s=timing.case_budget_s,
                 )
-            waited = self.session.tree.waited_ns() + self.waited - waited_before
+            waited = self.waited - waited_before
             if problem := stats.implausible(samples, walls, overhead, waited):
                 raise Stop("hacked", f"{phase} {spec}: {problem}")
             results.append(CaseResult(

@@ -86,6 +86,7 @@ def test_implausible(samples, walls, overhead, flagged):
         ([MS] * 10, [10 * MS] * 10, 0.3 * MS, 20 * MS, True),  # waiting explains little: slept or computed
         ([MS] * 10, [10 * MS] * 10, 0.3 * MS, 0, True),
         ([5 * MS] * 10, [5.5 * MS] * 10, 0.3 * MS, 0, False),
+        ([1_000] * 10, [16.5 * MS] * 10, MS, 120 * MS, True),  # a forged clock and a 10 ms sleep, host loaded
     ],
 )
 def test_implausible_discounts_waiting_for_a_cpu(samples, walls, overhead, waited, flagged):
