@@ -135,7 +135,8 @@ def analyse(results: dict[str, list[dict]]) -> None:
     for label, pick in ESTIMATORS.items():
         values = {name: [pick(c) if "batches" in c else math.inf for c in cases[:reps]]
                   for name, cases in results.items()}
-        right = [sum(f < s for f, s in zip(values[fast], values[slow], strict=True)) for _, fast, slow in PAIRS]
+        right = [sum(f < s < math.inf for f, s in zip(values[fast], values[slow], strict=True))
+                 for _, fast, slow in PAIRS]
         sds = [statistics.stdev(ok) / statistics.fmean(ok) if len(ok := [x for x in v if x < math.inf]) > 1
                else math.nan for v in values.values()]
         print(f"| {label} | {right[0]}/{reps} | {right[1]}/{reps} | " + " | ".join(f"{sd:.1%}" for sd in sds) + " |")
@@ -186,7 +187,8 @@ def main() -> None:
             if args.save:
                 args.save.write_text(json.dumps(results))
             for label, fast, slow in PAIRS:
-                right[label] += ranked_value(results[fast][-1])[0] < ranked_value(results[slow][-1])[0]
+                f, s = ranked_value(results[fast][-1])[0], ranked_value(results[slow][-1])[0]
+                right[label] += f < s < math.inf  # a run that failed makes its pair wrong, either side
             print(f"rep {rep + 1}: " + "  ".join(f"{n}={ranked_value(results[n][-1])[0]:.4g}" for n in names),
                   flush=True)
     finally:
