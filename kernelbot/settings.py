@@ -262,6 +262,7 @@ HARNESS_TIMING = {
     "max_samples": int(os.environ.get("KERNELBOT_MAX_SAMPLES", "1000")),
     "case_budget_s": float(os.environ.get("KERNELBOT_CASE_BUDGET_S", "3")),
     "warmup_s": float(os.environ.get("KERNELBOT_WARMUP_S", "0.2")),
+    "run_spread": float(os.environ.get("KERNELBOT_RUN_SPREAD", "0.05")),
 }
 
 # --- API and CLI access (issue 4) ----------------------------------------------------------------

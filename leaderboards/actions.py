@@ -4,6 +4,7 @@ management commands, web, API, Discord) calls these, so they never disagree."""
 from __future__ import annotations
 
 import logging
+import math
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
@@ -34,7 +35,7 @@ from .models import (
     Submission,
     SubmissionMode,
 )
-from .ranking import Candidate, rank, score_seconds
+from .ranking import Candidate, Interval, rank, ratio_from_timings, score_seconds
 
 log = logging.getLogger(__name__)
 
@@ -234,15 +235,16 @@ def do_ingest_result(run_id: int, attempt: int, result: dict) -> bool:
         leaderboard = run.submission.leaderboard
         verdict = str(result.get("verdict", "fail"))
         passed = bool(result.get("passed")) and verdict == "pass"
-        score, error = None, "" if passed else str(result.get("error") or f"verdict: {verdict}")
+        score, ratio, error = None, None, "" if passed else str(result.get("error") or f"verdict: {verdict}")
         if passed and run.mode in (SubmissionMode.LEADERBOARD, SubmissionMode.BENCHMARK):
             try:
                 score = score_from_result(result, run.mode, leaderboard.ranking_by)
+                ratio = ratio_from_result(result, run.mode, leaderboard.ranking_by)
             except ValueError as exc:
                 passed, verdict, error = False, "fail", f"unusable timings: {exc}"
         run.update_status(
             RunStatus.SUCCEEDED if passed else FAILING_VERDICT_STATUS.get(verdict, RunStatus.FAILED),
-            verdict=verdict, passed=passed, score=score, error=error, result=result,
+            verdict=verdict, passed=passed, score=score, **ratio_fields(ratio), error=error, result=result,
             progress=final_progress(result, run.mode, _phase_totals(run)),
             system_info=result.get("system", {}), stdout=str(result.get("stdout", "")),
             stderr=str(result.get("stderr", "")))
@@ -278,10 +280,26 @@ def final_progress(result: dict, mode: str, totals: dict[str, int]) -> dict:
     return progress
 
 
+def _timings(result: dict, mode: str) -> list[dict]:
+    return (result.get("ranked") if mode == SubmissionMode.LEADERBOARD else result.get("benchmarks")) or []
+
+
 def score_from_result(result: dict, mode: str, ranking_by: str) -> float:
-    timings = result.get("ranked") if mode == SubmissionMode.LEADERBOARD else result.get("benchmarks")
-    means = [float(t["mean"]) for t in timings or []]
+    """Seconds: the harness's robust per-case `time` (median over interleaved batches), else the mean."""
+    means = [float(t["time"] if t.get("time") is not None else t["mean"]) for t in _timings(result, mode)]
     return score_seconds(means, ranking_by)
+
+
+def ratio_from_result(result: dict, mode: str, ranking_by: str) -> Interval | None:
+    return ratio_from_timings(_timings(result, mode), ranking_by)
+
+
+def ratio_fields(ratio: Interval | None) -> dict[str, float | None]:
+    """Model fields; an unbounded interval side is stored as null."""
+    if ratio is None:
+        return {"ratio": None, "ratio_low": None, "ratio_high": None}
+    return {"ratio": ratio.value, "ratio_low": ratio.low or None,
+            "ratio_high": ratio.high if math.isfinite(ratio.high) else None}
 
 
 def do_report_failure(run_id: int, attempt: int, reason: str) -> bool:
@@ -357,7 +375,7 @@ def do_requeue_run(run: Run, reason: str = "requeued by an organiser") -> None:
     with transaction.atomic():
         run = _locked_run(run.pk)
         run.update_status(RunStatus.QUEUED, infra_failures=0, error=reason, verdict="", passed=None, score=None,
-                          progress={})
+                          **ratio_fields(None), progress={})
         enqueue_on_commit("runners.tasks.dispatch_run", run.pk)
         if run.mode == SubmissionMode.LEADERBOARD:
             enqueue_on_commit("leaderboards.tasks.recompute_ranks", run.submission.leaderboard_id, run.gpu_type_id)
@@ -381,9 +399,12 @@ def do_rescore_leaderboard(leaderboard: Leaderboard) -> int:
             submission__mode=SubmissionMode.LEADERBOARD)
         for run in runs:
             score = score_from_result(run.result, SubmissionMode.LEADERBOARD, leaderboard.ranking_by)
-            if score != run.score:
+            ratio = ratio_fields(ratio_from_result(run.result, SubmissionMode.LEADERBOARD, leaderboard.ranking_by))
+            if score != run.score or any(getattr(run, k) != v for k, v in ratio.items()):
                 run.score = score
-                run.save(update_fields=["score"])
+                for k, v in ratio.items():
+                    setattr(run, k, v)
+                run.save(update_fields=["score", *ratio])
                 changed += 1
         for gpu_type in leaderboard.gpu_types.all():
             enqueue_on_commit("leaderboards.tasks.recompute_ranks", leaderboard.pk, gpu_type.pk)
@@ -391,18 +412,26 @@ def do_rescore_leaderboard(leaderboard: Leaderboard) -> int:
 
 
 def ranked_candidates(leaderboard_id: int, gpu_type_id: int) -> list[Candidate]:
-    """Submissions whose public AND secret ranked runs both passed; scored on the slower of the two."""
+    """Submissions whose public AND secret ranked runs both passed; scored on the slower of the two (by the
+    ratio when both runs have one, else by time), time and ratio taken from that run."""
     rows = Run.objects.ranked().filter(
         submission__leaderboard_id=leaderboard_id, gpu_type_id=gpu_type_id,
     ).values_list("submission_id", "submission__user_id", "submission__created", "secret", "status", "passed",
-                  "score")
+                  "score", "ratio", "ratio_low", "ratio_high")
     by_submission: dict[int, dict] = {}
-    for submission_id, user_id, created, secret, status, passed, score in rows:
-        entry = by_submission.setdefault(submission_id, {"user": user_id, "created": created, "scores": {}})
+    for submission_id, user_id, created, secret, status, passed, score, ratio, low, high in rows:
+        entry = by_submission.setdefault(submission_id, {"user": user_id, "created": created, "runs": {}})
         if status == RunStatus.SUCCEEDED and passed and score is not None:
-            entry["scores"][secret] = score
-    return [Candidate(e["user"], sid, max(e["scores"].values()), e["created"])
-            for sid, e in by_submission.items() if len(e["scores"]) == 2]
+            interval = None if ratio is None else Interval(ratio, low or 0.0, math.inf if high is None else high)
+            entry["runs"][secret] = (score, interval)
+    candidates = []
+    for sid, e in by_submission.items():
+        if len(e["runs"]) == 2:
+            runs = e["runs"].values()
+            by_ratio = all(r is not None for _, r in runs)
+            score, ratio = max(runs, key=lambda run: run[1].value if by_ratio else run[0])
+            candidates.append(Candidate(e["user"], sid, score, e["created"], ratio if by_ratio else None))
+    return candidates
 
 
 def do_recompute_ranks(leaderboard_id: int, gpu_type_id: int) -> bool:
@@ -417,7 +446,7 @@ def do_recompute_ranks(leaderboard_id: int, gpu_type_id: int) -> bool:
         for r in ranked:
             entry = existing.pop(r.user_id, None)
             values = {"submission_id": r.submission_id, "score": r.score, "rank": r.rank,
-                      "submitted_at": r.submitted_at}
+                      "submitted_at": r.submitted_at, "tied": r.tied, **ratio_fields(r.ratio)}
             if entry is None:
                 to_create.append(BoardEntry(leaderboard_id=leaderboard_id, gpu_type_id=gpu_type_id,
                                             user_id=r.user_id, **values))
@@ -428,14 +457,15 @@ def do_recompute_ranks(leaderboard_id: int, gpu_type_id: int) -> bool:
         if existing:
             BoardEntry.objects.filter(pk__in=[e.pk for e in existing.values()]).delete()
         BoardEntry.objects.bulk_create(to_create)
-        BoardEntry.objects.bulk_update(to_update, ["submission_id", "score", "rank", "submitted_at"])
+        BoardEntry.objects.bulk_update(to_update, ["submission_id", "score", "rank", "submitted_at", "tied", "ratio",
+                                                   "ratio_low", "ratio_high"])
         if not (to_create or to_update or existing):
             return False
         board.version += 1
         board.save(update_fields=["version", "updated"])
         changed = {e.user_id for e in to_create + to_update}
-        delta = [{"user": r.user_id, "submission": r.submission_id, "score": r.score, "rank": r.rank}
-                 for r in ranked if r.user_id in changed]
+        delta = [{"user": r.user_id, "submission": r.submission_id, "score": r.score, "rank": r.rank, "tied": r.tied,
+                  "ratio": r.ratio and r.ratio.value} for r in ranked if r.user_id in changed]
         removed, version = list(existing), board.version
         transaction.on_commit(lambda: events.board_changed(leaderboard_id, gpu_type_id, version, delta, removed))
         return True

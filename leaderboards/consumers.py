@@ -23,7 +23,8 @@ MAX_ID = 2**63 - 1  # larger ids name nothing (and the database would refuse to 
 
 def entry_row(entry: BoardEntry) -> dict[str, Any]:
     return {"user": entry.user_id, "name": str(getattr(entry.user, "profile", None) or entry.user.username),
-            "submission": entry.submission_id, "score": entry.score, "rank": entry.rank}
+            "submission": entry.submission_id, "score": entry.score, "rank": entry.rank, "tied": entry.tied,
+            "ratio": entry.ratio}
 
 
 def board_snapshot(leaderboard_id: int, gpu_type_id: int) -> dict[str, Any]:

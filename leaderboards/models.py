@@ -261,6 +261,10 @@ class Run(models.Model):
     verdict = models.CharField(max_length=16, blank=True)
     passed = models.BooleanField(null=True)
     score = models.FloatField(null=True, blank=True, help_text="Seconds; lower is better.")
+    ratio = models.FloatField(null=True, blank=True, help_text="Time / the reference's time, measured interleaved; "
+                              "what boards rank on when every entry has one.")
+    ratio_low = models.FloatField(null=True, blank=True, help_text="95 % interval of the ratio.")
+    ratio_high = models.FloatField(null=True, blank=True)
     error = models.TextField(blank=True)
     result = models.JSONField(default=dict, blank=True)
     system_info = models.JSONField(default=dict, blank=True)
@@ -371,7 +375,11 @@ class BoardEntry(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="board_entries")
     submission = models.ForeignKey(Submission, on_delete=models.CASCADE, related_name="board_entries")
     score = models.FloatField(help_text="Seconds; lower is better.")
+    ratio = models.FloatField(null=True, blank=True, help_text="Time / the reference's time (see Run.ratio).")
+    ratio_low = models.FloatField(null=True, blank=True)
+    ratio_high = models.FloatField(null=True, blank=True)
     rank = models.PositiveIntegerField()
+    tied = models.BooleanField(default=False, help_text="Statistically tied with the entry ranked just above.")
     submitted_at = models.DateTimeField()
     updated = models.DateTimeField(auto_now=True)
 

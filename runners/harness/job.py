@@ -28,6 +28,7 @@ class Timing:
     max_samples: int = 1000
     case_budget_s: float = 10.0
     warmup_s: float = 0.2
+    run_spread: float = 0.05  # relative between-run spread of identical code (bench/fairness.py), see stats
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,11 +8,13 @@ statistics and decides the verdict. The child only ever holds the inputs of the 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
 import select
 import shutil
+import signal
 import statistics
 import sys
 import threading
@@ -33,6 +35,10 @@ MAX_HEADER = 1 << 20
 MIN_PAYLOAD_CAP = 64 << 20
 PROFILE_CALLS = 5
 CALIBRATION_ROUNDS = 5
+BATCH_S = 0.03  # target duration of one side of an interleaved batch: short against the host's speed drifting
+BATCH_CALLS = (4, 10)  # calls per batch, at least and at most
+FREEZE_WAIT_S = 0.5
+STOPPED_STATES = (b"T", b"t", b"Z", b"X", b"x", b"D")  # /proc states that run no user code (D: until it stops)
 F_SETPIPE_SZ = 1031
 PIPE_BYTES = 1 << 20
 
@@ -65,6 +71,7 @@ class ChildSession:
                           uid=job.sandbox_uid)
         self.description = sandbox.describe()
         self.proc = sandbox.start(argv, env=env, pass_fds=(cmd_r, res_w))
+        self.tree = SandboxTree(self.proc.pid)
         os.close(cmd_r)
         os.close(res_w)
         self.buf = bytearray()
@@ -155,6 +162,85 @@ class ChildSession:
         return header, payload
 
 
+def run_queue_wait_ns(schedstat: str) -> int:
+    """The second field of a schedstat file: ns spent waiting on a run queue (0 where unavailable)."""
+    try:
+        with open(schedstat, "rb") as f:
+            return int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class SandboxTree:
+    """The sandbox's processes as the trusted parent sees them from /proc: the one it started and every
+    descendant (under bubblewrap a setsid'd double fork still lives below the pid namespace's init)."""
+
+    def __init__(self, root: int):
+        self.root = root
+
+    @staticmethod
+    def _stat(pid: int) -> list[bytes]:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+        return raw[raw.rindex(b")") + 2:].split()  # [state, ppid, ...]: field 3 onwards
+
+    def states(self) -> dict[int, bytes]:
+        """pid -> state letter of the root and every descendant (one pass over /proc)."""
+        children: dict[int, list[int]] = {}
+        state: dict[int, bytes] = {}
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    fields = self._stat(int(name))
+                    children.setdefault(int(fields[1]), []).append(int(name))
+                    state[int(name)] = fields[0]
+        tree, todo = {}, [self.root]
+        while todo:
+            pid = todo.pop()
+            tree[pid] = state.get(pid, b"X")
+            todo.extend(children.get(pid, ()))
+        return tree
+
+    def leaf(self) -> int | None:
+        """The newest process without children: the child interpreter, while no submission code has run."""
+        tree = self.states()
+        parents = set()
+        for pid in tree:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                parents.add(int(self._stat(pid)[1]))
+        leaves = [pid for pid in tree if pid not in parents]
+        return max(leaves) if leaves else None
+
+    @contextlib.contextmanager
+    def frozen(self):
+        """Every process of the sandbox stopped (SIGSTOP cannot be caught) for the block, so nothing the
+        submission started can run, and compete with the parent, while the parent measures its yardstick.
+        The process group is stopped at once; passes over /proc then stop every process of the tree not yet
+        stopped (bubblewrap's --new-session and any setsid leave the group) until one pass finds them all
+        stopped: a stopped process cannot fork, so the tree is then complete."""
+        stopped: set[int] = set()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.root, signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + FREEZE_WAIT_S
+            while True:
+                running = [pid for pid, state in self.states().items() if state not in STOPPED_STATES]
+                if not running or time.monotonic() > deadline:
+                    break
+                for pid in running:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGSTOP)
+                    stopped.add(pid)
+                time.sleep(0.0002)
+            yield
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.root, signal.SIGCONT)
+            for pid in stopped:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+
+
 class KernelbotRun:
     def __init__(self, job: Job, emitter: Emitter):
         self.job, self.emit = job, emitter
@@ -164,6 +250,8 @@ class KernelbotRun:
         self.phase = "test"
         self.deadline = 0.0
         self.overhead: dict[str, float] = {}  # case spec -> calibrated ns of moving one call's data
+        self.waited = 0  # ns this thread and the child's main thread waited for a CPU inside timed calls
+        self.child_pid: int | None = None  # the child interpreter's host pid, found before the import
 
     # -- plumbing --------------------------------------------------------------------------------------
     def start_phase(self, phase: str) -> None:
@@ -192,15 +280,23 @@ class KernelbotRun:
         assert self.session is not None
         payload = serialize(data)
         cap = self._payload_cap(payload)
+        waited = self.run_queue_waits()
         t0 = time.perf_counter_ns()
         rid = self.session.send("time", payload, self.deadline)
         header, _ = self.session.expect("sample", rid, self.deadline, 0)
         _, out = self.session.expect("output", rid, self.deadline, cap)
         wall = time.perf_counter_ns() - t0
+        self.waited += self.run_queue_waits() - waited
         ns = header.get("ns")
         if not isinstance(ns, int) or isinstance(ns, bool):
             raise Stop("hacked", "protocol violation: a sample that is not an integer")
         return ns, wall, self._decode(out, data)
+
+    def run_queue_waits(self) -> int:
+        """ns this thread and the child's main thread have waited for a CPU so far (kernel accounting)."""
+        child = self.child_pid
+        return run_queue_wait_ns("/proc/thread-self/schedstat") + (
+            run_queue_wait_ns(f"/proc/{child}/task/{child}/schedstat") if child else 0)
 
     def checked(self, spec: str, data: Any, output: Any) -> None:
         assert self.problem is not None
@@ -225,6 +321,7 @@ class KernelbotRun:
                 self.session.expect("echo", rid, self.deadline, self._payload_cap(outputs))
                 walls.append(time.perf_counter_ns() - t0)
             self.overhead[spec] = statistics.median(walls)
+        self.child_pid = self.session.tree.leaf()
 
     # -- phases ------------------------------------------------------------------------------------------
     def seed(self, phase: str, i: int, k: int, case: Case) -> int:
@@ -244,8 +341,28 @@ class KernelbotRun:
                 self.result.fail("fail", f"test {i} ({spec}) failed: {message}")
             self.emit.progress("test", i + 1, len(tests))
 
+    def time_reference(self, case: Case, seed: int, calls: int) -> list[int]:
+        """The yardstick: the problem's reference timed here, in the trusted parent, on fresh inputs, while the
+        sandbox is frozen. The submission never runs in this process and nothing of it runs meanwhile."""
+        assert self.problem is not None and self.session is not None
+        inputs = [self.problem.generate(case, derive_seed(seed, "reference", j, 0)) for j in range(calls)]
+        cuda = torch.cuda.is_available()
+        samples = []
+        with self.session.tree.frozen():
+            for data in inputs:
+                if cuda:
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter_ns()
+                self.problem.ref_kernel(data)
+                if cuda:
+                    torch.cuda.synchronize()
+                samples.append(time.perf_counter_ns() - t0)
+        return samples
+
     def run_timed(self, phase: str, cases: tuple[Case, ...]) -> list[CaseResult]:
-        assert self.problem is not None
+        """Per case: warm up, then alternate batches of the submission's timed calls with batches of the
+        reference timed by the parent, until the ratio's interval is tight enough or the budget is spent."""
+        assert self.problem is not None and self.session is not None
         self.start_phase(phase)
         results: list[CaseResult] = []
         timing = self.job.timing
@@ -255,31 +372,52 @@ class KernelbotRun:
             data = gen(case, self.seed(phase, i, 0, case))
             self.checked(spec, data, self.call(data))
             overhead = self.overhead[spec]
-            k, t_end = 1, time.monotonic() + timing.warmup_s
+            k, t_end, warm = 1, time.monotonic() + timing.warmup_s, []
             while k == 1 or time.monotonic() < t_end:
                 data = gen(case, self.seed(phase, i, k, case))
+                t0 = time.perf_counter_ns()
                 self.checked(spec, data, self.timed_call(data)[2])
+                warm.append(time.perf_counter_ns() - t0)  # a call's full cost here: generate, run, check
                 k += 1
+            calls = self.batch_calls(stats.median(warm))  # the same on both sides: minima of equal counts
             samples: list[float] = []
             walls: list[float] = []
-            started = time.monotonic()
+            batches: list[tuple[float, float, float, float]] = []  # minima and medians: submission, reference
+            started, waited_before = time.monotonic(), self.waited
             reason = None
             while reason is None:
-                data = gen(case, self.seed(phase, i, k, case))
-                ns, wall, output = self.timed_call(data)
-                self.checked(spec, data, output)
-                samples.append(ns)
-                walls.append(wall)
-                k += 1
-                reason = stats.stop_reason(
-                    samples, time.monotonic() - started, rel_ci=timing.rel_ci, min_samples=timing.min_samples,
+                batch = []
+                for _ in range(calls):
+                    data = gen(case, self.seed(phase, i, k, case))
+                    ns, wall, output = self.timed_call(data)
+                    self.checked(spec, data, output)
+                    batch.append(ns)
+                    walls.append(wall)
+                    k += 1
+                samples += batch
+                reference = self.time_reference(case, self.seed(phase, i, k, case), calls)
+                batches.append((min(batch), min(reference), stats.median(batch), stats.median(reference)))
+                reason = stats.batch_stop_reason(
+                    [b[0] / b[1] for b in batches], len(samples), time.monotonic() - started, rel_ci=timing.rel_ci,
                     max_samples=timing.max_samples, budget_s=timing.case_budget_s,
                 )
-            if problem := stats.implausible(samples, walls, overhead):
+            waited = self.waited - waited_before
+            if problem := stats.implausible(samples, walls, overhead, waited):
                 raise Stop("hacked", f"{phase} {spec}: {problem}")
-            results.append(CaseResult(spec, "pass", "", stats.summarize(samples), reason, int(sum(walls))))
+            results.append(CaseResult(
+                spec, "pass", "", stats.summarize(samples), reason, int(sum(walls)),
+                time=stats.estimate([b[0] for b in batches], timing.run_spread),
+                reference=stats.estimate([b[1] for b in batches]),
+                ratio=stats.estimate([b[0] / b[1] for b in batches], timing.run_spread),
+                batches=[[int(v) for v in b] for b in batches],
+            ))
             self.emit.progress(phase, i + 1, len(cases))
         return results
+
+    @staticmethod
+    def batch_calls(call_ns: float) -> int:
+        low, high = BATCH_CALLS
+        return max(low, min(high, round(BATCH_S * 1e9 / max(call_ns, 1.0))))
 
     def run_profile(self) -> None:
         assert self.problem is not None and self.session is not None
@@ -326,8 +464,11 @@ class KernelbotRun:
                 result.benchmarks = self.run_timed("benchmark", job.benchmarks)
             if job.mode == "leaderboard" and result.verdict == "pass":
                 result.ranked = self.run_timed("ranked", job.ranked_cases)
-                means = [c.timing.mean for c in result.ranked if c.timing]
-                result.extra["score"] = stats.score(means, job.ranking_by)
+                times = [c.time for c in result.ranked if c.time]
+                ratios = [c.ratio for c in result.ranked if c.ratio]
+                weights = [c.reference.value for c in result.ranked if c.reference]
+                result.extra["score"] = stats.combine(times, job.ranking_by).value
+                result.extra["score_ratio"] = dataclasses.asdict(stats.combine(ratios, job.ranking_by, weights))
                 result.extra["ranking_by"] = job.ranking_by
         except Stop as stop:
             self.stopped(stop)

@@ -10,7 +10,7 @@ import sys
 from typing import IO, Any
 
 from . import sandbox
-from .stats import Summary
+from .stats import Estimate, Summary
 
 VERDICTS = ("pass", "fail", "compile_error", "crash", "timeout", "hacked", "memory_limit")
 # Status "error" with this flag: the problem cannot run on this runner at all; the platform ends the run at once.
@@ -56,12 +56,22 @@ class CaseResult:
     timing: Summary | None = None
     stop_reason: str = ""
     wall_ns: int = 0
+    # Interleaved timing (kernelbot protocol): medians over batches with 95 % intervals; `ratio` ranks.
+    time: Estimate | None = None
+    reference: Estimate | None = None
+    ratio: Estimate | None = None
+    batches: list[list[int]] | None = None  # per batch: submission min, reference min, and medians (ns)
 
     def as_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"spec": self.spec, "status": self.status, "message": self.message}
         if self.timing is not None:
             d.update(dataclasses.asdict(self.timing))
             d.update(stop_reason=self.stop_reason, wall_ns=self.wall_ns)
+        for name in ("time", "reference", "ratio"):
+            if (e := getattr(self, name)) is not None:
+                d.update({name: e.value, f"{name}_low": e.low, f"{name}_high": e.high})
+        if self.batches is not None:
+            d["batches"] = self.batches
         return d
 
 

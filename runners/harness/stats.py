@@ -77,9 +77,106 @@ def stop_reason(
     return None
 
 
+# Interleaved batches. A timed case alternates batches of the submission's calls (timed in the sandboxed
+# child) with batches of as many reference calls (timed by the trusted parent while the child's whole process
+# tree is stopped). A batch is summarised by its minimum, the call a loaded host disturbed least (load only
+# ever adds time; bench/fairness.py compares this with medians and means); the ranked figure is the median
+# over batches of submission / reference, so a host that runs everything slower for a while moves both and
+# cancels out. Its interval is distribution-free (order statistics of the
+# batch ratios), widened in quadrature by `run_spread`, the relative between-run spread of identical code
+# that a single run cannot see (process placement, memory layout), measured by bench/fairness.py.
+MIN_BATCHES = 6  # the fewest batches whose median has a 95 % order-statistics interval
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    value: float
+    low: float  # 95 % interval
+    high: float
+
+    @property
+    def rel_half_width(self) -> float:
+        """The larger of the two relative (log-space) half-widths; inf when there is no interval."""
+        if not (0 < self.low <= self.value <= self.high < math.inf):
+            return math.inf
+        return max(math.log(self.high / self.value), math.log(self.value / self.low))
+
+
+def median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    if n == 0:
+        return math.nan
+    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+
+
+def median_rank(n: int) -> int:
+    """The largest j with P(Binomial(n, 1/2) < j) <= 2.5 %: [x_(j), x_(n+1-j)] covers the median with >= 95 %
+    probability whatever the distribution (1-based order statistics); 0 when n is too small for that."""
+    cumulative, j = 0, 0
+    while j < n and (cumulative + math.comb(n, j)) / 2**n <= 0.025:
+        cumulative += math.comb(n, j)
+        j += 1
+    return j
+
+
+def estimate(values: Sequence[float], run_spread: float = 0.0) -> Estimate:
+    """The median of positive per-batch values and its 95 % interval, widened by `run_spread` (relative)."""
+    n = len(values)
+    if n == 0:
+        return Estimate(math.nan, math.nan, math.nan)
+    ordered = sorted(values)
+    mid, j = median(ordered), median_rank(n)
+    if j == 0 or ordered[0] <= 0:
+        return Estimate(mid, 0.0, math.inf)
+    below, above = math.log(mid / ordered[j - 1]), math.log(ordered[n - j] / mid)
+    return Estimate(mid, mid * math.exp(-math.hypot(below, run_spread)), mid * math.exp(math.hypot(above, run_spread)))
+
+
+def batch_stop_reason(
+    ratios: Sequence[float], samples: int, elapsed_s: float, *, rel_ci: float, max_samples: int, budget_s: float,
+) -> str | None:
+    """Why interleaved timing should stop now (`ci`, `max_samples`, `budget`), or None to keep going.
+
+    `ci`: the batch ratios' 95 % interval (without the between-run spread, which more batches cannot
+    shrink) is within `rel_ci` of the median. Nothing stops before MIN_BATCHES batches, so there is an interval.
+    """
+    if len(ratios) < MIN_BATCHES:
+        return None
+    if samples >= max_samples:
+        return "max_samples"
+    if estimate(ratios).rel_half_width <= rel_ci:
+        return "ci"
+    if elapsed_s >= budget_s:
+        return "budget"
+    return None
+
+
+def combine(estimates: Sequence[Estimate], ranking_by: str, weights: Sequence[float] | None = None) -> Estimate:
+    """One figure over cases by the ranking rule. Bounds are combined like values (as if the cases' errors
+    were fully correlated), which never understates the interval. `mean` weighs by `weights` when given
+    (the reference's times, so the ratio of summed times is approximated), else equally."""
+    if not estimates:
+        return Estimate(math.nan, math.nan, math.nan)
+    if ranking_by == "last":
+        return estimates[-1]
+    if ranking_by == "geom":
+        lows = [e.low for e in estimates]
+        return Estimate(geometric_mean([e.value for e in estimates]),
+                        0.0 if min(lows) <= 0 else geometric_mean(lows), geometric_mean([e.high for e in estimates]))
+    if ranking_by == "mean":
+        w = list(weights) if weights else [1.0] * len(estimates)
+        total = math.fsum(w)
+        return Estimate(*(math.fsum(wi * getattr(e, f) for wi, e in zip(w, estimates, strict=True)) / total
+                          for f in ("value", "low", "high")))
+    raise ValueError(f"unknown ranking_by {ranking_by!r}")
+
+
 def geometric_mean(values: Sequence[float]) -> float:
     if not values or any(v <= 0 for v in values):
         return math.nan
+    if any(v == math.inf for v in values):
+        return math.inf
     return math.exp(math.fsum(math.log(v) for v in values) / len(values))
 
 
@@ -100,22 +197,27 @@ def score(means: Sequence[float], ranking_by: str) -> float:
 # Each call's wall time covers: sending the input, the child deserialising it, the timed call, sending
 # the sample and serialising + sending the output. `overhead_ns` is the parent's own estimate of the
 # (de)serialisation part. Work hidden outside the timed interval (background threads, a patched clock)
-# shows up as wall time the samples and the overhead do not explain.
-HIDDEN_FRACTION = 0.5  # flag when more than half the watched wall time is unexplained ...
+# shows up as wall time the samples and the overhead do not explain. On a loaded host so does waiting for
+# a CPU: `waited_ns` is that wait during the calls (the kernel's schedstat for the parent's thread and the
+# child's main thread, which the child cannot touch), so it is explained and left out of the fraction;
+# sleeping or computing outside the timed interval is not.
+HIDDEN_FRACTION = 0.5  # flag when more than half the watched wall time not spent waiting is unexplained ...
 HIDDEN_SLACK_NS = 2_000_000  # ... and it exceeds this much per call (IPC jitter, GC, scheduler noise)
 
 
-def implausible(samples_ns: Sequence[float], walls_ns: Sequence[float], overhead_ns: float) -> str | None:
+def implausible(
+    samples_ns: Sequence[float], walls_ns: Sequence[float], overhead_ns: float, waited_ns: float = 0.0,
+) -> str | None:
     """A reason why the reported samples cannot be true, or None. Pure; see the constants above."""
     for i, (s, w) in enumerate(zip(samples_ns, walls_ns, strict=True)):
         if not (0 <= s <= w):
             return f"call {i}: reported {s:.0f} ns outside the {w:.0f} ns wall time the harness watched"
     n = len(samples_ns)
     total_s, total_w = math.fsum(samples_ns), math.fsum(walls_ns)
-    hidden = total_w - total_s - n * overhead_ns
-    if hidden > HIDDEN_FRACTION * total_w and hidden > n * HIDDEN_SLACK_NS:
+    hidden = total_w - total_s - n * overhead_ns - waited_ns
+    if hidden > HIDDEN_FRACTION * (total_w - waited_ns) and hidden > n * HIDDEN_SLACK_NS:
         return (
-            f"reported {total_s / 1e6:.3f} ms over {n} calls but the harness watched {total_w / 1e6:.3f} ms: "
-            "work was done outside the timed interval"
+            f"reported {total_s / 1e6:.3f} ms over {n} calls but the harness watched {total_w / 1e6:.3f} ms "
+            f"({waited_ns / 1e6:.3f} ms of it waiting for a CPU): work was done outside the timed interval"
         )
     return None

@@ -59,12 +59,15 @@
         const same = prev && prev.dataset.sub === String(e.submission) && prev.dataset.rank === String(e.rank);
         const tr = same ? prev : document.createElement("tr");
         if (!same) {
-          const kept = prev ? Array.from(prev.children).slice(3).map((td) => td.outerHTML).join("") : "<td class='muted'>–</td><td class='muted'>just now</td><td></td>";
+          const ratio = e.ratio ? `${Number(e.ratio).toFixed(3)}×` : "–";
+          const kept = prev ? Array.from(prev.children).slice(3).map((td) => td.outerHTML).join("") : `<td class='muted'>${ratio}</td><td class='muted'>just now</td><td></td>`;
           tr.innerHTML = `<td class="num">${e.rank}</td><td><a href="/u/${encodeURIComponent(e.name)}/">${esc(e.name)}</a></td>` +
-            `<td class="num" data-score="${e.score}"><a href="/s/${e.submission}/">${formatNs(e.score * 1e9)}</a></td>` + (prev && prev.dataset.sub === String(e.submission) ? kept : "<td class='muted'>–</td><td class='muted'>just now</td><td></td>");
+            `<td class="num" data-score="${e.score}"><a href="/s/${e.submission}/">${formatNs(e.score * 1e9)}</a></td>` + (prev && prev.dataset.sub === String(e.submission) ? kept : `<td class='muted'>${ratio}</td><td class='muted'>just now</td><td></td>`);
           tr.dataset.user = e.user; tr.dataset.sub = e.submission; tr.dataset.rank = e.rank;
           if (fresh) tr.classList.add("fresh");
         }
+        tr.classList.toggle("tied", !!e.tied);
+        if (e.tied) tr.title = "statistically tied with the entry above"; else tr.removeAttribute("title");
         tbody.appendChild(tr);
       }
     };

@@ -37,8 +37,13 @@ def test_benchmark_mode(tmp_path):
 def test_leaderboard_geom_ranks_every_benchmark(tmp_path):
     result = run_submission(tmp_path, SUBMISSIONS / "fast.py", "leaderboard", ranking_by="geom")
     assert result["verdict"] == "pass" and len(result["ranked"]) == 2
-    a, b = (r["mean"] for r in result["ranked"])
+    a, b = (r["time"] for r in result["ranked"])  # the median over interleaved batches
     assert result["score"] == pytest.approx((a * b) ** 0.5)
+    ra, rb = (r["ratio"] for r in result["ranked"])
+    assert result["score_ratio"]["value"] == pytest.approx((ra * rb) ** 0.5)
+    for r in result["ranked"]:
+        assert r["ratio_low"] <= r["ratio"] <= r["ratio_high"] and r["time_low"] <= r["time"] <= r["time_high"]
+        assert len(r["batches"]) >= 6 and r["reference"] > 0
 
 
 def test_profile_reports_cpu_profiler(tmp_path):

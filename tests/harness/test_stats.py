@@ -77,3 +77,87 @@ MS = 1_000_000
 )
 def test_implausible(samples, walls, overhead, flagged):
     assert (stats.implausible(samples, walls, overhead) is not None) is flagged
+
+
+@pytest.mark.parametrize(
+    ("samples", "walls", "overhead", "waited", "flagged"),
+    [
+        ([MS] * 10, [10 * MS] * 10, 0.3 * MS, 85 * MS, False),  # a loaded host: the wall time went on waiting
+        ([MS] * 10, [10 * MS] * 10, 0.3 * MS, 20 * MS, True),  # waiting explains little: slept or computed
+        ([MS] * 10, [10 * MS] * 10, 0.3 * MS, 0, True),
+        ([5 * MS] * 10, [5.5 * MS] * 10, 0.3 * MS, 0, False),
+        ([1_000] * 10, [16.5 * MS] * 10, MS, 120 * MS, True),  # a forged clock and a 10 ms sleep, host loaded
+    ],
+)
+def test_implausible_discounts_waiting_for_a_cpu(samples, walls, overhead, waited, flagged):
+    assert (stats.implausible(samples, walls, overhead, waited) is not None) is flagged
+
+
+@pytest.mark.parametrize(("n", "j"), [(1, 0), (5, 0), (6, 1), (8, 1), (9, 2), (10, 2), (20, 6), (50, 18)])
+def test_median_rank(n, j):
+    """[x_(j), x_(n+1-j)] is the narrowest order-statistics interval covering the median with >= 95 %."""
+    covered = lambda j: 1 - 2 * sum(math.comb(n, i) for i in range(j)) / 2**n  # noqa: E731
+    assert stats.median_rank(n) == j
+    if j:
+        assert covered(j) >= 0.95 > covered(j + 1)
+
+
+@pytest.mark.parametrize(
+    ("values", "spread", "expected"),
+    [
+        ([1.0, 2.0, 3.0], 0.0, (2.0, 0.0, math.inf)),  # too few batches for an interval
+        ([5.0, 1.0, 4.0, 2.0, 3.0, 6.0], 0.0, (3.5, 1.0, 6.0)),  # n = 6: the extremes
+        ([10.0] * 10, 0.0, (10.0, 10.0, 10.0)),
+        ([10.0] * 10, 0.05, (10.0, 10.0 * math.exp(-0.05), 10.0 * math.exp(0.05))),  # only the run spread
+        ([1.0, 1.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 4.0, 4.0], 0.0, (2.0, 1.0, 4.0)),  # x_(2) and x_(9)
+    ],
+)
+def test_estimate(values, spread, expected):
+    e = stats.estimate(values, spread)
+    assert (e.value, e.low, e.high) == pytest.approx(expected)
+
+
+def test_estimate_interval_covers_the_median_at_least_95_percent_of_the_time():
+    import random
+
+    rng = random.Random(7)
+    for n in (6, 10, 25):
+        hits = sum(e.low <= 1.0 <= e.high for e in (stats.estimate([rng.lognormvariate(0, 0.3) for _ in range(n)])
+                                                     for _ in range(2000)))
+        assert hits >= 0.94 * 2000
+
+
+RATIO_KW = {"rel_ci": 0.05, "max_samples": 100, "budget_s": 5.0}
+
+
+@pytest.mark.parametrize(
+    ("ratios", "samples", "elapsed", "reason"),
+    [
+        ([1.0] * 5, 15, 9.0, None),  # fewer than MIN_BATCHES: not even the budget stops it
+        ([1.0] * 6, 18, 0.1, "ci"),
+        ([1.0, 2.0] * 3, 18, 0.1, None),
+        ([1.0, 2.0] * 3, 18, 6.0, "budget"),
+        ([1.0, 2.0] * 3, 120, 0.1, "max_samples"),
+        ([1.0, 1.01, 0.99, 1.02, 0.98, 1.0], 18, 0.1, "ci"),
+    ],
+)
+def test_batch_stop_reason(ratios, samples, elapsed, reason):
+    assert stats.batch_stop_reason(ratios, samples, elapsed, **RATIO_KW) == reason
+
+
+E = stats.Estimate
+
+
+@pytest.mark.parametrize(
+    ("estimates", "rule", "weights", "expected"),
+    [
+        ([E(1, 0.9, 1.1), E(4, 3, 5)], "last", None, (4, 3, 5)),
+        ([E(1, 0.5, 2), E(4, 2, 8)], "geom", None, (2, 1, 4)),
+        ([E(1, 0, 2), E(4, 2, 8)], "geom", None, (2, 0, 4)),  # no lower bound in one case: none overall
+        ([E(1, 0.5, 2), E(4, 2, 8)], "mean", None, (2.5, 1.25, 5)),
+        ([E(1, 0.5, 2), E(4, 2, 8)], "mean", [3, 1], (1.75, 0.875, 3.5)),
+    ],
+)
+def test_combine(estimates, rule, weights, expected):
+    e = stats.combine(estimates, rule, weights)
+    assert (e.value, e.low, e.high) == pytest.approx(expected)

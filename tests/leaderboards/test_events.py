@@ -48,7 +48,7 @@ def test_rank_change_is_broadcast_once_after_commit_through_redis(redis_layer, l
     event = receive(redis_layer, channel)
     assert event["type"] == "leaderboard.ranks" and event["version"] == 1
     assert event["entries"] == [{"user": sub.user_id, "submission": sub.pk, "score": pytest.approx(2e-6),
-                                 "rank": 1}]
+                                 "rank": 1, "tied": False, "ratio": None}]
 
 
 def test_run_status_changes_reach_the_submission_group(leaderboard, django_capture_on_commit_callbacks):

@@ -145,3 +145,29 @@ def test_rescore_applies_a_new_ranking_rule(leaderboard, cpu_pool):
     assert actions.do_rescore_leaderboard(leaderboard) == 2
     actions.do_recompute_ranks(leaderboard.pk, cpu_pool.cpu.pk)
     assert BoardEntry.objects.get().score == pytest.approx(2e-6)
+
+
+def ratio_result(time_ns: float, ratio: float, low: float, high: float | None) -> dict:
+    result = ranked_result([time_ns * 1.5])  # the mean, skewed by a loaded host: the median `time` is scored
+    result["ranked"][-1].update(time=time_ns, ratio=ratio, ratio_low=low, ratio_high=high, reference=1000.0)
+    return result
+
+
+def test_ratio_ranks_the_board_and_marks_statistical_ties(leaderboard, cpu_pool):
+    """The ratio to the reference decides the order even when the times say otherwise (a host that was busy
+    during one run), and entries the intervals cannot separate are marked tied."""
+    users = UserFactory(), UserFactory(), UserFactory()
+    results = [ratio_result(3000.0, 0.50, 0.48, 0.52),  # slower time (busy host), best ratio
+               ratio_result(1000.0, 0.80, 0.77, 0.83),
+               ratio_result(1100.0, 0.82, 0.78, None)]  # no upper bound: tied with anything above
+    for user, result in zip(users, results, strict=True):
+        for run in submission(leaderboard, user, code=str(user.pk)).runs.all():
+            assert actions.do_ingest_result(run.pk, dispatch(run), result)
+    run = Run.objects.filter(submission__user=users[0]).first()
+    assert (run.score, run.ratio, run.ratio_low, run.ratio_high) == pytest.approx((3e-6, 0.50, 0.48, 0.52))
+
+    assert actions.do_recompute_ranks(leaderboard.pk, cpu_pool.cpu.pk)
+    entries = list(BoardEntry.objects.for_board(leaderboard, cpu_pool.cpu))
+    assert [(e.user, e.rank, e.ratio, e.tied) for e in entries] == [
+        (users[0], 1, 0.50, False), (users[1], 2, 0.80, False), (users[2], 3, 0.82, True)]
+    assert entries[2].ratio_high is None and entries[0].score == pytest.approx(3e-6)

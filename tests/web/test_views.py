@@ -1,5 +1,6 @@
 """Public pages: content, access rules, bad input and pinned query counts."""
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -47,6 +48,20 @@ def test_leaderboard_page_ranks_description_files_and_fixed_queries(client, lead
     assert "reference.py" in page and "Python template" in page
     assert str(leaderboard.secret_seed) not in page
     assert ("page 1 of 2" in page) == (users > 50)
+
+
+def test_leaderboard_page_shows_ratio_interval_and_statistical_ties(client, leaderboard):
+    for i, (ratio, low, high) in enumerate([(0.50, 0.45, 0.55), (0.52, 0.47, 0.57), (0.90, 0.88, 0.92)]):
+        for run in submission(leaderboard, user=UserFactory(username=f"racer{i}")).runs.all():
+            result = ranked_result([1000.0])
+            result["ranked"][-1].update(time=1000.0, ratio=ratio, ratio_low=low, ratio_high=high)
+            actions.do_ingest_result(run.pk, dispatch(run), result)
+    actions.do_recompute_ranks(leaderboard.pk, leaderboard.gpu_types.get().pk)
+    page = client.get(f"/lb/{leaderboard.name}/").content.decode()
+    assert "0.500× (0.450–0.550)" in page and "0.900× (0.880–0.920)" in page
+    rows = re.findall(r'<tr data-user="\d+"( class="tied")?', page)
+    assert [bool(tied) for tied in rows] == [False, True, False]  # racer1 cannot be told from racer0
+    assert "statistically" in page
 
 
 def test_task_files_and_templates_download_but_nothing_else(client, leaderboard):

@@ -1,0 +1,221 @@
+"""Ranking fairness under load: does the harness order kernels of known relative speed correctly, and does
+the interval it reports cover the between-run spread of identical code?
+
+    python bench/fairness.py [--reps 20] [--budget 1.5] [--load 2] [--size 256]
+
+Three bench-only solutions of the demo matmul problem (`problems/demo/matmul_py`) do the same work 1, 2 and
+3 times over (`a @ b` repeated, generated below), so their true speed ratios are 3× (x1 vs x3) and 1.5×
+(x2 vs x3) by construction: the product dominates a call by far, the per-call Python overhead is a few µs.
+Each rep runs the three through the real harness (`python -m runners.harness`, sandboxed child, benchmark
+mode, one case) in a rotating order, while `--load` processes of this bench switch between spinning and
+sleeping at random so the host's speed drifts during and between runs (on top of whatever else runs here).
+
+Prints, per pair, how often the faster kernel got the better score, and per solution the between-run spread
+of its scores next to the interval the harness reported: `covers` is the share of runs whose reported 95 %
+interval contains the median of all runs of the same code (an honest interval covers it ~95 % of the time).
+A run that does not pass (e.g. flagged by the plausibility check under load) counts as a wrong order.
+The ranked value is the harness's ratio to the reference when the result has one, else the mean time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PROBLEM = REPO / "problems" / "demo" / "matmul_py"
+VARIANTS = {"x1": 1, "x2": 2, "x3": 3}
+PAIRS = [("3x", "x1", "x3"), ("1.5x", "x2", "x3")]
+SOLUTION = """import torch
+
+REPEAT = {repeat}
+
+
+def custom_kernel(data):
+    a, b = data
+    for _ in range(REPEAT):
+        out = a @ b
+    return out
+"""
+# One load process: spin for 0.2-1.5 s, sleep for 0.1-1 s, forever (ended by the bench).
+LOAD = """import random, sys, time
+rng = random.Random(int(sys.argv[1]))
+while True:
+    end = time.monotonic() + rng.uniform(0.2, 1.5)
+    while time.monotonic() < end:
+        pass
+    time.sleep(rng.uniform(0.1, 1.0))
+"""
+
+
+def workdir(root: Path, name: str, repeat: int) -> Path:
+    path = root / name
+    shutil.copytree(PROBLEM, path, ignore=shutil.ignore_patterns("solutions", "task.yml", "template.py"))
+    shutil.copyfile(PROBLEM.parent / "utils.py", path / "utils.py")
+    (path / "submission.py").write_text(SOLUTION.format(repeat=repeat))
+    return path
+
+
+def run_once(path: Path, args: argparse.Namespace, seed: int) -> dict:
+    case = {"m": args.size, "k": args.size, "n": args.size, "seed": 707}
+    job = {"mode": "benchmark", "workdir": str(path), "seed": seed, "benchmarks": [case], "ranking_by": "last",
+           "timing": {"rel_ci": 0.01, "min_samples": 10, "max_samples": 1000, "case_budget_s": args.budget,
+                      "warmup_s": 0.2},
+           "timeouts": {"benchmark": 120}}
+    proc = subprocess.run([sys.executable, "-m", "runners.harness"], input=json.dumps(job), capture_output=True,
+                          text=True, cwd=REPO, timeout=300)
+    result = json.loads(proc.stdout.splitlines()[-1])
+    if not result.get("passed"):  # an honest kernel that fails under load: counted, never ranked right
+        print(f"  {path.name}: {result.get('verdict')}: {result.get('error')}"[:300], flush=True)
+        return {"verdict": result.get("verdict")}
+    return result["benchmarks"][0]
+
+
+def ranked_value(case: dict) -> tuple[float, float, float]:
+    """(value, 95 % low, 95 % high) of what the harness ranks on; a failed run scores worst."""
+    if "verdict" in case:
+        return math.inf, math.inf, math.inf
+    if case.get("ratio") is not None:
+        return case["ratio"], case["ratio_low"], case["ratio_high"]
+    return case["mean"], case["ci_low"], case["ci_high"]
+
+
+def time_value(case: dict) -> tuple[float, float, float]:
+    if "verdict" in case:
+        return math.inf, math.inf, math.inf
+    if case.get("time") is not None:
+        return case["time"], case["time_low"], case["time_high"]
+    return case["mean"], case["ci_low"], case["ci_high"]
+
+
+def spread_row(name: str, runs: list[dict], pick) -> str:
+    cases = [c for c in runs if "verdict" not in c]
+    failed = len(runs) - len(cases)
+    if len(cases) < 2:
+        return f"| {name} | – | – | – | – | – | – | {failed} |"
+    values = [pick(c) for c in cases]
+    scores = [v[0] for v in values]
+    med = statistics.median(scores)
+    rel_sd = statistics.stdev(scores) / statistics.fmean(scores)
+    half = statistics.median((hi - lo) / 2 / v for v, lo, hi in values)
+    covers = sum(lo <= med <= hi for _, lo, hi in values)
+    stops = {r: sum(c.get("stop_reason") == r for c in cases) for r in ("ci", "budget", "max_samples")}
+    return (f"| {name} | {med:.4g} | {rel_sd:.1%} | {max(scores) / min(scores):.2f} | ±{half:.1%} | "
+            f"{covers}/{len(cases)} | {stops['ci']}/{stops['budget']}/{stops['max_samples']} | {failed} |")
+
+
+# Estimators compared offline (--analyse) on the same runs; batches are [submission min, reference min,
+# submission median, reference median] per interleaved batch (ns).
+ESTIMATORS = {
+    "mean time (before)": lambda c: c["mean"],
+    "min time": lambda c: c["best"],
+    "time: median of batch minima": lambda c: statistics.median(b[0] for b in c["batches"]),
+    "ratio: median of batch median ratios": lambda c: statistics.median(b[2] / b[3] for b in c["batches"]),
+    "ratio: median of batch min ratios (ranked)": lambda c: statistics.median(b[0] / b[1] for b in c["batches"]),
+    "ratio: min / min": lambda c: min(b[0] for b in c["batches"]) / min(b[1] for b in c["batches"]),
+}
+
+
+def analyse(results: dict[str, list[dict]]) -> None:
+    """Order right and between-run spread of each estimator on the same runs (a failed run scores worst)."""
+    reps = min(len(v) for v in results.values())
+    print(f"\nestimators on the same {reps} reps: order right at 3x / 1.5x, between-run sd per solution")
+    print("| estimator | 3x | 1.5x | sd x1 | sd x2 | sd x3 |\n| --- | --- | --- | --- | --- | --- |")
+    for label, pick in ESTIMATORS.items():
+        values = {name: [pick(c) if "batches" in c else math.inf for c in cases[:reps]]
+                  for name, cases in results.items()}
+        right = [sum(f < s < math.inf for f, s in zip(values[fast], values[slow], strict=True))
+                 for _, fast, slow in PAIRS]
+        sds = [statistics.stdev(ok) / statistics.fmean(ok) if len(ok := [x for x in v if x < math.inf]) > 1
+               else math.nan for v in values.values()]
+        print(f"| {label} | {right[0]}/{reps} | {right[1]}/{reps} | " + " | ".join(f"{sd:.1%}" for sd in sds) + " |")
+    sys.path.insert(0, str(REPO))
+    from runners.harness.stats import estimate
+
+    print("\ncoverage of the median of identical runs by the ranked ratio's interval, by run_spread:")
+    print("| run_spread | x1 | x2 | x3 | median half-width |\n| --- | --- | --- | --- | --- |")
+    for spread in (0.0, 0.03, 0.05, 0.08, 0.1, 0.15):
+        cells, halves = [], []
+        for cases in results.values():
+            ratios = [[b[0] / b[1] for b in c["batches"]] for c in cases if "batches" in c]
+            mid = statistics.median(statistics.median(r) for r in ratios)
+            intervals = [estimate(r, spread) for r in ratios]
+            cells.append(f"{sum(e.low <= mid <= e.high for e in intervals)}/{len(intervals)}")
+            halves += [e.rel_half_width for e in intervals]
+        print(f"| {spread} | " + " | ".join(cells) + f" | ±{statistics.median(halves):.1%} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--budget", type=float, default=1.5, help="seconds of timing per case (case_budget_s)")
+    parser.add_argument("--load", type=int, default=2, help="load processes started by the bench")
+    parser.add_argument("--size", type=int, default=256, help="m = k = n of the matmul case")
+    parser.add_argument("--save", type=Path, help="write every run's timed case (JSON) here, for offline analysis")
+    parser.add_argument("--analyse", type=Path, help="compare estimators on runs saved by --save, and exit")
+    args = parser.parse_args()
+    if args.analyse:
+        analyse(json.loads(args.analyse.read_text()))
+        return
+    print(f"settings: reps={args.reps} budget={args.budget}s load={args.load} size={args.size} "
+          f"cores={os.cpu_count()} sandbox={os.environ.get('KERNELBOT_SANDBOX', 'auto')}", flush=True)
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # so the load processes are ended below
+    root = Path(tempfile.mkdtemp(prefix="kernelbot-fairness-"))
+    paths = {name: workdir(root, name, repeat) for name, repeat in VARIANTS.items()}
+    loaders = [subprocess.Popen([sys.executable, "-c", LOAD, str(i)]) for i in range(args.load)]
+    results: dict[str, list[dict]] = {name: [] for name in VARIANTS}
+    right = {label: 0 for label, _, _ in PAIRS}
+    started = time.monotonic()
+    try:
+        names = list(VARIANTS)
+        for rep in range(args.reps):
+            order = names[rep % 3:] + names[:rep % 3]
+            for name in order:
+                results[name].append(run_once(paths[name], args, seed=random.getrandbits(62)))
+            if args.save:
+                args.save.write_text(json.dumps(results))
+            for label, fast, slow in PAIRS:
+                f, s = ranked_value(results[fast][-1])[0], ranked_value(results[slow][-1])[0]
+                right[label] += f < s < math.inf  # a run that failed makes its pair wrong, either side
+            print(f"rep {rep + 1}: " + "  ".join(f"{n}={ranked_value(results[n][-1])[0]:.4g}" for n in names),
+                  flush=True)
+    finally:
+        for p in loaders:
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+        shutil.rmtree(root, ignore_errors=True)
+
+    if any("batches" in c for cases in results.values() for c in cases):
+        analyse(results)
+    print(f"\n{args.reps} reps in {time.monotonic() - started:.0f} s")
+    best = {n: min((c["best"] for c in results[n] if "best" in c), default=None) for n in VARIANTS}
+    if all(best.values()):
+        print("true ratios from the fastest single call of each (least disturbed): " + ", ".join(
+            f"{slow}/{fast} = {best[slow] / best[fast]:.2f}" for _, fast, slow in PAIRS))
+    print("\n| pair (true ratio) | order right |\n| --- | --- |")
+    for label, fast, slow in PAIRS:
+        print(f"| {fast} vs {slow} ({label}) | {right[label]}/{args.reps} |")
+    header = ("| code | median | between-run sd | max/min | reported 95 % half-width (median) | covers median "
+              "| stop ci/budget/max | failed |\n| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("\nranked value (ratio to the reference where reported, else mean ns):\n" + header)
+    for name in VARIANTS:
+        print(spread_row(name, results[name], ranked_value))
+    print("\ntime (ns):\n" + header)
+    for name in VARIANTS:
+        print(spread_row(name, results[name], time_value))
+
+
+if __name__ == "__main__":
+    main()
