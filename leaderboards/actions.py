@@ -35,7 +35,7 @@ from .models import (
     Submission,
     SubmissionMode,
 )
-from .ranking import Candidate, Interval, rank, ratio_from_timings, score_seconds
+from .ranking import Candidate, Interval, rank, ratio_from_timings, score_seconds, slower_run
 
 log = logging.getLogger(__name__)
 
@@ -427,9 +427,9 @@ def ranked_candidates(leaderboard_id: int, gpu_type_id: int) -> list[Candidate]:
     candidates = []
     for sid, e in by_submission.items():
         if len(e["runs"]) == 2:
-            runs = e["runs"].values()
+            runs = list(e["runs"].values())
+            score, ratio = slower_run(runs)
             by_ratio = all(r is not None for _, r in runs)
-            score, ratio = max(runs, key=lambda run: run[1].value if by_ratio else run[0])
             candidates.append(Candidate(e["user"], sid, score, e["created"], ratio if by_ratio else None))
     return candidates
 

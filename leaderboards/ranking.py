@@ -63,6 +63,13 @@ def ratio_from_timings(timings: Sequence[dict], rule: str) -> Interval | None:
     raise ValueError(f"unknown ranking rule {rule!r}")
 
 
+def slower_run(runs: Sequence[tuple[float, Interval | None]]) -> tuple[float, Interval | None]:
+    """The (time, ratio) a submission is scored on: the slower of its public and secret runs, by the ratio when
+    both have one, else by time. The board, the API and every page use this one rule."""
+    by_ratio = all(ratio is not None for _, ratio in runs)
+    return max(runs, key=lambda run: run[1].value if by_ratio and run[1] is not None else run[0])
+
+
 def statistically_tied(a: Interval, b: Interval) -> bool:
     """Whether two estimates cannot be told apart at 95 %: their difference (in log space, where the harness's
     intervals live) is within the combined half-widths of the sides that face each other. An entry without a

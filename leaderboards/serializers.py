@@ -4,11 +4,13 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
 from .access.authority import RunView, may_see_run_details
 from .models import TERMINAL_STATUSES, Run, RunStatus, SubmissionMode
+from .ranking import Interval, slower_run
 
 SCORE_RULES = {SubmissionMode.LEADERBOARD: "the slower of its public and secret runs, as ranked"}
 PUBLIC_RUN_SCORE = "its public run's time"
@@ -83,12 +85,14 @@ def submission_scores(mode: str, runs: Iterable[Run]) -> dict[str, float]:
     """GPU type name → a submission's one score there, the board entry's (`actions.ranked_candidates`): for a
     ranked submission the slower of its public and secret runs once both passed, for other modes (which have
     no secret run) its public run's. Needs `run.gpu_type`."""
-    found: dict[str, dict[bool, float]] = {}
+    found: dict[str, dict[bool, tuple[float, Interval | None]]] = {}
     for run in runs:
         if run.passed and run.score is not None:
-            found.setdefault(run.gpu_type.name, {})[run.secret] = run.score
+            high = math.inf if run.ratio_high is None else run.ratio_high
+            ratio = None if run.ratio is None else Interval(run.ratio, run.ratio_low or 0.0, high)
+            found.setdefault(run.gpu_type.name, {})[run.secret] = (run.score, ratio)
     needed = 2 if mode == SubmissionMode.LEADERBOARD else 1
-    return {gpu: max(scores.values()) for gpu, scores in found.items() if len(scores) == needed}
+    return {gpu: slower_run(list(scores.values()))[0] for gpu, scores in found.items() if len(scores) == needed}
 
 
 def score_rule(mode: str) -> str:

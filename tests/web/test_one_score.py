@@ -58,3 +58,25 @@ def test_benchmark_submissions_score_their_public_run(client, leaderboard):
     client.force_login(user)
     own = client.get(f"/s/{sub.pk}/").content.decode()
     assert '<span class="score">77.50 µs</span>' in own and "its public run&#x27;s time" in own
+
+
+def test_when_runs_carry_ratios_every_page_shows_the_time_of_the_run_the_board_ranked(client, leaderboard):
+    """Ranked by the ratio to the reference, the slower run is the one with the larger ratio even when its time
+    is shorter (its host was faster): the board, the pages and the API all take that run's time."""
+    user = UserFactory(username="ratio")
+    sub = submission(leaderboard, user=user)
+    for run in sub.runs.all():  # secret: 77.50 µs at ratio 0.60 (ranked); public: 78.32 µs at ratio 0.55
+        result = ranked_result([77500.0 if run.secret else 78320.0])
+        ratio = 0.60 if run.secret else 0.55
+        result["ranked"][-1].update(ratio=ratio, ratio_low=ratio - 0.01, ratio_high=ratio + 0.01, reference=1000.0)
+        actions.do_ingest_result(run.pk, dispatch(run), result)
+    actions.do_recompute_ranks(leaderboard.pk, leaderboard.gpu_types.get().pk)
+    entry = BoardEntry.objects.get()
+    assert (entry.score, entry.ratio) == pytest.approx((77.5e-6, 0.60))
+    client.force_login(user)
+    own = client.get(f"/s/{sub.pk}/").content.decode()
+    assert 'Score: <strong><span class="score">77.50 µs</span>' in own
+    person = client.get(f"/u/{user.username}/").content.decode()
+    assert person.count('<span class="score">77.50 µs</span>') == 1
+    listed = client.get("/api/v1/submissions", headers={"Authorization": f"Bearer {do_create_token(user)[1]}"})
+    assert listed.json()["results"][0]["score"] == pytest.approx(77.5e-6)
