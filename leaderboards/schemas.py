@@ -28,7 +28,12 @@ class LeaderboardOut(Schema):
 class RankingEntryOut(Schema):
     rank: int
     user: str
-    score: float
+    score: float = Field(description="Seconds: the slower of the submission's public and secret runs.")
+    ratio: float | None = Field(description="Time / the problem's reference time, measured interleaved; what the "
+                                "board ranks on when every entry has one.")
+    ratio_low: float | None = Field(description="95 % interval of the ratio, low end.")
+    ratio_high: float | None
+    tied: bool = Field(description="Statistically tied with the entry ranked just above.")
     submission_id: int
     submitted_at: datetime
 
@@ -69,6 +74,9 @@ class RunOut(Schema):
                                 "limit_exceeded, rejected or not_evaluated.")
     passed: bool | None
     score: float | None
+    ratio: float | None = Field(description="Time / the reference's time, with its 95 % interval below.")
+    ratio_low: float | None
+    ratio_high: float | None
     error: str
     queued_at: datetime
     started_at: datetime | None

@@ -74,6 +74,7 @@ def run_out(run: Run, view: RunView) -> dict[str, Any]:
     return {"id": run.pk, "gpu": run.gpu_type.name, "secret": run.secret, "status": run.status,
             "attempt": run.attempt, "outcome": outcome(run), "passed": run.passed,
             "score": run.score if timings else None, "progress": run.progress if timings else {},
+            **{name: getattr(run, name) if timings else None for name in ("ratio", "ratio_low", "ratio_high")},
             "queued_at": run.queued_at, "dispatched_at": run.dispatched_at, "started_at": run.started_at,
             "finished_at": run.finished_at, **cases,
             "system_info": run.system_info if timings else {},

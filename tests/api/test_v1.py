@@ -102,3 +102,23 @@ def test_rate_limit_in_v1(client, leaderboard, alice):
 def test_docs_are_served(client):
     assert client.get("/api/docs").status_code == 302
     assert client.get("/api/v1/openapi.json").json()["paths"]["/api/v1/submissions"]
+
+
+def test_rankings_and_runs_carry_the_ratio_its_interval_and_ties(client, leaderboard, alice):
+    from leaderboards.actions import do_ingest_result, do_recompute_ranks
+    ratios = [(0.50, 0.48, 0.52), (0.51, 0.49, 0.53), (0.90, 0.88, 0.92)]  # the first two overlap: tied
+    for i, (ratio, low, high) in enumerate(ratios):
+        sub = submission(leaderboard, alice if i == 0 else UserFactory(username=f"r{i}"))
+        result = ranked_result([1000.0])
+        result["ranked"][-1].update(ratio=ratio, ratio_low=low, ratio_high=high, reference=2000.0)
+        for run in sub.runs.all():
+            run.status, run.attempt = "running", 1
+            run.save()
+            do_ingest_result(run.pk, 1, result)
+    do_recompute_ranks(leaderboard.pk, leaderboard.gpu_types.get().pk)
+    rows = client.get(f"/api/v1/leaderboards/{leaderboard.name}/rankings/cpu").json()["results"]
+    assert [(r["ratio"], r["ratio_low"], r["ratio_high"]) for r in rows] == ratios
+    assert [r["tied"] for r in rows] == [False, True, False]
+    mine = client.get(f"/api/v1/submissions/{rows[0]['submission_id']}", headers=bearer(alice)).json()
+    public = next(r for r in mine["runs"] if not r["secret"])
+    assert (public["ratio"], public["ratio_low"], public["ratio_high"]) == ratios[0]
