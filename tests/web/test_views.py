@@ -39,6 +39,17 @@ def test_home_lists_open_boards_with_leader_and_entrants(client, leaderboard, dj
 
 
 
+def test_home_orders_open_boards_by_deadline_soonest_first(client, leaderboard):
+    now = timezone.now()
+    later = Leaderboard.objects.create(name="a-later", problem=leaderboard.problem, deadline=now + timedelta(days=30))
+    soon = Leaderboard.objects.create(name="z-soon", problem=leaderboard.problem, deadline=now + timedelta(hours=2))
+    Leaderboard.objects.filter(pk=leaderboard.pk).update(deadline=now + timedelta(days=7))
+    page = client.get("/").content.decode()
+    open_section = page[page.index("<h2>Open</h2>"):page.index("<h2>Past</h2>")]
+    positions = [open_section.index(f">{lb.name}</a>") for lb in (soon, leaderboard, later)]
+    assert positions == sorted(positions)
+
+
 @pytest.mark.parametrize("users", [3, 60])
 def test_leaderboard_page_ranks_description_files_and_fixed_queries(client, leaderboard, users,
                                                                     django_assert_max_num_queries):
