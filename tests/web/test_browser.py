@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from django.contrib.auth.hashers import make_password
 from django.db import connection
 
 from leaderboards import actions
@@ -178,3 +179,20 @@ def test_pages_never_scroll_sideways(browser, platform, width, height, device):
         shot(page, f"{device}-{name}")
         assert overflow <= 0, f"{path} scrolls sideways by {overflow}px at {width}px wide"
     assert page.locator(".table-scroll table").count() >= 2  # the wide tables sit in their own scroll boxes
+
+
+def test_admin_index_shows_the_groups_and_start_here(browser, platform):
+    base, _ = platform
+    UserFactory(username="organiser", is_staff=True, is_superuser=True, password=make_password("kernels-are-fun-42"))
+    page = browser.new_context(viewport={"width": 1280, "height": 800}).new_page()
+    page.goto(f"{base}/admin/login/?next=/admin/")
+    page.fill("input[name=username]", "organiser")
+    page.fill("input[name=password]", "kernels-are-fun-42")
+    page.click("form [type=submit]")
+    page.wait_for_selector(".start-here")
+    shot(page, "admin-index")
+    captions = page.locator("#content-main caption").all_inner_texts()
+    assert [c.strip().lower() for c in captions] == ["competitions", "gpus and runners", "people and access",
+                                                     "internals"]
+    page.click(".start-here >> text=Check the GPU pools")
+    page.wait_for_url(f"{base}/admin/runners/gpupool/")
