@@ -36,7 +36,7 @@ CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
 
 INSTALLED_APPS = [
     "daphne",
-    "django.contrib.admin",
+    "kernelbot.apps.KernelbotAdminConfig",  # django.contrib.admin with the grouped index
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",

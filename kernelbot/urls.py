@@ -1,4 +1,5 @@
 from django.contrib import admin
+from django.templatetags.static import static
 from django.urls import include, path
 from django.views.generic import RedirectView
 
@@ -10,6 +11,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", api.urls),
     path("api/docs", RedirectView.as_view(url="/api/v1/docs", permanent=False)),
+    path("favicon.ico", RedirectView.as_view(url=static("kb/favicon.svg"), permanent=True)),
     path("popcorn/", include("leaderboards.popcorn.urls")),
     path("tokens/", include("leaderboards.access.urls")),
 ]

@@ -8,7 +8,19 @@ from . import actions
 from .access.models import ApiToken, Ban, Invite, JobSwitch, Membership, PendingLogin, SubmissionQuota
 from .forms import ProblemUploadForm
 from .importing import ImportRejected, do_import_task
-from .models import Board, BoardEntry, Code, Competition, Leaderboard, Problem, Profile, Run, RunAttempt, Submission
+from .models import (
+    Board,
+    BoardEntry,
+    Code,
+    Competition,
+    Leaderboard,
+    LiveEvent,
+    Problem,
+    Profile,
+    Run,
+    RunAttempt,
+    Submission,
+)
 from .taskfile import TaskFileError, load_task_from_zip
 
 
@@ -187,6 +199,12 @@ class BoardAdmin(NoAddAdmin):
 
 
 admin.site.register(Code, NoAddAdmin)
+
+
+@admin.register(LiveEvent)
+class LiveEventAdmin(NoAddAdmin):  # the live-update outbox, written and pruned by the platform
+    list_display = ["group", "origin", "created"]
+    readonly_fields = ["group", "payload", "origin", "created"]
 
 
 # --- API access, quotas and invitations ----------------------------------------------------------

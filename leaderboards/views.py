@@ -42,7 +42,8 @@ def refusals_as_pages(view: Callable[..., HttpResponse]) -> Callable[..., HttpRe
 
 def home(request: HttpRequest) -> HttpResponse:
     leaderboards = list(Leaderboard.objects.listed_for(request.user).select_related("competition")
-                        .prefetch_related("gpu_types").annotate(entrants=Count("entries__user", distinct=True)))
+                        .prefetch_related("gpu_types").annotate(entrants=Count("entries__user", distinct=True))
+                        .order_by("deadline", "name"))  # soonest deadline first
     leaders = {e.leaderboard_id: e for e in BoardEntry.objects.filter(rank=1).select_related(
         "user__profile", "gpu_type").order_by("score")}
     for leaderboard in leaderboards:

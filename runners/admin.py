@@ -9,6 +9,12 @@ class GpuTypeAdmin(admin.ModelAdmin):
     search_fields = ["name"]
 
 
+@admin.register(Gpu)
+class GpuAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "gpu_type", "node", "index", "enabled"]
+    list_filter = ["gpu_type", "node__pool", "enabled"]
+
+
 class GpuInline(admin.TabularInline):
     model = Gpu
     extra = 1

@@ -17,6 +17,7 @@ class GpuType(models.Model):
     architecture = models.CharField(max_length=40, blank=True, help_text="e.g. sm_90, gfx942, x86_64.")
 
     class Meta:
+        verbose_name = "GPU type"
         ordering = ["name"]
 
     def __str__(self) -> str:
@@ -57,6 +58,7 @@ class GpuPool(models.Model):
     objects = GpuPoolQuerySet.as_manager()
 
     class Meta:
+        verbose_name = "GPU pool"
         ordering = ["name"]
 
     def __str__(self) -> str:
@@ -86,6 +88,7 @@ class Gpu(models.Model):
     enabled = models.BooleanField(default=True)
 
     class Meta:
+        verbose_name = "GPU"
         constraints = [models.UniqueConstraint(fields=["node", "index"], name="gpu_unique_index_per_node")]
         ordering = ["node", "index"]
 

@@ -43,6 +43,7 @@ class ApiToken(models.Model):
     objects = ApiTokenQuerySet.as_manager()
 
     class Meta:
+        verbose_name = "API token"
         ordering = ["-created"]
 
     def __str__(self) -> str:

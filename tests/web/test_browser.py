@@ -19,10 +19,14 @@ import time
 from pathlib import Path
 
 import pytest
+from django.contrib.auth.hashers import make_password
 from django.db import connection
 
+from leaderboards import actions
+
 from ..conftest import IN_CI, REPO, reap_group
-from ..factories import LeaderboardFactory, local_cpu_pool, problem_from
+from ..factories import LeaderboardFactory, UserFactory, local_cpu_pool, problem_from, ranked_result, submission
+from ..leaderboards.test_lifecycle import dispatch
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 SOLUTIONS = REPO / "problems" / "demo" / "vectoradd_py" / "solutions"
@@ -147,3 +151,48 @@ def test_sign_up_submit_watch_live_and_see_the_rank_appear(browser, platform):
     message = page.inner_text("td.checker:not(:empty)")
     assert message.strip(), "the checker's message is shown"
     shot(page, "wrong-kernel")
+
+
+@pytest.mark.parametrize("width,height,device", [(390, 844, "phone"), (1280, 800, "desktop")])
+def test_pages_never_scroll_sideways(browser, platform, width, height, device):
+    base, board = platform
+    author = UserFactory(username="a_rather_long_username_for_a_phone")
+    author.set_password("kernels-are-fun-42")
+    author.save()
+    sub = submission(board, user=author)
+    for run in sub.runs.all():  # twelve benchmark cases: a wide per-benchmark breakdown and submission tables
+        actions.do_ingest_result(run.pk, dispatch(run), ranked_result([77500.0 + 1000 * i for i in range(12)]))
+    actions.do_recompute_ranks(board.pk, board.gpu_types.get().pk)
+
+    page = browser.new_context(viewport={"width": width, "height": height}).new_page()
+    page.goto(f"{base}/accounts/login/")
+    page.fill("input[name=login]", author.username)
+    page.fill("input[name=password]", "kernels-are-fun-42")
+    page.click("form [type=submit]")
+    page.wait_for_url(f"{base}/")
+    for name, path in [("home", "/"), ("leaderboard", f"/lb/{board.name}/"), ("submission", f"/s/{sub.pk}/")]:
+        page.goto(base + path)
+        if name == "leaderboard":
+            page.click("details.breakdown summary")  # open the per-benchmark breakdown, the widest table
+            page.evaluate("document.querySelectorAll('.table-scroll').forEach(box => box.scrollLeft = 0)")
+        overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+        shot(page, f"{device}-{name}")
+        assert overflow <= 0, f"{path} scrolls sideways by {overflow}px at {width}px wide"
+    assert page.locator(".table-scroll table").count() >= 2  # the wide tables sit in their own scroll boxes
+
+
+def test_admin_index_shows_the_groups_and_start_here(browser, platform):
+    base, _ = platform
+    UserFactory(username="organiser", is_staff=True, is_superuser=True, password=make_password("kernels-are-fun-42"))
+    page = browser.new_context(viewport={"width": 1280, "height": 800}).new_page()
+    page.goto(f"{base}/admin/login/?next=/admin/")
+    page.fill("input[name=username]", "organiser")
+    page.fill("input[name=password]", "kernels-are-fun-42")
+    page.click("form [type=submit]")
+    page.wait_for_selector(".start-here")
+    shot(page, "admin-index")
+    captions = page.locator("#content-main caption").all_inner_texts()
+    assert [c.strip().lower() for c in captions] == ["competitions", "gpus and runners", "people and access",
+                                                     "internals"]
+    page.click(".start-here >> text=Check the GPU pools")
+    page.wait_for_url(f"{base}/admin/runners/gpupool/")

@@ -2,8 +2,10 @@
 
 import re
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
+from django.contrib.staticfiles import finders
 from django.utils import timezone
 
 from leaderboards import actions
@@ -34,6 +36,18 @@ def test_home_lists_open_boards_with_leader_and_entrants(client, leaderboard, dj
     with django_assert_max_num_queries(4):
         page = client.get("/").content.decode()
     assert leaderboard.name in page and "racer0" in page and "1.000 µs" in page
+
+
+
+def test_home_orders_open_boards_by_deadline_soonest_first(client, leaderboard):
+    now = timezone.now()
+    later = Leaderboard.objects.create(name="a-later", problem=leaderboard.problem, deadline=now + timedelta(days=30))
+    soon = Leaderboard.objects.create(name="z-soon", problem=leaderboard.problem, deadline=now + timedelta(hours=2))
+    Leaderboard.objects.filter(pk=leaderboard.pk).update(deadline=now + timedelta(days=7))
+    page = client.get("/").content.decode()
+    open_section = page[page.index("<h2>Open</h2>"):page.index("<h2>Past</h2>")]
+    positions = [open_section.index(f">{lb.name}</a>") for lb in (soon, leaderboard, later)]
+    assert positions == sorted(positions)
 
 
 @pytest.mark.parametrize("users", [3, 60])
@@ -165,3 +179,12 @@ def test_user_page_shows_ranks_and_history(client, leaderboard, django_assert_ma
     with django_assert_max_num_queries(7):
         page = client.get(f"/u/{sub.user.username}/").content.decode()
     assert leaderboard.name in page and "history-data" in page and f"/s/{sub.pk}/" in page
+
+
+def test_every_page_has_a_favicon_and_favicon_ico_answers(client):
+    page = client.get("/").content.decode()
+    assert '<link rel="icon" href="/static/kb/favicon.svg" type="image/svg+xml">' in page
+    redirect = client.get("/favicon.ico")
+    assert redirect.status_code == 301 and redirect["Location"] == "/static/kb/favicon.svg"
+    icon = finders.find("kb/favicon.svg")  # what whitenoise serves at that address
+    assert icon and Path(icon).read_text().startswith("<svg")
