@@ -197,8 +197,8 @@ def assert_each_run_done_once(run_ids: list[int]) -> int:
 
 
 @pytest.mark.timeout(900)
-def test_cluster_heals_itself_from_killed_workers_and_a_killed_cluster(postgres, redis_url, leaderboard, cpu_pool,
-                                                                       tmp_path):
+def test_cluster_heals_itself_from_killed_workers_and_a_killed_cluster(capsys, postgres, redis_url, leaderboard,
+                                                                       cpu_pool, tmp_path):
     Gpu.objects.create(node=cpu_pool.nodes.get(), gpu_type=cpu_pool.cpu, index=1)  # both workers can run a harness
     with running(tmp_path, "workers") as (supervisor, log):
         first = wait_for(lambda: cluster_of(supervisor.pid), 120, "the supervised cluster")
@@ -232,8 +232,9 @@ def test_cluster_heals_itself_from_killed_workers_and_a_killed_cluster(postgres,
 
         wait_for(lambda: all_terminal(runs), 600, "every run to reach a terminal state")
         finished = max(Run.objects.filter(pk__in=runs).values_list("finished_at", flat=True)).timestamp()
-        print(f"\nlast kill ({len(in_flight)} runs in flight) → last terminal state: {finished - last_kill:.1f} s "
-              "(target ≤ 90 s)")
+        with capsys.disabled():  # the figure the issue asks for, shown in the CI log
+            print(f"\nlast kill ({len(in_flight)} runs in flight) → last terminal state: {finished - last_kill:.1f} s "
+                  "(target ≤ 90 s)")
         assert wait_for(lambda: (c := cluster_of(supervisor.pid)) and c[0] not in (first[0], second[0]), 60,
                         "the killed cluster to be replaced")
 
@@ -254,7 +255,8 @@ def free_port() -> int:
 
 
 @pytest.mark.timeout(600)
-def test_serve_recovers_a_wedged_queue_and_stops_everything_on_sigterm(postgres, redis_url, leaderboard, tmp_path):
+def test_serve_recovers_a_wedged_queue_and_stops_everything_on_sigterm(capsys, postgres, redis_url, leaderboard,
+                                                                        tmp_path):
     with running(tmp_path, "serve", "--no-demo", "--port", str(free_port())) as (serve, log):
         cluster = wait_for(lambda: cluster_of(serve.pid), 180, "the supervised cluster")
         os.kill(wait_for(lambda: queue_lock_holder(cluster, 2), 120, "the idle worker holding the queue lock"),
@@ -270,6 +272,7 @@ def test_serve_recovers_a_wedged_queue_and_stops_everything_on_sigterm(postgres,
         serve.send_signal(signal.SIGTERM)
         serve.wait(timeout=60)
         wait_for(lambda: not any(alive(pid) for pid in family), 60, "every process to exit")
-        print(f"\nSIGTERM → every process gone: {time.monotonic() - stopped:.1f} s")
+        with capsys.disabled():
+            print(f"\nSIGTERM → every process gone: {time.monotonic() - stopped:.1f} s")
     output = log.read_text(errors="replace")
     assert "made no progress" in output and "restarting it" in output
