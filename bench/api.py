@@ -43,6 +43,7 @@ SOLUTION = (REPO / "problems/demo/vectoradd_py/solutions/correct.py").read_bytes
 def server_env() -> dict[str, str]:
     return {**os.environ, "DATABASE_URL": DB_URL, "REDIS_URL": "redis://127.0.0.1:6379/5", "DEBUG": "0",
             "SECRET_KEY": "bench-only", "ALLOWED_HOSTS": "127.0.0.1", "DB_POOL": "1", "LOG_LEVEL": "WARNING",
+            "SECURE_SSL_REDIRECT": "0",  # plain HTTP on loopback (production sits behind a TLS proxy)
             "KERNELBOT_QUOTA_TEST": "0", "KERNELBOT_QUOTA_RANKED": "0", "DJANGO_SETTINGS_MODULE": "kernelbot.settings"}
 
 

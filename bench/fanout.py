@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.update({"DEBUG": "0", "SECRET_KEY": "bench-only", "ALLOWED_HOSTS": "127.0.0.1",
-                   "DJANGO_SETTINGS_MODULE": "kernelbot.settings", "LOG_LEVEL": "WARNING"})
+                   "SECURE_SSL_REDIRECT": "0", "DJANGO_SETTINGS_MODULE": "kernelbot.settings", "LOG_LEVEL": "WARNING"})
 
 import django  # noqa: E402
 
