@@ -160,8 +160,8 @@ def user_page(request: HttpRequest, username: str) -> HttpResponse:
     history = (Run.objects.ranked().filter(submission__user=person, passed=True, score__isnull=False,
                                            submission__leaderboard__in=Leaderboard.objects.visible_to(request.user))
                .select_related("gpu_type", "submission__leaderboard").order_by("submission__created", "pk")
-               .only("secret", "passed", "score", "gpu_type__name", "submission__created", "submission__mode",
-                     "submission__leaderboard__name")[:4000])
+               .only("secret", "passed", "score", "ratio", "ratio_low", "ratio_high", "gpu_type__name",
+                     "submission__created", "submission__mode", "submission__leaderboard__name")[:4000])
     by_submission: dict[int, list[Run]] = {}
     for run in history:
         by_submission.setdefault(run.submission_id, []).append(run)
