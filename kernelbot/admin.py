@@ -14,6 +14,9 @@ GROUPS: list[tuple[str, str, list[str]]] = [
     ("People and access", "Who may sign in, submit and see what; the switch that pauses all new jobs.",
      ["auth.User", "auth.Group", "leaderboards.ApiToken", "leaderboards.Invite", "leaderboards.Membership",
       "leaderboards.Ban", "leaderboards.SubmissionQuota", "leaderboards.JobSwitch"]),
+    ("Discord", "The servers the bot serves: the channels it takes submissions in and posts to, and the roles that "
+     "count as organisers.",
+     ["discordbot.Guild", "discordbot.Announcement", "discordbot.StatusMessage"]),
     ("Internals", "Kept by the platform itself: rankings, stored code, sign-in state, live events, task queues. "
      "Read, rarely edit.",
      ["leaderboards.Board", "leaderboards.BoardEntry", "leaderboards.Code", "leaderboards.PendingLogin",

@@ -10,6 +10,8 @@ from urllib.parse import parse_qs, urlparse
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from runners.harness.contract import TIMING_DEFAULTS
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("KERNELBOT_DATA_DIR", BASE_DIR / "var"))
 
@@ -251,19 +253,32 @@ RUN_HEARTBEAT_DEADLINE = int(os.environ.get("KERNELBOT_HEARTBEAT_DEADLINE", "15"
 CLUSTER_REAP_INTERVAL = float(os.environ.get("KERNELBOT_REAP_INTERVAL", "2"))
 CLUSTER_STALL_SECONDS = float(os.environ.get("KERNELBOT_CLUSTER_STALL_SECONDS", "20"))
 CLUSTER_STOP_GRACE = float(os.environ.get("KERNELBOT_CLUSTER_STOP_GRACE", "5"))
+# What the supervisor ticks (dotted path → seconds; the first also paces its progress check) and re-sends.
+CLUSTER_TICKS = {"leaderboards.lifecycle.do_reap_overdue_runs": CLUSTER_REAP_INTERVAL,
+                 "leaderboards.lifecycle.poll_remote_runs": float(os.environ.get("KERNELBOT_POLL_INTERVAL", "3"))}
+CLUSTER_RESEND = "leaderboards.lifecycle.do_resend_queued_runs"
 # A queued run is re-sent to the broker at each queued deadline, and failed after this long.
 RUN_MAX_QUEUED_SECONDS = int(os.environ.get("KERNELBOT_MAX_QUEUED_SECONDS", str(24 * 3600)))
 # Infrastructure failures retried before a run is failed with a reason.
 RUN_MAX_ATTEMPTS = int(os.environ.get("KERNELBOT_RUN_MAX_ATTEMPTS", "3"))
-# Harness timing: stop at a 95 % CI within REL_CI of the mean, within sample and time budgets per case.
-HARNESS_TIMING = {
-    "rel_ci": float(os.environ.get("KERNELBOT_REL_CI", "0.01")),
-    "min_samples": int(os.environ.get("KERNELBOT_MIN_SAMPLES", "10")),
-    "max_samples": int(os.environ.get("KERNELBOT_MAX_SAMPLES", "1000")),
-    "case_budget_s": float(os.environ.get("KERNELBOT_CASE_BUDGET_S", "3")),
-    "warmup_s": float(os.environ.get("KERNELBOT_WARMUP_S", "0.2")),
-    "run_spread": float(os.environ.get("KERNELBOT_RUN_SPREAD", "0.05")),
-}
+# Harness timing: stop at a 95 % CI within REL_CI of the mean, within sample and time budgets per case; the
+# defaults are the job contract's (runners/harness/contract.py).
+HARNESS_TIMING = {name: type(default)(os.environ.get(f"KERNELBOT_{name.upper()}", default))
+                  for name, default in TIMING_DEFAULTS.items()}
+
+# --- Remote runners (issue 12) --------------------------------------------------------------------
+# Key the remote runners share with the platform: an attempt's token is HMAC-SHA256(key, "run:attempt:nonce").
+# A pool may name another environment variable in its settings (`runner_key_env`).
+RUNNER_KEY = os.environ.get("KERNELBOT_RUNNER_KEY", "")
+# Where remote runners reach this platform (scheme://host[:port], no trailing slash); a pool may override it.
+PUBLIC_URL = os.environ.get("KERNELBOT_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")
+# A remote run is polled through its backend when the platform has heard nothing of it for POLL_AFTER seconds;
+# `manage.py workers` ticks the poll every KERNELBOT_POLL_INTERVAL seconds (CLUSTER_TICKS above).
+RUN_POLL_AFTER = float(os.environ.get("KERNELBOT_POLL_AFTER", "10"))
+# Seconds a remote run may wait in the service's queue (a pool's `queue_timeout` overrides it), and the slack a
+# remote RUNNING run gets beyond its own time budget (each progress post extends it).
+RUN_REMOTE_QUEUE_TIMEOUT = int(os.environ.get("KERNELBOT_REMOTE_QUEUE_TIMEOUT", "1800"))
+RUN_REMOTE_MARGIN = int(os.environ.get("KERNELBOT_REMOTE_MARGIN", "120"))
 
 # --- API and CLI access (issue 4) ----------------------------------------------------------------
 # Bearer token for popcorn-cli's admin commands (/popcorn/admin/...); unset disables them.
@@ -283,3 +298,17 @@ SUBMISSION_QUOTAS = {"test": env_quota("KERNELBOT_QUOTA_TEST", "60/3600"),
 POPCORN_OAUTH = {provider: {"client_id": os.environ.get(f"{provider.upper()}_CLIENT_ID", ""),
                             "client_secret": os.environ.get(f"{provider.upper()}_CLIENT_SECRET", "")}
                  for provider in ("discord", "github")}
+
+# --- Discord bot (issue 13; docs/operations.md) ------------------------------------------------------
+# The bot's token (Developer Portal → Bot → Reset Token): `manage.py discordbot` needs it, `manage.py serve` starts the
+# bot when it is set. DISCORD_GUILD_ID: a server to serve before any is configured in the admin (its row is created).
+DISCORD_TOKEN = os.environ.get("DISCORD_TOKEN", "")
+DISCORD_GUILD_ID = int(os.environ.get("DISCORD_GUILD_ID") or 0) or None
+# Another Discord endpoint (a proxy, the tests' fake): REST at <url>/api/v10, the gateway at ws(s)://<host>/gateway.
+DISCORD_API_URL = os.environ.get("DISCORD_API_URL", "")
+# At most one edit of a live status message per this many seconds (Discord allows ~5 edits / 5 s per message).
+DISCORD_EDIT_INTERVAL = float(os.environ.get("DISCORD_EDIT_INTERVAL", "1.0"))
+# An interaction's token edits its response for 15 minutes; the status moves to a channel message (or a DM) before.
+DISCORD_INTERACTION_TOKEN_SECONDS = float(os.environ.get("DISCORD_INTERACTION_TOKEN_SECONDS", "900"))
+# Where links in the bot's messages point (the public site), e.g. https://kernels.example.org
+SITE_URL = os.environ.get("KERNELBOT_SITE_URL", "").rstrip("/")

@@ -10,6 +10,8 @@ urlpatterns = [
     path("accounts/", include("allauth.urls")),
     path("admin/", admin.site.urls),
     path("api/v1/", api.urls),
+    path("api/runner/v1/", include("leaderboards.runner_api")),
+    path("api/runner/v1/", include("runners.urls")),  # service webhooks (GitHub); no route overlaps the runner API
     path("api/docs", RedirectView.as_view(url="/api/v1/docs", permanent=False)),
     path("favicon.ico", RedirectView.as_view(url=static("kb/favicon.svg"), permanent=True)),
     path("popcorn/", include("leaderboards.popcorn.urls")),

@@ -4,7 +4,7 @@ from django.shortcuts import redirect, render
 from django.urls import path
 from django.utils.html import format_html
 
-from . import actions
+from . import actions, lifecycle
 from .access.models import ApiToken, Ban, Invite, JobSwitch, Membership, PendingLogin, SubmissionQuota
 from .forms import ProblemUploadForm
 from .importing import ImportRejected, do_import_task
@@ -152,7 +152,7 @@ class RunAttemptInline(admin.TabularInline):
     model = RunAttempt
     extra = 0
     can_delete = False
-    fields = ["number", "runner", "dispatched", "finished", "outcome", "reason"]
+    fields = ["number", "runner", "external_id", "dispatched", "finished", "outcome", "reason"]
     readonly_fields = fields
 
     def has_add_permission(self, request, obj=None) -> bool:
@@ -177,12 +177,12 @@ class RunAdmin(NoAddAdmin):
     @admin.action(description="Requeue (run again)")
     def requeue(self, request, queryset):
         for run in queryset:
-            actions.do_requeue_run(run)
+            lifecycle.do_requeue_run(run)
         self.message_user(request, f"Requeued {queryset.count()} runs.")
 
     @admin.action(description="Cancel")
     def cancel(self, request, queryset):
-        cancelled = sum(actions.do_cancel_run(run) for run in queryset)
+        cancelled = sum(lifecycle.do_cancel_run(run) for run in queryset)
         self.message_user(request, f"Cancelled {cancelled} runs; finished runs were left alone.")
 
 

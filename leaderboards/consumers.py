@@ -14,7 +14,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from . import live
 from .access.authority import access_submission
 from .errors import AccessDenied
-from .models import Board, BoardEntry, Leaderboard, Run
+from .models import BOARD_ORDER, Board, BoardEntry, Leaderboard, Run
 from .serializers import live_run
 
 SNAPSHOT_ROWS = 50
@@ -31,7 +31,7 @@ def board_snapshot(leaderboard_id: int, gpu_type_id: int) -> dict[str, Any]:
     version = Board.objects.filter(leaderboard_id=leaderboard_id, gpu_type_id=gpu_type_id).values_list(
         "version", flat=True).first() or 0
     entries = (BoardEntry.objects.filter(leaderboard_id=leaderboard_id, gpu_type_id=gpu_type_id)
-               .order_by("rank", "submitted_at").select_related("user__profile")[:SNAPSHOT_ROWS])
+               .order_by(*BOARD_ORDER).select_related("user__profile")[:SNAPSHOT_ROWS])
     return {"type": "snapshot", "version": version, "entries": [entry_row(e) for e in entries]}
 
 
@@ -95,7 +95,7 @@ class LeaderboardConsumer(LiveConsumer):
         names = event.get("names", {})
         entries = [{**e, "name": names.get(str(e["user"]), str(e["user"]))} for e in event["entries"]]
         await self.send_json({"type": "delta", "version": event["version"], "entries": entries,
-                              "removed": event.get("removed", [])})
+                              "removed": event.get("removed", []), "shift": event.get("shift")})
 
 
 class SubmissionConsumer(LiveConsumer):

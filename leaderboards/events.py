@@ -42,12 +42,14 @@ def run_changed(run) -> None:
 
 
 def board_changed(leaderboard_id: int, gpu_type_id: int, version: int, entries: list[dict],
-                  removed: list[int] | None = None) -> None:
-    """A delta: the entries that were added or changed and the users who left, with display names."""
+                  removed: list[int] | None = None, shift: list | None = None) -> None:
+    """A delta: the entries that were added or changed and the users who left, with display names. `shift`
+    [first, last, by] (last null: to the end): every other entry ranked first..last moved by `by` (an entry moved
+    up past them, or one above them left), so a client applies it to the rows it holds instead of receiving each."""
     ids = [e["user"] for e in entries]
     names = {str(pk): display or username for pk, username, display in get_user_model().objects.filter(
         pk__in=ids).values_list("pk", "username", "profile__display_name")} if ids else {}
     send(f"leaderboard.{leaderboard_id}", "leaderboard.ranks", {
         "gpu_type": gpu_type_id, "version": version, "entries": entries, "removed": removed or [],
-        "names": names,
+        "names": names, "shift": shift,
     })

@@ -8,6 +8,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from runners.models import GpuType
+from runners.queue import enqueue_on_commit
 
 # API tokens, CLI logins, quotas, invitations, bans and the jobs switch are defined in access/models.py; the
 # import below registers them with this app (and lets `from leaderboards.models import ApiToken` work).
@@ -272,6 +273,10 @@ class Run(models.Model):
     stderr = models.TextField(blank=True)
     progress = models.JSONField(default=dict, blank=True)
     infra_failures = models.PositiveIntegerField(default=0)
+    on_finish = models.CharField(max_length=200, blank=True, help_text="Dotted path of the task called with the "
+                                 "run's id after commit whenever the run ends or an ended run is requeued.")
+    pool = models.ForeignKey("runners.GpuPool", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+                             help_text="Run only on this pool (health checks); empty: any pool serving the GPU type.")
 
     objects = RunQuerySet.as_manager()
 
@@ -296,9 +301,10 @@ class Run(models.Model):
         return timezone.now() + timedelta(seconds=seconds) if seconds else None
 
     def update_status(self, status: str, *, deadline_seconds: int | None = None, reason: str | None = None,
-                      **fields) -> None:
-        """Move to `status`, stamp the time and deadline, record the attempt, save, and fire what follows after
-        commit. `reason` is why the current attempt ended (default: the run's `error`).
+                      attempt_fields: dict | None = None, **fields) -> None:
+        """Move to `status`, stamp the time and deadline, record the attempt (a new one gets `attempt_fields`), save,
+        and fire what follows after commit (the run's event; its `on_finish` task when it ends or an ended run is
+        requeued). `reason` is why the current attempt ended (default: the run's `error`).
 
         Call inside a transaction holding a row lock (see actions)."""
         if status not in TRANSITIONS[self.status]:
@@ -320,12 +326,15 @@ class Run(models.Model):
                 setattr(self, name, value[: self.OUTPUT_CAP] + "\n… [truncated]")
         self.save()
         if status == RunStatus.DISPATCHED:
-            RunAttempt.objects.create(run=self, number=self.attempt, runner=self.runner, dispatched_at=now)
+            RunAttempt.objects.create(run=self, number=self.attempt, runner=self.runner, dispatched_at=now,
+                                      **(attempt_fields or {}))
         elif previous in (RunStatus.DISPATCHED, RunStatus.RUNNING):
             RunAttempt.objects.filter(run=self, number=self.attempt).update(
                 finished_at=now, outcome="retried" if status == RunStatus.QUEUED else status,
                 reason=self.error if reason is None else reason)
         transaction.on_commit(lambda: events.run_changed(self))
+        if self.on_finish and (status in TERMINAL_STATUSES or previous in TERMINAL_STATUSES):
+            enqueue_on_commit(self.on_finish, self.pk)
 
 
 class RunAttempt(models.Model):
@@ -338,6 +347,14 @@ class RunAttempt(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     outcome = models.CharField(max_length=12, blank=True, help_text="The run's status after it, or 'retried'.")
     reason = models.TextField(blank=True)
+    pool = models.ForeignKey("runners.GpuPool", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    nonce = models.CharField(max_length=64, blank=True, help_text="Public; the remote's token is HMAC(runner key, "
+                             "'run:attempt:nonce').")
+    external_id = models.CharField(max_length=200, blank=True, help_text="The backend's id of the remote job.")
+    last_news_at = models.DateTimeField(null=True, blank=True, help_text="When the remote side or a poll last "
+                                        "told us anything; runs without recent news are polled.")
+    extended = models.BooleanField(default=False, help_text="Its deadline was extended once because the service "
+                                   "said it was still running.")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "number"], name="run_attempt_unique")]
@@ -348,11 +365,14 @@ class RunAttempt(models.Model):
 
 
 class Board(models.Model):
-    """One ranking (leaderboard × GPU type): the row `recompute_ranks` locks, and its change counter."""
+    """One ranking (leaderboard × GPU type): the row every rank update locks, and its change counter."""
 
     leaderboard = models.ForeignKey(Leaderboard, on_delete=models.CASCADE, related_name="boards")
     gpu_type = models.ForeignKey(GpuType, on_delete=models.CASCADE, related_name="boards")
     version = models.PositiveIntegerField(default=0)
+    ranks_on_ratio = models.BooleanField(
+        null=True, help_text="No ranked submission lacks a ratio, so entries rank on it (else on time); empty: "
+        "the board was never rebuilt with rank keys and records, so its next update rebuilds it.")
     updated = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -362,9 +382,14 @@ class Board(models.Model):
         return f"{self.leaderboard}/{self.gpu_type} v{self.version}"
 
 
+# A board's order, the ranks' order (a rank is 1 + the entries with a smaller rank_key): index entry_board_order.
+# `rank` itself is in no index, so the range UPDATE that moves ranks is a heap-only (HOT) update.
+BOARD_ORDER = ("rank_key", "submitted_at", "submission_id")
+
+
 class BoardEntryQuerySet(models.QuerySet):
     def for_board(self, leaderboard: Leaderboard, gpu_type: GpuType) -> "BoardEntryQuerySet":
-        return self.filter(leaderboard=leaderboard, gpu_type=gpu_type).order_by("rank", "submitted_at")
+        return self.filter(leaderboard=leaderboard, gpu_type=gpu_type).order_by(*BOARD_ORDER)
 
 
 class BoardEntry(models.Model):
@@ -379,6 +404,8 @@ class BoardEntry(models.Model):
     ratio_low = models.FloatField(null=True, blank=True)
     ratio_high = models.FloatField(null=True, blank=True)
     rank = models.PositiveIntegerField()
+    rank_key = models.FloatField(null=True, help_text="What the board ranks on: the ratio, or the time when a "
+                                 "ranked submission lacks a ratio (Board.ranks_on_ratio).")
     tied = models.BooleanField(default=False, help_text="Statistically tied with the entry ranked just above.")
     submitted_at = models.DateTimeField()
     updated = models.DateTimeField(auto_now=True)
@@ -387,11 +414,38 @@ class BoardEntry(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["leaderboard", "gpu_type", "user"], name="entry_unique")]
-        indexes = [models.Index(fields=["leaderboard", "gpu_type", "rank"], name="entry_board_rank")]
+        indexes = [# the board's order: pages, a result's new rank, its neighbours and the ranks it moves past
+                   models.Index(fields=["leaderboard", "gpu_type", "rank_key", "submitted_at", "submission"],
+                                name="entry_board_order")]
         verbose_name_plural = "board entries"
 
     def __str__(self) -> str:
         return f"{self.leaderboard}/{self.gpu_type} #{self.rank} {self.user}"
+
+
+class Record(models.Model):
+    """A ranked submission that beat every earlier one of its user on a board (submission order, time in seconds):
+    the user's progression; `board_best` when it beat every earlier submission on the board, the board's record
+    progression. Appended as results arrive (ranks.do_rank_result), rebuilt with the board's ranks."""
+
+    leaderboard = models.ForeignKey(Leaderboard, on_delete=models.CASCADE, related_name="records")
+    gpu_type = models.ForeignKey(GpuType, on_delete=models.CASCADE, related_name="records")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="records")
+    submission = models.ForeignKey(Submission, on_delete=models.CASCADE, related_name="records")
+    score = models.FloatField(help_text="Seconds; lower is better.")
+    submitted_at = models.DateTimeField()
+    board_best = models.BooleanField(default=False, help_text="Beat every earlier submission on the board.")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["leaderboard", "gpu_type", "submission"],
+                                               name="record_unique")]
+        indexes = [models.Index(fields=["leaderboard", "gpu_type", "user", "submitted_at", "submission"],
+                                name="record_user_order"),
+                   models.Index(fields=["leaderboard", "gpu_type", "submitted_at", "submission"],
+                                condition=Q(board_best=True), name="record_board_order")]
+
+    def __str__(self) -> str:
+        return f"{self.leaderboard}/{self.gpu_type} {self.user} {self.score:.3g}s"
 
 
 PASSING_RANKED = Q(status=RunStatus.SUCCEEDED, passed=True, score__isnull=False)

@@ -110,15 +110,23 @@ def ranking_key(candidates: Sequence[Candidate]) -> Callable[[Candidate], float]
 
 
 def best_per_user(candidates: Iterable[Candidate], key: Callable[[Candidate], float] | None = None) -> list[Candidate]:
-    """A user's best score; on equal scores their earliest submission keeps the entry."""
+    """A user's best score; on equal scores their earliest submission (then the lowest id) keeps the entry."""
     candidates = list(candidates)
     key = key or ranking_key(candidates)
     best: dict[int, Candidate] = {}
     for c in candidates:
         held = best.get(c.user_id)
-        if held is None or (key(c), c.submitted_at) < (key(held), held.submitted_at):
+        if held is None or (key(c), c.submitted_at, c.submission_id) < (key(held), held.submitted_at,
+                                                                         held.submission_id):
             best[c.user_id] = c
     return list(best.values())
+
+
+def tied_below(above_key: float, above_ratio: Interval | None, key: float, ratio: Interval | None) -> bool:
+    """Whether an entry is tied with the one ranked just above it: an equal key (a shared rank), or intervals
+    that do not separate them."""
+    return above_key == key or (above_ratio is not None and ratio is not None
+                                and statistically_tied(above_ratio, ratio))
 
 
 def rank(candidates: Iterable[Candidate]) -> list[Ranked]:
@@ -129,10 +137,48 @@ def rank(candidates: Iterable[Candidate]) -> list[Ranked]:
     ordered = sorted(best_per_user(candidates, key), key=lambda c: (key(c), c.submitted_at, c.submission_id))
     ranked: list[Ranked] = []
     for position, c in enumerate(ordered, start=1):
-        shared = position > 1 and key(ordered[position - 2]) == key(c)
-        above = ranked[-1] if ranked else None
-        tied = shared or (above is not None and c.ratio is not None and above.ratio is not None
-                          and statistically_tied(above.ratio, c.ratio))
+        above = ordered[position - 2] if position > 1 else None
+        shared = above is not None and key(above) == key(c)
+        tied = above is not None and tied_below(key(above), above.ratio, key(c), c.ratio)
         ranked.append(Ranked(c.user_id, c.submission_id, c.score, c.submitted_at,
-                             above.rank if shared and above else position, c.ratio, tied))
+                             ranked[-1].rank if shared else position, c.ratio, tied))
     return ranked
+
+
+@dataclass(frozen=True)
+class Step:
+    """A submission that beat every earlier one of its user on the board (in submission order, on time);
+    `board_best` when it also beat every earlier submission on the board: a record."""
+
+    user_id: int
+    submission_id: int
+    score: float
+    submitted_at: datetime
+    board_best: bool
+
+
+def progression(candidates: Iterable[Candidate]) -> list[Step]:
+    """Each user's improving steps and the board's records, in submission order (ties: lower id first); a score
+    equal to the best so far is no step."""
+    steps: list[Step] = []
+    mine: dict[int, float] = {}
+    best = math.inf
+    for c in sorted(candidates, key=lambda c: (c.submitted_at, c.submission_id)):
+        if c.score < mine.get(c.user_id, math.inf):
+            mine[c.user_id] = c.score
+            steps.append(Step(c.user_id, c.submission_id, c.score, c.submitted_at, c.score < best))
+            best = min(best, c.score)
+    return steps
+
+
+def ratio_fields(ratio: Interval | None) -> dict[str, float | None]:
+    """Model fields; an unbounded interval side is stored as null."""
+    if ratio is None:
+        return {"ratio": None, "ratio_low": None, "ratio_high": None}
+    return {"ratio": ratio.value, "ratio_low": ratio.low or None,
+            "ratio_high": ratio.high if math.isfinite(ratio.high) else None}
+
+
+def interval_from_fields(ratio: float | None, low: float | None, high: float | None) -> Interval | None:
+    """The inverse of `ratio_fields`."""
+    return None if ratio is None else Interval(ratio, low or 0.0, math.inf if high is None else high)

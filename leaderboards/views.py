@@ -72,7 +72,7 @@ def leaderboard(request: HttpRequest, name: str) -> HttpResponse:
     for entry in entries:
         entry.benchmarks = breakdown.get(entry.submission_id) or []
         entry.ci = _score_interval(entry.benchmarks)
-    history = board_history(lb.pk, gpu.pk, version)
+    history = board_history(lb.pk, gpu.pk, [e.user_id for e in entries])
     chart = {"records": history["records"], "names": {str(k): v for k, v in history["names"].items()},
              "users": {str(e.user_id): history["users"].get(e.user_id, []) for e in entries},
              "userNames": {str(e.user_id): str(e.user.profile if hasattr(e.user, "profile") else e.user)

@@ -1,20 +1,23 @@
-"""What a runner needs to evaluate a run: the harness job (JSON) and the files of its working directory."""
+"""What a runner needs to evaluate a run: the harness job (runners/harness/contract.py) and its workdir's files.
+
+Takes a `leaderboards.models.Run` (duck-typed: `runners` never imports `leaderboards`)."""
 
 from __future__ import annotations
 
 import hashlib
 import re
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 
-from leaderboards.models import Run, SubmissionMode
-from runners.models import Gpu
+from runners.harness import contract
+from runners.models import Gpu, GpuPool
 
-# memory_bytes is per process (address space); the whole tree's memory is run_limits' cgroup limit
-DEFAULT_LIMITS = {"memory_bytes": 16 << 30, "cpu_seconds": 3600, "processes": 256,
-                  "file_size_bytes": 256 << 20, "output_bytes": 64 << 10}
-CUDA_COMPILE_TIMEOUT = 120  # KernelBot's Timeout.COMPILE
+DEFAULT_LIMITS = {k: contract.DEFAULT_LIMITS[k] for k in ("memory_bytes", "cpu_seconds", "processes",
+                                                           "file_size_bytes", "output_bytes")}
+CUDA_COMPILE_TIMEOUT = contract.COMPILE_TIMEOUT_S
+Run = Any  # leaderboards.models.Run
 
 
 def sandbox_uid(gpu: Gpu) -> int:
@@ -22,14 +25,19 @@ def sandbox_uid(gpu: Gpu) -> int:
     return settings.SANDBOX_UID_BASE + gpu.pk % settings.SANDBOX_UID_SLOTS
 
 
-def run_limits(gpu: Gpu) -> dict[str, int]:
-    """The sandbox limits of a run on `gpu`: the pool's memory limit for the whole tree when it sets one, else the
-    harness gives the run its node's share (the node's spare memory split between its enabled devices)."""
-    pool = gpu.node.pool
-    limits = {**DEFAULT_LIMITS, "runs_per_node": Gpu.objects.filter(node_id=gpu.node_id, enabled=True).count() or 1}
-    if pool.memory_limit_mib:
+def pool_limits(pool: GpuPool | None) -> dict[str, int]:
+    """The sandbox limits every node of `pool` applies: the pool's memory limit for the whole tree when it sets one,
+    else the harness gives the run its node's share (the node's spare memory split between its runs)."""
+    limits = dict(DEFAULT_LIMITS)
+    if pool is not None and pool.memory_limit_mib:
         limits["tree_memory_bytes"] = pool.memory_limit_mib << 20
     return limits
+
+
+def run_limits(gpu: Gpu) -> dict[str, int]:
+    """`pool_limits` of a run on this machine's `gpu`, sharing the node between its enabled devices."""
+    return {**pool_limits(gpu.node.pool),
+            "runs_per_node": Gpu.objects.filter(node_id=gpu.node_id, enabled=True).count() or 1}
 
 
 def derive_seed(*parts: object) -> int:
@@ -50,27 +58,49 @@ def workdir_files(run: Run) -> dict[str, str]:
     return {**definition["files"], definition["submission_name"]: run.submission.code.text}
 
 
-def harness_job(run: Run, workdir: Path, devices: list[str], gpu: Gpu) -> dict:
+def run_job(run: Run, pool: GpuPool | None = None) -> dict:
+    """The job without the fields only the runner machine knows (contract.RUNNER_FIELDS)."""
     definition = run.submission.problem.definition
     return {
         "mode": run.submission.mode,
         "protocol": run.submission.problem.harness,
         "lang": definition["lang"],
-        "workdir": str(workdir),
         "main": definition.get("main"),
         "tests": definition["tests"],
         "benchmarks": definition["benchmarks"],
         "ranking_by": run.submission.leaderboard.ranking_by,
         "seed": run_seed(run),
         "multi_gpu": definition.get("multi_gpu", False),
-        "gpus": devices,
         "timeouts": {"test": definition["test_timeout"], "benchmark": definition["benchmark_timeout"],
                      "ranked": definition["ranked_timeout"], "compile": CUDA_COMPILE_TIMEOUT},
-        "limits": run_limits(gpu),
+        "limits": pool_limits(pool),
         "timing": settings.HARNESS_TIMING,
         "cuda": cuda_config(run),
-        "sandbox_uid": sandbox_uid(gpu),
     }
+
+
+def harness_job(run: Run, workdir: Path, devices: list[str], gpu: Gpu) -> dict:
+    """The whole job for a run on this machine's `gpu`."""
+    return {**run_job(run), "limits": run_limits(gpu), "workdir": str(workdir), "gpus": devices,
+            "sandbox_uid": sandbox_uid(gpu)}
+
+
+def gpu_count(run: Run) -> int:
+    """Devices the run needs on one node: the largest world_size of a multi-GPU task, else one (none on CPU)."""
+    if run.gpu_type.is_cpu:
+        return 0
+    definition = run.submission.problem.definition
+    if not definition.get("multi_gpu"):
+        return 1
+    cases = [*definition.get("tests", []), *definition.get("benchmarks", [])]
+    return max([int(c.get("world_size") or 1) for c in cases] or [1])
+
+
+def job_payload(run: Run, pool: GpuPool | None) -> dict:
+    """What the runner API hands a remote agent (see contract): the job, the workdir's files, the devices it needs
+    and the run's total time budget."""
+    return {"job": run_job(run, pool), "files": workdir_files(run), "gpu_count": gpu_count(run),
+            "timeout_s": total_timeout(run)}
 
 
 def cuda_config(run: Run) -> dict:
@@ -87,8 +117,6 @@ def cuda_config(run: Run) -> dict:
 
 def total_timeout(run: Run) -> int:
     definition = run.submission.problem.definition
-    phases = {SubmissionMode.TEST: ["test_timeout"], SubmissionMode.BENCHMARK: ["benchmark_timeout"],
-              SubmissionMode.PROFILE: ["benchmark_timeout"],
-              SubmissionMode.LEADERBOARD: ["test_timeout", "benchmark_timeout", "ranked_timeout"]}
-    compile_s = CUDA_COMPILE_TIMEOUT if definition["lang"] == "cu" else 0
-    return sum(int(definition[key]) for key in phases[run.submission.mode]) + compile_s + 60
+    timeouts = {"test": definition["test_timeout"], "benchmark": definition["benchmark_timeout"],
+                "ranked": definition["ranked_timeout"]}
+    return contract.total_timeout(run.submission.mode, definition["lang"], timeouts)

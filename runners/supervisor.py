@@ -9,8 +9,10 @@ SIGTERM then no longer stops the cluster. So the cluster runs as a child process
   been lost), and if a fresh message is not picked up within `STALL` seconds either, the cluster is wedged;
 - re-sends every queued run's message whenever it (re)starts the cluster, since the old cluster took the
   messages it had pulled from the broker with it;
-- reaps overdue runs every `REAP_INTERVAL` seconds, from outside the cluster it rescues (runners heartbeat, so a
-  run whose worker died is retried within seconds);
+- runs the periodic run checks of `settings.CLUSTER_TICKS` (dotted path → interval): reaping overdue runs every
+  `REAP_INTERVAL` seconds, from outside the cluster it rescues (runners heartbeat, so a run whose worker died is
+  retried within seconds), and polling remote runs every `POLL_INTERVAL` seconds (django-q schedules have minute
+  granularity, too coarse for a poll that catches a missed callback);
 - on SIGTERM or SIGINT stops the cluster, killing it after `STOP_GRACE` seconds.
 
 Each worker writes its state to a heartbeat file named by its pid in the directory the supervisor gives it
@@ -36,9 +38,8 @@ from pathlib import Path
 from django.conf import settings
 from django.db import connection
 from django.utils import timezone
+from django.utils.module_loading import import_string
 from django_q.signals import post_execute_in_worker, post_spawn, pre_execute
-
-from leaderboards.actions import do_reap_overdue_runs, do_resend_queued_runs
 
 log = logging.getLogger(__name__)
 HEARTBEATS_ENV = "KERNELBOT_CLUSTER_HEARTBEATS"
@@ -102,32 +103,38 @@ class Supervisor:
         self.failed_starts = 0
         self.stopping = False
         self.heartbeats = Path(tempfile.mkdtemp(prefix="kernelbot-heartbeats-"))
+        # the run lifecycle is the leaderboards app's (runners never import it): named in settings
+        self.resend = import_string(settings.CLUSTER_RESEND)
+        self.ticks = [(import_string(path), interval) for path, interval in settings.CLUSTER_TICKS.items()]
+        self.next_tick = [0.0] * len(self.ticks)
 
     def run(self) -> None:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._stop)
         with contextlib.suppress(OSError, AttributeError):
             _prctl(PR_SET_CHILD_SUBREAPER, 1)  # the cluster's orphans come back here to be reaped
-        next_check = 0.0
         try:
             while not self.stopping:
                 self._reap_children()
                 if self.cluster is None and time.monotonic() >= self.restart_at:
                     self._start()
-                if time.monotonic() >= next_check:
-                    next_check = time.monotonic() + settings.CLUSTER_REAP_INTERVAL
-                    self._check()
+                self._check()
                 time.sleep(TICK)
         finally:
             self._stop_cluster()
             shutil.rmtree(self.heartbeats, ignore_errors=True)
 
     def _check(self) -> None:
+        """The due periodic checks (the first one, the reaper, also watches the cluster's progress)."""
         try:
-            if reaped := do_reap_overdue_runs():
-                log.warning("retried or failed %s overdue runs", reaped)
-            if self.cluster is not None:
-                self._check_progress()
+            for i, (tick, interval) in enumerate(self.ticks):
+                if time.monotonic() < self.next_tick[i]:
+                    continue
+                self.next_tick[i] = time.monotonic() + interval
+                if count := tick():
+                    log.info("%s: %s runs", tick.__name__, count)
+                if i == 0 and self.cluster is not None:
+                    self._check_progress()
         except Exception:  # the database may be restarting: log, reconnect next time
             log.exception("supervisor check failed")
             with contextlib.suppress(Exception):
@@ -140,7 +147,7 @@ class Supervisor:
         shutil.rmtree(self.heartbeats, ignore_errors=True)
         self.heartbeats.mkdir(parents=True)
         try:
-            if resent := do_resend_queued_runs():
+            if resent := self.resend():
                 log.info("re-sent %s queued runs' messages before starting the cluster", resent)
         except Exception:
             log.exception("could not re-send the queued runs' messages")
@@ -160,7 +167,7 @@ class Supervisor:
             return
         waiting_since = timezone.now() - timedelta(seconds=self.stall)
         if self.resent_at is None:
-            if resent := do_resend_queued_runs(queued_before=waiting_since):
+            if resent := self.resend(queued_before=waiting_since):
                 log.warning("runs have waited %.0f s while no worker started a task; re-sent %s messages",
                             self.stall, resent)
                 self.resent_at = time.time()

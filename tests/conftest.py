@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,26 @@ def _isolated_runtime(settings, tmp_path):
 def sync_queue(monkeypatch):
     """django-q2 runs tasks inline; combine with django_capture_on_commit_callbacks(execute=True)."""
     monkeypatch.setattr(Conf, "SYNC", True)
+
+
+RUNNER_KEY = "test-runner-key-0123456789abcdef"
+
+
+@dataclass(frozen=True)
+class RunnerPlatform:
+    url: str  # where a remote agent reaches the platform (the runner API is under /api/runner/v1/)
+    key: str  # KERNELBOT_RUNNER_KEY, also set in this process's environment for agents it starts
+
+
+@pytest.fixture
+def runner_platform(live_server, settings, monkeypatch) -> RunnerPlatform:
+    """The platform on a real loopback port (pytest-django's live server: this process, the test database) with
+    the runner API reachable and a runner key set, so remote agents started by a test can fetch jobs and report.
+    Needs a transactional database (the server thread sees only committed rows)."""
+    settings.RUNNER_KEY = RUNNER_KEY
+    settings.PUBLIC_URL = live_server.url
+    monkeypatch.setenv("KERNELBOT_RUNNER_KEY", RUNNER_KEY)
+    return RunnerPlatform(live_server.url, RUNNER_KEY)
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ import factory
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
+from leaderboards.actions import RANK_HOOK
 from leaderboards.models import Code, Leaderboard, Problem, Run, RunStatus, Submission
 from leaderboards.taskfile import TaskDefinition
 from runners.models import Gpu, GpuPool, GpuType, GpuVendor, Node
@@ -58,7 +59,8 @@ def submission(leaderboard: Leaderboard, user=None, code: str = "def custom_kern
     gpu_type = gpu_type or leaderboard.gpu_types.first()
     for secret in ([False, True] if mode == "leaderboard" else [False]):
         Run.objects.create(submission=sub, gpu_type=gpu_type, secret=secret, status=RunStatus.QUEUED,
-                           status_deadline=Run.deadline_for(RunStatus.QUEUED))
+                           status_deadline=Run.deadline_for(RunStatus.QUEUED),
+                           on_finish=RANK_HOOK if mode == "leaderboard" else "")
     return sub
 
 
@@ -67,3 +69,15 @@ def ranked_result(means_ns: list[float], verdict: str = "pass") -> dict:
     return {"event": "result", "status": "ok", "verdict": verdict, "passed": verdict == "pass",
             "tests": [], "benchmarks": timings, "ranked": timings, "system": {"device": "cpu"},
             "stdout": "", "stderr": "", "error": "" if verdict == "pass" else "wrong answer"}
+
+
+def remote_pool(backend: str, gpu_type: GpuType, name: str | None = None, devices: int = 1,
+                settings: dict | None = None) -> GpuPool:
+    """A pool reached through a remote backend: one node standing for the service, `devices` of `gpu_type` on it
+    (what `GpuPool.objects.serving` counts)."""
+    pool = GpuPool.objects.create(name=name or f"{backend}-{GpuPool.objects.count() + 1}", backend=backend,
+                                  settings=settings or {})
+    node = Node.objects.create(pool=pool, hostname=f"{pool.name}.remote")
+    for index in range(devices):
+        Gpu.objects.create(node=node, gpu_type=gpu_type, index=index)
+    return pool

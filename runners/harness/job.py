@@ -8,12 +8,10 @@ import re
 import secrets
 from typing import Any
 
+from .contract import DEFAULT_LIMITS, DEFAULT_PHASE_TIMEOUT_S, LANGS, MODES, PROTOCOLS, TIMING_DEFAULTS, TOTAL_MARGIN_S
+from .contract import RANKING_RULES as RANKINGS
 from .sandbox import Limits
 
-MODES = ("test", "benchmark", "leaderboard", "profile")
-PROTOCOLS = ("kernelbot", "popcorn")
-LANGS = ("py", "cu")
-RANKINGS = ("last", "mean", "geom")
 Case = dict[str, int | str | bool | list[int | str | bool]]  # as task.yml gives them (see problem.case_args)
 
 
@@ -22,13 +20,13 @@ class JobError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
-class Timing:
-    rel_ci: float = 0.01
-    min_samples: int = 10
-    max_samples: int = 1000
-    case_budget_s: float = 10.0
-    warmup_s: float = 0.2
-    run_spread: float = 0.05  # relative between-run spread of identical code (bench/fairness.py), see stats
+class Timing:  # defaults: contract.TIMING_DEFAULTS
+    rel_ci: float = TIMING_DEFAULTS["rel_ci"]
+    min_samples: int = TIMING_DEFAULTS["min_samples"]
+    max_samples: int = TIMING_DEFAULTS["max_samples"]
+    case_budget_s: float = TIMING_DEFAULTS["case_budget_s"]
+    warmup_s: float = TIMING_DEFAULTS["warmup_s"]
+    run_spread: float = TIMING_DEFAULTS["run_spread"]  # between-run spread of identical code (bench/fairness.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,12 +67,13 @@ class Job:
         return f"Job(mode={self.mode!r}, protocol={self.protocol!r}, workdir={self.workdir!r})"
 
     def timeout(self, phase: str) -> float:
-        return float(self.timeouts.get(phase, 180.0))
+        return float(self.timeouts.get(phase, DEFAULT_PHASE_TIMEOUT_S))
 
     def sandbox_limits(self) -> Limits:
-        total = sum(self.timeout(p) for p in ("test", "benchmark", "ranked")) + 60
+        total = sum(self.timeout(p) for p in ("test", "benchmark", "ranked")) + TOTAL_MARGIN_S
         fields = {f.name for f in dataclasses.fields(Limits)} - {"wall_seconds"}
-        return Limits(wall_seconds=total, **{k: v for k, v in self.limits.items() if k in fields})
+        limits = {**DEFAULT_LIMITS, **self.limits}
+        return Limits(wall_seconds=total, **{k: v for k, v in limits.items() if k in fields})
 
     @property
     def ranked_cases(self) -> tuple[Case, ...]:

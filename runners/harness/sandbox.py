@@ -37,7 +37,7 @@ devices are bound: the CUDA driver reserves huge virtual ranges), NPROC (counts 
 all processes of that uid on the host), FSIZE, NOFILE, CORE=0.
 Memory: `import torch` (CPU) peaks at ~0.7 GiB of address space on 2 cores; every extra thread
 costs up to a 64 MiB malloc arena + 8 MiB stack of *virtual* space, so budget
-~1 GiB + 72 MiB x threads. The 8 GiB default covers ~100 threads.
+~1 GiB + 72 MiB x threads. The 16 GiB default (contract.DEFAULT_LIMITS) covers ~200 threads.
 
 Killing: the bwrap process is the one we started; with --die-with-parent its pid-namespace init
 gets SIGKILL when it dies, and the kernel then kills every process in the namespace, including
@@ -67,6 +67,7 @@ import time
 from collections.abc import Sequence
 
 from .cgroups import CgroupUnavailable, MemoryGroup, MemoryParent, memory_parent
+from .contract import DEFAULT_LIMITS
 
 NOBODY = 65534
 _CHUNK = 1 << 16
@@ -82,15 +83,16 @@ class SandboxUnavailable(RuntimeError):
 @dataclasses.dataclass(frozen=True)
 class Limits:
     wall_seconds: float = 180.0
-    cpu_seconds: int = 600
-    memory_bytes: int = 8 << 30
-    processes: int = 256
-    file_size_bytes: int = 256 << 20
-    open_files: int = 256
-    output_bytes: int = 64 << 10
-    shm_bytes: int = 256 << 20  # size of the private /dev/shm tmpfs; bubblewrap only
-    tree_memory_bytes: int = 0  # memory cgroup limit of the whole tree; 0: this node's share (tree_memory_limit)
-    runs_per_node: int = 1  # runs this node may hold at once: the node's spare memory is split between them
+    cpu_seconds: int = DEFAULT_LIMITS["cpu_seconds"]
+    memory_bytes: int = DEFAULT_LIMITS["memory_bytes"]  # per process; see contract.DEFAULT_LIMITS
+    processes: int = DEFAULT_LIMITS["processes"]
+    file_size_bytes: int = DEFAULT_LIMITS["file_size_bytes"]
+    open_files: int = DEFAULT_LIMITS["open_files"]
+    output_bytes: int = DEFAULT_LIMITS["output_bytes"]
+    shm_bytes: int = DEFAULT_LIMITS["shm_bytes"]  # size of the private /dev/shm tmpfs; bubblewrap only
+    # memory cgroup limit of the whole tree; 0: this node's share (tree_memory_limit)
+    tree_memory_bytes: int = DEFAULT_LIMITS["tree_memory_bytes"]
+    runs_per_node: int = DEFAULT_LIMITS["runs_per_node"]  # runs this node may hold at once: its spare memory is split
 
 
 @dataclasses.dataclass

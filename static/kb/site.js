@@ -85,6 +85,10 @@
         if (msg.version <= version) return; // duplicate
         if (msg.version !== version + 1) { ws.send(JSON.stringify({ type: "resync" })); return; }
         for (const u of msg.removed) rows.delete(u);
+        if (msg.shift) { // the other rows ranked first..last (null: to the end) moved by `by`
+          const [first, last, by] = msg.shift, moved = new Set(msg.entries.map((e) => e.user));
+          for (const [u, e] of rows) if (!moved.has(u) && e.rank >= first && (last === null || e.rank <= last)) rows.set(u, { ...e, rank: e.rank + by });
+        }
         for (const e of msg.entries) rows.set(e.user, e);
         version = msg.version; live.dataset.version = version; render(true);
         if (window.kbChartRecord) for (const e of msg.entries) window.kbChartRecord(e);

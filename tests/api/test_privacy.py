@@ -15,7 +15,7 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import AnonymousUser
 from django.utils import timezone
 
-from leaderboards import actions
+from leaderboards import lifecycle
 from leaderboards.access.actions import do_create_token
 from leaderboards.access.models import Membership
 from leaderboards.api import progress_stream
@@ -42,7 +42,7 @@ def finish(sub, secret_verdict: str = "fail", secret_error: str = f"test 2 faile
                                                            "message": f"mismatch {SECRET}"}])
         else:
             result.update(stdout=PUBLIC_LOG, stderr=PUBLIC_LOG)
-        actions.do_ingest_result(run.pk, dispatch(run), result)
+        lifecycle.do_ingest_result(run.pk, dispatch(run), result)
 
 
 def bearer(user) -> dict[str, str]:

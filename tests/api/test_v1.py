@@ -49,7 +49,8 @@ def test_leaderboards_and_paged_rankings(client, leaderboard, django_assert_max_
     (item,) = [b for b in client.get("/api/v1/leaderboards").json() if b["name"] == leaderboard.name]
     assert item["gpu_types"] == ["CPU"] and item["templates"] and item["is_open"]
     assert "secret_seed" not in str(item)
-    from leaderboards.actions import do_ingest_result, do_recompute_ranks
+    from leaderboards.actions import do_recompute_ranks
+    from leaderboards.lifecycle import do_ingest_result
     for i in range(3):
         sub = submission(leaderboard, UserFactory(username=f"ranked{i}"))
         for run in sub.runs.all():
@@ -105,7 +106,8 @@ def test_docs_are_served(client):
 
 
 def test_rankings_and_runs_carry_the_ratio_its_interval_and_ties(client, leaderboard, alice):
-    from leaderboards.actions import do_ingest_result, do_recompute_ranks
+    from leaderboards.actions import do_recompute_ranks
+    from leaderboards.lifecycle import do_ingest_result
     ratios = [(0.50, 0.48, 0.52), (0.51, 0.49, 0.53), (0.90, 0.88, 0.92)]  # the first two overlap: tied
     for i, (ratio, low, high) in enumerate(ratios):
         sub = submission(leaderboard, alice if i == 0 else UserFactory(username=f"r{i}"))

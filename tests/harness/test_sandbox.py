@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from runners.harness import cgroups
+from runners.harness import cgroups, contract
 from runners.harness import sandbox as sb
 from runners.harness.sandbox import Limits, Sandbox, SandboxUnavailable
 
@@ -507,8 +507,8 @@ def test_unprivileged_caller_uses_user_namespace():
         pkg.mkdir(parents=True)
         for init in (base / "runners" / "__init__.py", pkg / "__init__.py"):
             init.touch()
-        shutil.copy(sb.__file__, pkg / "sandbox.py")
-        shutil.copy(cgroups.__file__, pkg / "cgroups.py")
+        for module in (sb, cgroups, contract):  # the sandbox and the stdlib-only modules it imports
+            shutil.copy(module.__file__, pkg / Path(module.__file__).name)
         wd = base / "wd"
         wd.mkdir()
         os.chown(wd, sb.NOBODY, sb.NOBODY)

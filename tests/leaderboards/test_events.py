@@ -6,7 +6,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import channel_layers, get_channel_layer
 
-from leaderboards import actions
+from leaderboards import actions, lifecycle
 
 from ..factories import ranked_result, submission
 from .test_lifecycle import dispatch
@@ -40,7 +40,7 @@ def test_rank_change_is_broadcast_once_after_commit_through_redis(redis_layer, l
     channel = listen(redis_layer, f"leaderboard.{leaderboard.pk}")
     sub = submission(leaderboard)
     for run in sub.runs.all():
-        actions.do_ingest_result(run.pk, dispatch(run), ranked_result([2000.0]))
+        lifecycle.do_ingest_result(run.pk, dispatch(run), ranked_result([2000.0]))
     with django_capture_on_commit_callbacks() as callbacks:
         assert actions.do_recompute_ranks(leaderboard.pk, cpu_pool.cpu.pk)
     assert len(callbacks) == 1  # nothing is sent before the transaction commits

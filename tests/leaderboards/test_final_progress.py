@@ -5,9 +5,9 @@ import io
 import pytest
 from django.core.management import call_command
 
-from leaderboards import actions
-from leaderboards.actions import final_progress
+from leaderboards import lifecycle
 from leaderboards.models import Run, RunStatus
+from leaderboards.scoring import final_progress
 
 from ..factories import ranked_result, submission
 
@@ -44,10 +44,10 @@ def test_profile_runs_have_no_phase_progress():
 def test_ingest_replaces_live_progress_that_ran_ahead_of_a_crash(leaderboard):
     run = submission(leaderboard).runs.get(secret=False)
     run.update_status(RunStatus.DISPATCHED, attempt=1)
-    actions.do_mark_running(run.pk, 1)
-    actions.do_record_progress(run.pk, 1, {"event": "progress", "phase": "test", "done": 4, "total": 4})
+    lifecycle.do_mark_running(run.pk, 1)
+    lifecycle.do_record_progress(run.pk, 1, {"event": "progress", "phase": "test", "done": 4, "total": 4})
     crashed = {**ranked_result([1.0], "crash"), "tests": cases(*["pass"] * 4), "benchmarks": [], "ranked": []}
-    assert actions.do_ingest_result(run.pk, 1, crashed)
+    assert lifecycle.do_ingest_result(run.pk, 1, crashed)
     run.refresh_from_db()
     assert run.status == RunStatus.FAILED
     assert run.progress == {"phase": "benchmark", "done": 0, "total": 3, "final": True}  # the demo has 3

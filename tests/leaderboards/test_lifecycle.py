@@ -7,7 +7,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from leaderboards import actions
+from leaderboards import actions, lifecycle
 from leaderboards.models import Board, BoardEntry, InvalidTransition, Run, RunStatus
 
 from ..factories import UserFactory, ranked_result, submission
@@ -25,7 +25,7 @@ def finish(sub, means_public, means_secret=None, verdict="pass"):
     for run in sub.runs.all():
         attempt = dispatch(run)
         means = means_secret if run.secret and means_secret is not None else means_public
-        assert actions.do_ingest_result(run.pk, attempt, ranked_result(means, verdict))
+        assert lifecycle.do_ingest_result(run.pk, attempt, ranked_result(means, verdict))
 
 
 def test_transitions_are_enforced(leaderboard):
@@ -33,7 +33,7 @@ def test_transitions_are_enforced(leaderboard):
     with pytest.raises(InvalidTransition):
         run.update_status(RunStatus.RUNNING)
     attempt = dispatch(run)
-    assert actions.do_mark_running(run.pk, attempt)
+    assert lifecycle.do_mark_running(run.pk, attempt)
     run.refresh_from_db()
     assert run.status == RunStatus.RUNNING and run.started_at and run.dispatched_at and run.attempt == 1
 
@@ -41,9 +41,9 @@ def test_transitions_are_enforced(leaderboard):
 def test_ingest_scores_a_pass_and_ignores_stale_or_repeated_reports(leaderboard):
     run = submission(leaderboard).runs.get(secret=False)
     attempt = dispatch(run)
-    assert not actions.do_ingest_result(run.pk, attempt - 1, ranked_result([5000.0]))  # stale attempt
-    assert actions.do_ingest_result(run.pk, attempt, ranked_result([1000.0, 3000.0]))
-    assert not actions.do_ingest_result(run.pk, attempt, ranked_result([1.0]))  # repeated: counted once
+    assert not lifecycle.do_ingest_result(run.pk, attempt - 1, ranked_result([5000.0]))  # stale attempt
+    assert lifecycle.do_ingest_result(run.pk, attempt, ranked_result([1000.0, 3000.0]))
+    assert not lifecycle.do_ingest_result(run.pk, attempt, ranked_result([1.0]))  # repeated: counted once
     run.refresh_from_db()
     assert (run.status, run.passed, run.verdict) == (RunStatus.SUCCEEDED, True, "pass")
     assert run.score == pytest.approx(3e-6)  # ranking_by=last
@@ -55,7 +55,7 @@ def test_ingest_scores_a_pass_and_ignores_stale_or_repeated_reports(leaderboard)
                                                   ("compile_error", RunStatus.FAILED)])
 def test_failing_verdicts_map_to_terminal_statuses_without_score(leaderboard, verdict, status):
     run = submission(leaderboard).runs.get(secret=False)
-    actions.do_ingest_result(run.pk, dispatch(run), ranked_result([1000.0], verdict))
+    lifecycle.do_ingest_result(run.pk, dispatch(run), ranked_result([1000.0], verdict))
     run.refresh_from_db()
     assert (run.status, run.passed, run.score) == (status, False, None)
     assert run.error
@@ -64,10 +64,10 @@ def test_failing_verdicts_map_to_terminal_statuses_without_score(leaderboard, ve
 def test_infrastructure_failures_retry_then_fail_with_reason(leaderboard, settings):
     settings.RUN_MAX_ATTEMPTS = 2
     run = submission(leaderboard).runs.get(secret=False)
-    assert actions.do_ingest_result(run.pk, dispatch(run), {"status": "error", "error": "node lost"})
+    assert lifecycle.do_ingest_result(run.pk, dispatch(run), {"status": "error", "error": "node lost"})
     run.refresh_from_db()
     assert run.status == RunStatus.QUEUED and run.infra_failures == 1 and "node lost" in run.error
-    assert actions.do_report_failure(run.pk, dispatch(run), "disk full")
+    assert lifecycle.do_report_failure(run.pk, dispatch(run), "disk full")
     run.refresh_from_db()
     assert run.status == RunStatus.ERROR and "gave up after 2" in run.error and "disk full" in run.error
 
@@ -76,16 +76,16 @@ def test_reaper_retries_overdue_runs_in_every_active_state(leaderboard, settings
     settings.RUN_MAX_ATTEMPTS = 5
     sub = submission(leaderboard)
     queued, running = sub.runs.order_by("secret")
-    actions.do_mark_running(running.pk, dispatch(running))
+    lifecycle.do_mark_running(running.pk, dispatch(running))
     later = timezone.now() + timedelta(hours=3)
-    assert actions.do_reap_overdue_runs(now=timezone.now()) == 0  # nothing overdue yet
-    assert actions.do_reap_overdue_runs(now=later) == 2
+    assert lifecycle.do_reap_overdue_runs(now=timezone.now()) == 0  # nothing overdue yet
+    assert lifecycle.do_reap_overdue_runs(now=later) == 2
     queued.refresh_from_db()
     running.refresh_from_db()
     assert queued.status == RunStatus.QUEUED and queued.infra_failures == 0  # re-sent, waiting isn't charged
     assert running.status == RunStatus.QUEUED and running.infra_failures == 1
-    assert not actions.do_ingest_result(running.pk, running.attempt, ranked_result([1.0]))  # lost worker's report
-    assert actions.do_reap_overdue_runs(now=timezone.now() + timedelta(days=2)) == 2
+    assert not lifecycle.do_ingest_result(running.pk, running.attempt, ranked_result([1.0]))  # lost worker's report
+    assert lifecycle.do_reap_overdue_runs(now=timezone.now() + timedelta(days=2)) == 2
     queued.refresh_from_db()
     assert queued.status == RunStatus.ERROR and "within 24 h" in queued.error
 
@@ -97,8 +97,8 @@ def test_ranks_need_public_and_secret_pass_and_use_the_slower(leaderboard, cpu_p
     finish(submission(leaderboard, carol, code="c"), [500.0], [500.0], verdict="pass")
     carol_secret_fail = submission(leaderboard, carol, code="c2")
     public, secret = carol_secret_fail.runs.order_by("secret")
-    actions.do_ingest_result(public.pk, dispatch(public), ranked_result([100.0]))
-    actions.do_ingest_result(secret.pk, dispatch(secret), ranked_result([100.0], "fail"))
+    lifecycle.do_ingest_result(public.pk, dispatch(public), ranked_result([100.0]))
+    lifecycle.do_ingest_result(secret.pk, dispatch(secret), ranked_result([100.0], "fail"))
 
     assert actions.do_recompute_ranks(leaderboard.pk, cpu_pool.cpu.pk)
     entries = list(BoardEntry.objects.for_board(leaderboard, cpu_pool.cpu))
@@ -121,18 +121,18 @@ def test_rank_reads_are_one_query(leaderboard, cpu_pool):
 
 def test_requeue_and_cancel_update_ranks(leaderboard, cpu_pool, django_capture_on_commit_callbacks, sync_queue,
                                          monkeypatch):
-    monkeypatch.setattr("runners.tasks.dispatch_run", lambda run_id: None)  # keep the requeued run queued
+    monkeypatch.setattr("leaderboards.tasks.dispatch_run", lambda run_id: None)  # keep the requeued run queued
     sub = submission(leaderboard)
     finish(sub, [1000.0])
     actions.do_recompute_ranks(leaderboard.pk, cpu_pool.cpu.pk)
     assert BoardEntry.objects.count() == 1
     with django_capture_on_commit_callbacks(execute=True):
-        actions.do_requeue_run(sub.runs.get(secret=True))
+        lifecycle.do_requeue_run(sub.runs.get(secret=True))
     assert BoardEntry.objects.count() == 0  # no longer both passed
     run = sub.runs.get(secret=True)
     assert run.status == RunStatus.QUEUED and run.score is None
-    assert actions.do_cancel_run(run)
-    assert not actions.do_cancel_run(run)  # already terminal
+    assert lifecycle.do_cancel_run(run)
+    assert not lifecycle.do_cancel_run(run)  # already terminal
     assert Run.objects.get(pk=run.pk).status == RunStatus.CANCELLED
 
 
@@ -162,7 +162,7 @@ def test_ratio_ranks_the_board_and_marks_statistical_ties(leaderboard, cpu_pool)
                ratio_result(1100.0, 0.82, 0.78, None)]  # no upper bound: tied with anything above
     for user, result in zip(users, results, strict=True):
         for run in submission(leaderboard, user, code=str(user.pk)).runs.all():
-            assert actions.do_ingest_result(run.pk, dispatch(run), result)
+            assert lifecycle.do_ingest_result(run.pk, dispatch(run), result)
     run = Run.objects.filter(submission__user=users[0]).first()
     assert (run.score, run.ratio, run.ratio_low, run.ratio_high) == pytest.approx((3e-6, 0.50, 0.48, 0.52))
 

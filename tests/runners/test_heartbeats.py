@@ -9,10 +9,11 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
-from leaderboards import actions
+from leaderboards import lifecycle
+from leaderboards.lifecycle import dispatch_run
 from leaderboards.models import Run, RunAttempt, RunStatus
+from runners.backends.base import BACKENDS
 from runners.models import GpuPool
-from runners.tasks import dispatch_run
 
 from ..conftest import REPO
 from ..factories import ranked_result, submission
@@ -30,31 +31,31 @@ def test_heartbeats_keep_a_live_run_and_stop_a_moved_on_runner(leaderboard, sett
     settings.RUN_HEARTBEAT_DEADLINE = 15
     run = submission(leaderboard, mode="test").runs.get()
     attempt = dispatched(run, heartbeat=15)
-    assert actions.do_mark_running(run.pk, attempt, deadline_seconds=15)
+    assert lifecycle.do_mark_running(run.pk, attempt, deadline_seconds=15)
     Run.objects.filter(pk=run.pk).update(status_deadline=timezone.now() + timedelta(seconds=1))
-    assert actions.do_heartbeat(run.pk, attempt, RunStatus.RUNNING)
+    assert lifecycle.do_heartbeat(run.pk, attempt, RunStatus.RUNNING)
     run.refresh_from_db()
     assert timedelta(seconds=14) < run.status_deadline - timezone.now() <= timedelta(seconds=15)
-    assert not actions.do_heartbeat(run.pk, attempt - 1, RunStatus.RUNNING)  # a stale attempt's runner
-    assert not actions.do_heartbeat(run.pk, attempt, RunStatus.DISPATCHED)  # the state it beat for is gone
-    actions.do_cancel_run(run)
-    assert not actions.do_heartbeat(run.pk, attempt, RunStatus.RUNNING)  # cancelled: the runner stops
+    assert not lifecycle.do_heartbeat(run.pk, attempt - 1, RunStatus.RUNNING)  # a stale attempt's runner
+    assert not lifecycle.do_heartbeat(run.pk, attempt, RunStatus.DISPATCHED)  # the state it beat for is gone
+    lifecycle.do_cancel_run(run)
+    assert not lifecycle.do_heartbeat(run.pk, attempt, RunStatus.RUNNING)  # cancelled: the runner stops
 
 
 def test_a_silent_runner_is_retried_after_its_heartbeat_deadline_and_every_reason_is_kept(leaderboard, settings):
     settings.RUN_HEARTBEAT_DEADLINE = 15
     run = submission(leaderboard, mode="test").runs.get()
     first = dispatched(run, heartbeat=15)
-    actions.do_mark_running(run.pk, first, deadline_seconds=15)
-    assert actions.do_reap_overdue_runs(now=timezone.now() + timedelta(seconds=5)) == 0  # still beating
-    assert actions.do_reap_overdue_runs(now=timezone.now() + timedelta(seconds=16)) == 1  # not the 30 min cap
+    lifecycle.do_mark_running(run.pk, first, deadline_seconds=15)
+    assert lifecycle.do_reap_overdue_runs(now=timezone.now() + timedelta(seconds=5)) == 0  # still beating
+    assert lifecycle.do_reap_overdue_runs(now=timezone.now() + timedelta(seconds=16)) == 1  # not the 30 min cap
     run.refresh_from_db()
     assert (run.status, run.infra_failures) == (RunStatus.QUEUED, 1)
-    assert not actions.do_ingest_result(run.pk, first, ranked_result([1.0]))  # the lost runner's late report
+    assert not lifecycle.do_ingest_result(run.pk, first, ranked_result([1.0]))  # the lost runner's late report
     second = dispatched(run)
-    assert actions.do_report_failure(run.pk, second, "device vanished")
+    assert lifecycle.do_report_failure(run.pk, second, "device vanished")
     third = dispatched(run)
-    assert actions.do_ingest_result(run.pk, third, ranked_result([1000.0]))
+    assert lifecycle.do_ingest_result(run.pk, third, ranked_result([1000.0]))
     run.refresh_from_db()
     assert (run.status, run.error, run.attempt, run.infra_failures) == (RunStatus.SUCCEEDED, "", 3, 2)
     attempts = list(run.attempts.values_list("number", "runner", "outcome", "reason"))
@@ -67,11 +68,12 @@ def test_a_silent_runner_is_retried_after_its_heartbeat_deadline_and_every_reaso
 def test_the_last_attempt_keeps_the_reason_it_failed_with(leaderboard, settings):
     settings.RUN_MAX_ATTEMPTS = 1
     run = submission(leaderboard, mode="test").runs.get()
-    actions.do_report_failure(run.pk, dispatched(run), "node lost")
+    lifecycle.do_report_failure(run.pk, dispatched(run), "node lost")
     assert list(RunAttempt.objects.filter(run=run).values_list("outcome", "reason")) == [("error", "node lost")]
 
 
-def test_a_pool_whose_backend_is_missing_fails_the_run_at_once(leaderboard, cpu_pool):
+def test_a_pool_whose_backend_is_missing_fails_the_run_at_once(leaderboard, cpu_pool, monkeypatch):
+    monkeypatch.setitem(BACKENDS, "slurm", "runners.backends.not_installed.SlurmBackend")
     GpuPool.objects.filter(pk=cpu_pool.pk).update(backend="slurm")
     run = submission(leaderboard, mode="test").runs.get()
     dispatch_run(run.pk)

@@ -11,7 +11,8 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
-from leaderboards.actions import check_submission, do_reap_overdue_runs, do_submit
+from leaderboards.actions import check_submission, do_submit
+from leaderboards.lifecycle import do_reap_overdue_runs
 from leaderboards.models import Run, RunStatus
 
 from ..conftest import REPO, reap_group

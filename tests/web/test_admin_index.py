@@ -20,7 +20,7 @@ def groups(page: str) -> dict[str, list[str]]:
 def test_admin_index_groups_models_by_task_with_a_start_here_path(admin_client):
     page = admin_client.get("/admin/").content.decode()
     shown = groups(page)
-    assert list(shown) == ["Competitions", "GPUs and runners", "People and access", "Internals"]
+    assert list(shown) == ["Competitions", "GPUs and runners", "People and access", "Discord", "Internals"]
     assert shown["Competitions"] == ["Competitions", "Problems", "Leaderboards", "Submissions", "Runs"]
     assert shown["GPUs and runners"] == ["GPU types", "GPU pools", "Nodes", "GPUs"]
     assert shown["People and access"][:3] == ["Users", "Groups", "API tokens"]

@@ -22,7 +22,7 @@ import pytest
 from django.contrib.auth.hashers import make_password
 from django.db import connection
 
-from leaderboards import actions
+from leaderboards import actions, lifecycle
 
 from ..conftest import IN_CI, REPO, reap_group
 from ..factories import LeaderboardFactory, UserFactory, local_cpu_pool, problem_from, ranked_result, submission
@@ -161,7 +161,7 @@ def test_pages_never_scroll_sideways(browser, platform, width, height, device):
     author.save()
     sub = submission(board, user=author)
     for run in sub.runs.all():  # twelve benchmark cases: a wide per-benchmark breakdown and submission tables
-        actions.do_ingest_result(run.pk, dispatch(run), ranked_result([77500.0 + 1000 * i for i in range(12)]))
+        lifecycle.do_ingest_result(run.pk, dispatch(run), ranked_result([77500.0 + 1000 * i for i in range(12)]))
     actions.do_recompute_ranks(board.pk, board.gpu_types.get().pk)
 
     page = browser.new_context(viewport={"width": width, "height": height}).new_page()
@@ -193,6 +193,6 @@ def test_admin_index_shows_the_groups_and_start_here(browser, platform):
     shot(page, "admin-index")
     captions = page.locator("#content-main caption").all_inner_texts()
     assert [c.strip().lower() for c in captions] == ["competitions", "gpus and runners", "people and access",
-                                                     "internals"]
+                                                     "discord", "internals"]
     page.click(".start-here >> text=Check the GPU pools")
     page.wait_for_url(f"{base}/admin/runners/gpupool/")

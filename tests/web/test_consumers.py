@@ -15,7 +15,7 @@ from django.conf import settings
 from django.contrib.auth.models import AnonymousUser
 from django.db import connection
 
-from leaderboards import actions
+from leaderboards import actions, lifecycle
 from leaderboards.routing import websocket_urlpatterns
 
 from ..conftest import REPO
@@ -58,7 +58,7 @@ def test_leaderboard_consumer_sends_snapshot_then_versioned_deltas(leaderboard, 
         def newcomer():
             sub = submission(leaderboard, user=UserFactory(username="speedy"))
             for r in sub.runs.all():
-                actions.do_ingest_result(r.pk, dispatch(r), ranked_result([500.0]))
+                lifecycle.do_ingest_result(r.pk, dispatch(r), ranked_result([500.0]))
             with django_capture_on_commit_callbacks(execute=True):
                 actions.do_recompute_ranks(leaderboard.pk, gpu.pk)
         await database_sync_to_async(newcomer)()
@@ -105,7 +105,7 @@ def test_submission_consumer_streams_to_whoever_may_see_it(leaderboard, django_c
         def finish():
             for r in sub.runs.all():
                 with django_capture_on_commit_callbacks(execute=True):
-                    actions.do_ingest_result(r.pk, dispatch(r), ranked_result([800.0]))
+                    lifecycle.do_ingest_result(r.pk, dispatch(r), ranked_result([800.0]))
         await database_sync_to_async(finish)()
         seen = {}
         while len(seen) < 2 or any(s["status"] != "succeeded" for s in seen.values()):

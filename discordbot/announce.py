@@ -1,0 +1,85 @@
+"""Announcements of a board's changes: a new first place, a personal best, a first successful submission. Each is
+claimed as a unique `Announcement` row before it is posted, so it is posted once however many bot processes hear
+the event, and a restarted bot neither repeats nor (for recent changes) misses one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from leaderboards.models import BoardEntry, Run, RunStatus, SubmissionMode
+
+from . import render
+from .models import Announcement, Guild
+
+RECENT = timedelta(hours=1)  # older entries (a rescore, a bot started long after) are not news
+
+
+@dataclass
+class Claimed:
+    announcement_id: int
+    channel_id: int
+    text: str
+
+
+def _text(entry: BoardEntry) -> tuple[str, str]:
+    profile = getattr(entry.user, "profile", None)
+    name = (profile.display_name if profile else "") or entry.user.get_username()
+    where = f"**{entry.leaderboard.name}** on **{entry.gpu_type.name}**"
+    score = f"{render.seconds(entry.score)}{render.ratio(entry.ratio_low, entry.ratio, entry.ratio_high)}"
+    if entry.rank == 1:
+        return "top", f"🏆 First place on {where}: {name} with {score} (#{entry.submission_id})"
+    earlier = Run.objects.filter(
+        submission__user_id=entry.user_id, submission__leaderboard_id=entry.leaderboard_id,
+        submission__mode=SubmissionMode.LEADERBOARD, gpu_type_id=entry.gpu_type_id, status=RunStatus.SUCCEEDED,
+        passed=True, submission__created__lt=entry.submitted_at).exists()
+    if earlier:
+        return "best", f"📈 Personal best on {where}: {name} with {score}, rank {entry.rank} (#{entry.submission_id})"
+    return "first", f"🎉 First successful submission on {where}: {name} with {score}, rank {entry.rank} " \
+                    f"(#{entry.submission_id})"
+
+
+def claim(entries) -> list[Claimed]:
+    """Claims the announcements these board entries call for, in every guild with an announcement channel."""
+    guilds = list(Guild.objects.filter(enabled=True, announcement_channel_id__isnull=False))
+    claimed = []
+    for entry in entries:
+        if entry.submitted_at < timezone.now() - RECENT:
+            continue
+        kind, text = _text(entry)
+        for guild in guilds:
+            key = f"{guild.guild_id}:{entry.leaderboard_id}:{entry.gpu_type_id}:{entry.submission_id}"
+            try:
+                with transaction.atomic():
+                    row = Announcement.objects.create(key=key, guild=guild, text=text)
+            except IntegrityError:
+                continue  # announced already, by this process or another
+            claimed.append(Claimed(row.pk, guild.announcement_channel_id, text))
+    return claimed
+
+
+def _entries():
+    return BoardEntry.objects.select_related("user__profile", "leaderboard", "gpu_type")
+
+
+def claim_for_event(leaderboard_id: int, gpu_type_id: int, submission_ids: list[int]) -> list[Claimed]:
+    return claim(_entries().filter(leaderboard_id=leaderboard_id, gpu_type_id=gpu_type_id,
+                                   submission_id__in=submission_ids))
+
+
+def claim_recent() -> list[Claimed]:
+    """What changed while no bot was listening (catch-up at start)."""
+    return claim(_entries().filter(updated__gte=timezone.now() - RECENT))
+
+
+def posted(announcement_id: int, message_id: int) -> None:
+    Announcement.objects.filter(pk=announcement_id).update(message_id=message_id)
+
+
+def open_leaderboard_ids() -> list[int]:
+    from leaderboards.models import Leaderboard
+
+    return list(Leaderboard.objects.open().values_list("pk", flat=True))

@@ -1,0 +1,79 @@
+"""What the organisers set in the admin (guilds, channels, organiser roles) and what the bot must remember across
+restarts and processes (announcements claimed, live status messages)."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+SNOWFLAKE_HELP = "Discord id (Developer Mode → right-click → Copy ID)."
+
+
+class Guild(models.Model):
+    """A Discord server the bot serves. Empty channels: submissions are taken in any channel; nothing is posted."""
+
+    guild_id = models.BigIntegerField(unique=True, help_text=SNOWFLAKE_HELP)
+    name = models.CharField(max_length=100, blank=True)
+    enabled = models.BooleanField(default=True)
+    submission_channel_id = models.BigIntegerField(
+        null=True, blank=True, help_text="Only this channel takes /leaderboard submit; empty: any channel.")
+    announcement_channel_id = models.BigIntegerField(
+        null=True, blank=True, help_text="New first places, personal bests and first successful submissions.")
+    report_channel_id = models.BigIntegerField(
+        null=True, blank=True, help_text="Live status moves here when a run outlives its 15-minute interaction; "
+                                         "statistics are posted here.")
+
+    def __str__(self) -> str:
+        return self.name or str(self.guild_id)
+
+
+class OrganiserRole(models.Model):
+    """Members holding this role may use the organiser commands, and see in Discord what staff see on the site."""
+
+    guild = models.ForeignKey(Guild, on_delete=models.CASCADE, related_name="organiser_roles")
+    role_id = models.BigIntegerField(help_text=SNOWFLAKE_HELP)
+    name = models.CharField(max_length=100, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["guild", "role_id"], name="organiser_role_unique")]
+
+    def __str__(self) -> str:
+        return self.name or str(self.role_id)
+
+
+class Announcement(models.Model):
+    """One announced change. The row is claimed (unique `key`) before the message is posted, so several bot
+    processes, or one that restarts, announce each change once."""
+
+    key = models.CharField(max_length=120, unique=True)
+    guild = models.ForeignKey(Guild, on_delete=models.CASCADE, related_name="announcements")
+    text = models.TextField()
+    message_id = models.BigIntegerField(null=True, blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class StatusMessage(models.Model):
+    """The message showing a submission's live progress: first the interaction's response (edited through its
+    token for 15 minutes), then an ordinary channel message. Lets a restarted bot go on editing it."""
+
+    submission = models.OneToOneField("leaderboards.Submission", on_delete=models.CASCADE,
+                                      related_name="discord_status")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    discord_user_id = models.BigIntegerField(help_text="Who submitted: the report goes to them.")
+    public = models.BooleanField(help_text="A ranked submission's status is posted in the channel; others only to "
+                                           "their author.")
+    guild_id = models.BigIntegerField(null=True, blank=True)
+    channel_id = models.BigIntegerField()
+    application_id = models.BigIntegerField()
+    interaction_token = models.CharField(max_length=500, blank=True)
+    token_expires = models.DateTimeField(null=True, blank=True)
+    original_id = models.BigIntegerField(help_text="The interaction's response message.")
+    message_id = models.BigIntegerField(null=True, blank=True, help_text="The channel message, once it moved there.")
+    finished = models.BooleanField(default=False)
+    created = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"status of submission {self.submission_id}"

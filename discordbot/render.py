@@ -1,0 +1,134 @@
+"""Discord text for what the serialisers give (`run_out` dicts, board entries): the same fields the site shows,
+within Discord's 2,000 characters per message."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.urls import reverse
+
+from leaderboards.serializers import Outcome, failure_text
+
+LIMIT = 2000
+ICONS = {"queued": "⏳", "dispatched": "📦", "running": "⚙️", "succeeded": "✅", "failed": "❌",
+         "timed_out": "⏱️", "hacked": "🚫", "error": "⚠️", "cancelled": "✖️"}
+PHASES = {"test": "tests", "benchmark": "benchmarks", "ranked": "ranked cases"}
+
+
+def clip(text: str, limit: int = LIMIT) -> str:
+    return text if len(text) <= limit else text[: limit - 2] + " …"
+
+
+def when(value: datetime) -> str:
+    return f"<t:{int(value.timestamp())}:R>"
+
+
+def seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    for unit, scale in (("s", 1), ("ms", 1e-3), ("µs", 1e-6)):
+        if value >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value / 1e-9:.3g} ns"
+
+
+def ratio(low: float | None, value: float | None, high: float | None) -> str:
+    if value is None:
+        return ""
+    interval = f" [{low or 0:.3g}, {high:.3g}]" if high is not None else ""
+    return f" · {value:.3g}× reference{interval}"
+
+
+def link(name: str, *args) -> str:
+    return f"{settings.SITE_URL}{reverse(name, args=args)}" if settings.SITE_URL else ""
+
+
+def _run_line(run: dict) -> str:
+    kind = "secret" if run["secret"] else "public"
+    line = f"{ICONS.get(run['status'], '')} **{run['gpu']}** ({kind}): {run['status'].replace('_', ' ')}"
+    progress = run.get("progress") or {}
+    if run["outcome"] is None and progress.get("phase"):
+        line += f" — {PHASES.get(progress['phase'], progress['phase'])} {progress.get('done', 0)}/" \
+                f"{progress.get('total', '?')}"
+    if run["outcome"] is not None and run["outcome"] != Outcome.PASSED:
+        line += f" — {failure_text(run)}".split("\n")[0][:300]
+    if run["score"] is not None:
+        line += f" — {seconds(run['score'])}{ratio(run['ratio_low'], run['ratio'], run['ratio_high'])}"
+    cases = [c for phase in ("tests", "benchmarks") for c in run.get(phase) or []]
+    if cases:
+        line += "\n    " + " ".join("✓" if c.get("status") == "pass" else "✗" for c in cases[:60])
+    return line
+
+
+def status(submission, runs: list[dict], state: str, queue: dict | None) -> str:
+    head = f"**#{submission.pk}** `{submission.file_name}` → **{submission.leaderboard.name}** ({submission.mode}): " \
+           f"{state}"
+    lines = [head]
+    if queue:
+        lines.append(f"Queue position {queue['position']} of {queue['queued_jobs']} on {queue['gpu']}, about "
+                     f"{timedelta(seconds=int(queue['eta_seconds']))} to go.")
+    lines += [_run_line(r) for r in runs]
+    if url := link("submission", submission.pk):
+        lines.append(url)
+    return clip("\n".join(lines))
+
+
+def report(submission, runs: list[dict]) -> str:
+    """The full report for the owner: errors, checker messages, per-benchmark table, logs and system info."""
+    out = [f"Submission #{submission.pk} {submission.file_name} on {submission.leaderboard.name} ({submission.mode})"]
+    for run in runs:
+        out.append(f"\n== {run['gpu']} {'secret' if run['secret'] else 'public'} run: {run['status']}"
+                   f" ({Outcome.TEXT.get(run['outcome'], '-')})")
+        if run["error"] or (run["outcome"] not in (None, Outcome.PASSED)):
+            out.append(f"error: {failure_text(run)}")
+        for phase in ("tests", "benchmarks", "ranked"):
+            for case in run.get(phase) or []:
+                mean = case.get("time", case.get("mean"))
+                timing = f"  {seconds(float(mean))}" if isinstance(mean, int | float) else ""
+                message = f"  {case['message']}" if case.get("message") else ""
+                out.append(f"{phase[:-1] if phase != 'ranked' else 'ranked'} {case.get('spec', '')}: "
+                           f"{case.get('status', '')}{timing}{message}")
+        if run["score"] is not None:
+            out.append(f"score: {seconds(run['score'])}{ratio(run['ratio_low'], run['ratio'], run['ratio_high'])}")
+        for stream in ("stdout", "stderr"):
+            if run[stream]:
+                out.append(f"--- {stream} ---\n{run[stream]}")
+        if run["system_info"]:
+            out.append("system: " + json.dumps(run["system_info"], default=str))
+    return "\n".join(out)
+
+
+def ranking(board, gpu_type, entries, page: int, pages: int, gpu_names: list[str]) -> str:
+    lines = [f"**{board.name}** on **{gpu_type.name}** — page {page}/{pages} (GPUs: {', '.join(gpu_names)})"]
+    for e in entries:
+        profile = getattr(e.user, "profile", None)
+        name = (profile.display_name if profile else "") or e.user.get_username()
+        lines.append(f"{e.rank}{'≈' if e.tied else '.'} {name} — {seconds(e.score)}"
+                     f"{ratio(e.ratio_low, e.ratio, e.ratio_high)} (#{e.submission_id})")
+    if len(lines) == 1:
+        lines.append("No ranked submission yet.")
+    if url := link("leaderboard", board.name):
+        lines.append(url)
+    return clip("\n".join(lines))
+
+
+def task(board) -> str:
+    gpus = ", ".join(g.name for g in board.gpu_types.all())
+    text = f"**{board.name}** ({board.problem.lang}; GPUs: {gpus}; closes {when(board.deadline)})\n" \
+           f"{board.description or board.problem.description}"
+    return clip(text)
+
+
+def statistics(days: int, submissions: int, by_mode: dict, per_runner: list[dict], passed: int, finished: int,
+               delay, gpu_time, top: list[dict], queued: int) -> str:
+    lines = [f"**Last {days} day(s)**: {submissions} submissions ("
+             + (", ".join(f"{m} {n}" for m, n in sorted(by_mode.items())) or "none") + ")",
+             f"Pass rate: {passed}/{finished}" + (f" ({100 * passed / finished:.0f} %)" if finished else ""),
+             f"Mean queue delay: {delay.total_seconds():.1f} s" if delay else "Mean queue delay: -",
+             f"GPU time: {gpu_time.total_seconds():.0f} s" if gpu_time else "GPU time: 0 s",
+             f"Queued now: {queued}",
+             "Runs per runner: " + (", ".join(f"{r['runner']} {r['n']}" for r in per_runner) or "none"),
+             "Top users: " + (", ".join(f"{t['user__username']} {t['n']}" for t in top) or "none")]
+    return "\n".join(lines)

@@ -1,0 +1,406 @@
+"""What the bot's commands do, as plain synchronous functions over `leaderboards.actions`, the access authority and
+the serialisers (the bot calls them in a thread). They return text and data to send, and raise `BotError` with the
+precise message a user gets (ephemeral) when a command is refused; nothing is written then."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import PurePosixPath
+
+from django.conf import settings
+from django.contrib.auth.models import AnonymousUser
+from django.db import transaction
+from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Q, Sum
+from django.utils import timezone
+
+from kernelbot.cli.directives import parse_directives
+from leaderboards import actions
+from leaderboards.access import actions as access
+from leaderboards.access.authority import access_leaderboard, access_submission, run_view
+from leaderboards.api import queue_out
+from leaderboards.errors import AccessDenied, SubmissionRejected
+from leaderboards.importing import ImportRejected, do_import_task
+from leaderboards.models import BoardEntry, Leaderboard, Run, RunStatus, Submission, SubmissionMode
+from leaderboards.popcorn.wire import public_task
+from leaderboards.serializers import job_state, run_out, submission_scores
+from leaderboards.taskfile import TaskFileError, load_task_from_zip, parse_deadline
+
+from . import render
+from .identity import user_for_discord
+from .models import Guild, StatusMessage
+
+MODES = {"test": SubmissionMode.TEST, "benchmark": SubmissionMode.BENCHMARK, "ranked": SubmissionMode.LEADERBOARD,
+         "profile": SubmissionMode.PROFILE}
+EXTENSIONS = {"py": (".py",), "cu": (".cu", ".cuh", ".cpp")}
+PAGE_SIZE = 20
+
+
+class BotError(Exception):
+    """A refused command: its message goes back to the user, ephemeral."""
+
+
+@dataclass
+class Member:
+    """Who is asking, as Discord describes them."""
+
+    id: int
+    name: str
+    display_name: str = ""
+    role_ids: list[int] = field(default_factory=list)
+    guild_id: int | None = None
+    channel_id: int | None = None
+
+
+@dataclass
+class Actor:
+    user: object
+    organiser: bool
+
+    @property
+    def viewer(self):
+        """The user as the access rules see them: an organiser sees what staff see (in memory only)."""
+        if self.organiser and not self.user.is_staff:
+            user = copy.copy(self.user)
+            user.is_staff = True
+            return user
+        return self.user
+
+
+def guild_config(guild_id: int | None) -> Guild | None:
+    if guild_id is None:
+        return None
+    return Guild.objects.filter(guild_id=guild_id, enabled=True).prefetch_related("organiser_roles").first()
+
+
+def actor_for(member: Member) -> Actor:
+    try:
+        user = user_for_discord(member.id, member.name, member.display_name)
+    except AccessDenied as exc:
+        raise BotError(str(exc)) from exc
+    guild = guild_config(member.guild_id)
+    roles = {r.role_id for r in guild.organiser_roles.all()} if guild else set()
+    return Actor(user, user.is_staff or bool(roles & set(member.role_ids)))
+
+
+def require_organiser(member: Member) -> Actor:
+    actor = actor_for(member)
+    if not actor.organiser:
+        raise BotError("This command is for organisers (a configured organiser role or a staff account).")
+    return actor
+
+
+def _leaderboard(actor: Actor, name: str) -> Leaderboard:
+    try:
+        return access_leaderboard(actor.viewer, name, queryset=Leaderboard.objects.select_related("problem")
+                                  .prefetch_related("gpu_types"))
+    except AccessDenied as exc:
+        raise BotError(str(exc)) from exc
+
+
+# --- submitting --------------------------------------------------------------------------------------------------
+
+@dataclass
+class Submitted:
+    submission_id: int
+    user_id: int
+    public: bool  # a ranked submission is visible to everyone who sees the board: its status goes to the channel
+    content: str
+    run_ids: list[int]
+
+
+def check_attachment(file_name: str | None, size: int) -> None:
+    """What can be refused before downloading the attachment."""
+    if not file_name:
+        raise BotError("Attach your kernel as a file (the `script` option).")
+    if size == 0:
+        raise BotError(f"'{file_name}' is empty.")
+    if size > settings.MAX_SUBMISSION_BYTES:
+        raise BotError(f"'{file_name}' is {size} bytes; the limit is {settings.MAX_SUBMISSION_BYTES} bytes.")
+
+
+def submit(member: Member, command_mode: str, file_name: str, content: bytes, leaderboard_name: str | None,
+           gpus: str | None) -> Submitted:
+    guild = guild_config(member.guild_id)
+    if guild and guild.submission_channel_id and member.channel_id != guild.submission_channel_id:
+        raise BotError(f"Submit in <#{guild.submission_channel_id}>.")
+    actor = actor_for(member)
+    text = content.decode("utf-8", errors="replace")
+    found = parse_directives(text)
+    name = (leaderboard_name or found.get("leaderboard") or "").strip()
+    if not name:
+        raise BotError("Name a leaderboard (the `leaderboard` option or a `#!POPCORN leaderboard <name>` line).")
+    if leaderboard_name and found.get("leaderboard") and found["leaderboard"].lower() != leaderboard_name.lower():
+        raise BotError(f"The file's #!POPCORN leaderboard is '{found['leaderboard']}' but you submitted to "
+                       f"'{leaderboard_name}'; change one of them.")
+    gpu_names = [g.strip() for g in (gpus or found.get("gpu", "")).replace(" ", ",").split(",") if g.strip()]
+    try:
+        board = access_leaderboard(actor.user, name, queryset=Leaderboard.objects.select_related("problem"))
+        allowed = EXTENSIONS.get(board.problem.lang, ())
+        if allowed and PurePosixPath(file_name).suffix.lower() not in allowed:
+            raise BotError(f"'{file_name}': leaderboard '{board.name}' takes {' or '.join(allowed)} files.")
+        request = actions.check_submission(actor.user, name, gpu_names, MODES[command_mode], file_name, content)
+        submission = actions.do_submit(actor.user, request)
+    except (SubmissionRejected, AccessDenied) as exc:
+        raise BotError(str(exc)) from exc
+    public = submission.mode == SubmissionMode.LEADERBOARD
+    return Submitted(submission.pk, actor.user.pk, public, progress(submission.pk, public).content,
+                     [r.pk for r in submission.new_runs])
+
+
+def track(submitted: Submitted, member: Member, application_id: int, token: str, original_id: int) -> StatusMessage:
+    return StatusMessage.objects.create(
+        submission_id=submitted.submission_id, user_id=submitted.user_id, discord_user_id=member.id,
+        public=submitted.public, guild_id=member.guild_id, channel_id=member.channel_id, application_id=application_id,
+        interaction_token=token, original_id=original_id,
+        token_expires=timezone.now() + timedelta(seconds=settings.DISCORD_INTERACTION_TOKEN_SECONDS))
+
+
+@dataclass
+class Progress:
+    content: str
+    done: bool
+    report: str  # the full report (logs, per-benchmark table, system info) for the owner, once done
+
+
+def progress(submission_id: int, public: bool) -> Progress | None:
+    """The status message as its audience may read it: the public message as anyone who sees the board, the
+    owner's ephemeral one with the owner's view. None when the submission was deleted."""
+    submission = Submission.objects.select_related("leaderboard", "user").filter(pk=submission_id).first()
+    if submission is None:
+        return None
+    runs = list(submission.runs.select_related("gpu_type", "submission").order_by("gpu_type", "secret"))
+    viewer = AnonymousUser() if public else submission.user
+    view = run_view(viewer, submission)
+    done, state, _ = job_state(runs, view)
+    shown = [run_out(r, view) for r in runs]
+    queue = None if done else queue_out(submission, runs)
+    owner_view = [run_out(r, run_view(submission.user, submission)) for r in runs]
+    return Progress(render.status(submission, shown, state, queue), done,
+                    render.report(submission, owner_view) if done else "")
+
+
+def runs_of(submission_id: int) -> tuple[int | None, list[int]]:
+    """The submission's leaderboard id and run ids."""
+    leaderboard_id = Submission.objects.filter(pk=submission_id).values_list("leaderboard_id", flat=True).first()
+    return leaderboard_id, list(Run.objects.filter(submission_id=submission_id).values_list("pk", flat=True))
+
+
+def unfinished_status_messages() -> list[StatusMessage]:
+    return list(StatusMessage.objects.filter(finished=False).select_related("submission"))
+
+
+def save_status_message(row_id: int, **fields) -> None:
+    StatusMessage.objects.filter(pk=row_id).update(**fields)
+
+
+# --- reading -----------------------------------------------------------------------------------------------------
+
+def leaderboard_names(member: Member, current: str) -> list[str]:
+    user = actor_for(member).viewer
+    boards = Leaderboard.objects.visible_to(user).open().filter(name__icontains=current.strip())
+    return list(boards.order_by("name").values_list("name", flat=True)[:25])
+
+
+def gpu_names(member: Member, leaderboard_name: str | None, current: str) -> list[str]:
+    if not leaderboard_name:
+        return []
+    try:
+        board = _leaderboard(actor_for(member), leaderboard_name)
+    except BotError:
+        return []
+    typed = [g.strip() for g in current.split(",")]
+    last = typed[-1].lower()
+    prefix = ",".join(typed[:-1])
+    names = [g.name for g in board.gpu_types.all() if last in g.name.lower() and g.name not in typed[:-1]]
+    return [f"{prefix},{n}" if prefix else n for n in names][:25]
+
+
+def list_leaderboards(member: Member) -> str:
+    user = actor_for(member).viewer
+    boards = Leaderboard.objects.listed_for(user).open().prefetch_related("gpu_types")
+    lines = [f"**{b.name}** — GPUs: {', '.join(g.name for g in b.gpu_types.all()) or 'none'} — closes "
+             f"{render.when(b.deadline)}" for b in boards]
+    return "\n".join(lines) if lines else "No leaderboard is open."
+
+
+def show(member: Member, leaderboard_name: str, gpu: str | None, page: int) -> str:
+    board = _leaderboard(actor_for(member), leaderboard_name)
+    gpu_types = list(board.gpu_types.all())
+    gpu_type = next((g for g in gpu_types if g.name.lower() == (gpu or "").lower()), None) if gpu else \
+        (gpu_types[0] if gpu_types else None)
+    if gpu_type is None:
+        raise BotError(f"Leaderboard '{board.name}' does not run on GPU '{gpu}'; available: "
+                       f"{', '.join(g.name for g in gpu_types) or 'none'}.")
+    entries = BoardEntry.objects.for_board(board, gpu_type).select_related("user__profile")
+    count = entries.count()
+    pages = max(1, -(-count // PAGE_SIZE))
+    if not 1 <= page <= pages:
+        raise BotError(f"Page {page} does not exist; '{board.name}' on {gpu_type.name} has {pages} page(s).")
+    rows = entries[(page - 1) * PAGE_SIZE: page * PAGE_SIZE]
+    return render.ranking(board, gpu_type, rows, page, pages, [g.name for g in gpu_types])
+
+
+def show_personal(member: Member, leaderboard_name: str) -> str:
+    actor = actor_for(member)
+    board = _leaderboard(actor, leaderboard_name)
+    subs = list(Submission.objects.filter(user=actor.user, leaderboard=board)
+                .prefetch_related("runs__gpu_type", "runs__submission")[:20])
+    if not subs:
+        return f"You have no submissions on '{board.name}'."
+    lines = [f"Your submissions on **{board.name}** (newest first):"]
+    for s in subs:
+        runs = list(s.runs.all())
+        _, state, _ = job_state(runs, run_view(actor.user, s))
+        scores = submission_scores(s.mode, runs)
+        shown = ", ".join(f"{gpu} {render.seconds(v)}" for gpu, v in scores.items()) or "-"
+        lines.append(f"#{s.pk} `{s.file_name}` {s.mode} {state} {shown} ({render.when(s.created)})")
+    return "\n".join(lines)
+
+
+def task(member: Member, leaderboard_name: str) -> tuple[str, dict[str, str]]:
+    board = _leaderboard(actor_for(member), leaderboard_name)
+    definition = board.problem.definition
+    files = {name: text for name, text in (definition.get("files") or {}).items()
+             if name in public_task(board)["files"]}
+    return render.task(board), files
+
+
+def template(member: Member, leaderboard_name: str, lang: str | None) -> tuple[str, str]:
+    board = _leaderboard(actor_for(member), leaderboard_name)
+    templates = board.problem.definition.get("templates") or {}
+    if not templates:
+        raise BotError(f"Leaderboard '{board.name}' has no templates.")
+    key = next((k for k in templates if k.lower() == (lang or "").lower()), None) if lang else next(iter(templates))
+    if key is None:
+        raise BotError(f"No '{lang}' template for '{board.name}'; available: {', '.join(templates)}.")
+    name = board.problem.definition.get("submission_name") or "submission.py"
+    if len(templates) > 1:
+        name = f"{PurePosixPath(name).stem}_{key.lower()}{PurePosixPath(name).suffix}"
+    return name, templates[key]
+
+
+def get_submission(member: Member, submission_id: int) -> tuple[str, str]:
+    actor = actor_for(member)
+    try:
+        submission = access_submission(actor.viewer, submission_id, for_code=True, queryset=Submission.objects
+                                       .select_related("leaderboard", "code"))
+    except AccessDenied as exc:
+        raise BotError(str(exc)) from exc
+    if not (actor.organiser or submission.user_id == actor.user.pk):
+        raise BotError("Only the submission's author and organisers may download it.")
+    return submission.file_name, submission.code.text
+
+
+def submission_status(member: Member, submission_id: int) -> str:
+    actor = actor_for(member)
+    try:
+        submission = access_submission(actor.viewer, submission_id)
+    except AccessDenied as exc:
+        raise BotError(str(exc)) from exc
+    view = run_view(actor.viewer, submission)
+    runs = list(submission.runs.select_related("gpu_type", "submission").order_by("gpu_type", "secret"))
+    done, state, _ = job_state(runs, view)
+    return render.status(submission, [run_out(r, view) for r in runs], state,
+                         None if done else queue_out(submission, runs))
+
+
+# --- organisers --------------------------------------------------------------------------------------------------
+
+def set_accepting(member: Member, accepting: bool, reason: str) -> str:
+    require_organiser(member)
+    access.do_set_accepting_jobs(accepting, reason)
+    return "Submissions are accepted again." if accepting else \
+        "Submissions are paused on every front-end" + (f": {reason}" if reason else "") + "."
+
+
+def _run(run_id: int) -> Run:
+    run = Run.objects.filter(pk=run_id).first()
+    if run is None:
+        raise BotError(f"Run {run_id} not found.")
+    return run
+
+
+def requeue(member: Member, run_id: int) -> str:
+    require_organiser(member)
+    actions.do_requeue_run(_run(run_id), f"requeued by {member.name} on Discord")
+    return f"Run {run_id} is queued again."
+
+
+def cancel(member: Member, run_id: int) -> str:
+    require_organiser(member)
+    if not actions.do_cancel_run(_run(run_id), f"cancelled by {member.name} on Discord"):
+        raise BotError(f"Run {run_id} has already finished.")
+    return f"Run {run_id} is cancelled."
+
+
+def rescore(member: Member, leaderboard_name: str) -> str:
+    actor = require_organiser(member)
+    board = _leaderboard(actor, leaderboard_name)
+    changed = actions.do_rescore_leaderboard(board)
+    return f"Rescored '{board.name}': {changed} run score(s) changed; its rankings are being recomputed."
+
+
+def describe_for_delete(member: Member, submission_id: int) -> str:
+    actor = require_organiser(member)
+    try:
+        submission = access_submission(actor.viewer, submission_id)
+    except AccessDenied as exc:
+        raise BotError(str(exc)) from exc
+    return f"Delete submission #{submission.pk} (`{submission.file_name}` by {submission.user.get_username()} on " \
+           f"'{submission.leaderboard.name}')? Its runs and board entries go with it."
+
+
+def delete_submission(member: Member, submission_id: int) -> str:
+    require_organiser(member)
+    submission = Submission.objects.filter(pk=submission_id).first()
+    if submission is None:
+        raise BotError(f"Submission {submission_id} not found (already deleted?).")
+    actions.do_delete_submission(submission)
+    return f"Submission #{submission_id} is deleted; its boards are being re-ranked."
+
+
+def import_problem(member: Member, data: bytes, leaderboard: str | None, deadline: str | None, gpus: str | None,
+                   force: bool) -> str:
+    require_organiser(member)
+    try:
+        when = parse_deadline(deadline) if deadline else None
+        task_def = load_task_from_zip(data)
+        report = do_import_task(task_def, leaderboard=leaderboard or None, deadline=when,
+                                gpus=[g.strip() for g in gpus.split(",") if g.strip()] if gpus else None,
+                                force=force)
+    except (TaskFileError, ValueError) as exc:
+        raise BotError(f"Import refused: {exc}") from exc
+    except ImportRejected as exc:
+        raise BotError("Import refused: " + "; ".join(exc.errors)) from exc
+    return f"Imported {task_def.name}: " + "; ".join(report.lines)
+
+
+def statistics(member: Member, days: int) -> str:
+    require_organiser(member)
+    since = timezone.now() - timedelta(days=days)
+    subs = Submission.objects.filter(created__gte=since)
+    runs = Run.objects.filter(submission__created__gte=since)
+    finished = runs.filter(status__in=[RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.TIMED_OUT,
+                                       RunStatus.HACKED])
+    per_runner = list(runs.exclude(runner="").values("runner").annotate(n=Count("pk")).order_by("-n")[:10])
+    passed = finished.filter(passed=True).count()
+    delay = runs.filter(dispatched_at__isnull=False).aggregate(d=Avg(ExpressionWrapper(
+        F("dispatched_at") - F("queued_at"), output_field=DurationField())))["d"]
+    gpu_time = runs.filter(started_at__isnull=False, finished_at__isnull=False).aggregate(t=Sum(ExpressionWrapper(
+        F("finished_at") - F("started_at"), output_field=DurationField())))["t"]
+    top = list(subs.values("user__username").annotate(n=Count("pk")).order_by("-n", "user__username")[:5])
+    by_mode = dict(subs.values_list("mode").annotate(n=Count("pk")).values_list("mode", "n"))
+    return render.statistics(days, subs.count(), by_mode, per_runner, passed, finished.count(), delay, gpu_time,
+                             top, runs.filter(Q(status=RunStatus.QUEUED)).count())
+
+
+@transaction.atomic
+def ensure_bootstrap_guild() -> None:
+    if settings.DISCORD_GUILD_ID:
+        Guild.objects.get_or_create(guild_id=settings.DISCORD_GUILD_ID)
+
+
+def served_guild_ids() -> list[int]:
+    return list(Guild.objects.filter(enabled=True).values_list("guild_id", flat=True))

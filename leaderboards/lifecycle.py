@@ -1,0 +1,498 @@
+"""A run's life, in one place: dispatch to a pool's backend, the attempt's reports (running, progress, result,
+failure, heartbeat), polling remote runs, deadlines (the reaper), retries on another pool, cancellation.
+
+Backends get plain data (`Dispatch`) and an `AttemptReporter`; remote harnesses reach the same functions through the
+runner API (`leaderboards.runner_api`). Every report names its attempt: a stale or repeated one changes nothing.
+What the competition does with a finished run is the run's `on_finish` task (set by `do_submit`), not known here.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from runners.backends.base import (
+    BackendUnavailable,
+    Dispatch,
+    Poll,
+    RemoteState,
+    RunnerBackend,
+    backend_for,
+    platform_url,
+    queue_timeout,
+)
+from runners.harness.result import NEEDS_CUDA, NEEDS_CUDA_FLAG
+from runners.jobs import gpu_count, job_payload, total_timeout
+from runners.models import GpuPool, GpuType, GpuVendor
+from runners.queue import enqueue_on_commit
+
+from . import events
+from .models import Run, RunAttempt, RunStatus, SubmissionMode
+from .scoring import final_progress, phase_totals, ratio_fields, ratio_from_result, score_from_result
+
+log = logging.getLogger(__name__)
+DISPATCH_TASK = "leaderboards.tasks.dispatch_run"
+CANCEL_TASK = "leaderboards.tasks.cancel_remote_job"
+POLL_TASK = "leaderboards.tasks.poll_attempt"
+FAILING_VERDICT_STATUS = {"timeout": RunStatus.TIMED_OUT, "hacked": RunStatus.HACKED}
+
+
+def _locked_run(run_id: int) -> Run:
+    return Run.objects.select_for_update().select_related("submission__leaderboard", "gpu_type").get(pk=run_id)
+
+
+def _attempt(run: Run) -> RunAttempt | None:
+    return RunAttempt.objects.select_related("pool").filter(run=run, number=run.attempt).first()
+
+
+# --- dispatch ----------------------------------------------------------------------------------------------------
+
+def candidate_pools(run: Run) -> list[GpuPool]:
+    """Enabled pools serving the run's GPU type (only its pinned pool when it has one), pools this run has not
+    tried yet first: a retry goes elsewhere when there is elsewhere."""
+    pools = GpuPool.objects.serving(run.gpu_type)
+    if run.pool_id:
+        pools = pools.filter(pk=run.pool_id)
+    tried = list(RunAttempt.objects.filter(run=run, pool__isnull=False).values_list("pool_id", flat=True))
+    return sorted(pools, key=lambda pool: (tried.count(pool.pk), pool.pk))
+
+
+def dispatch_run(run_id: int) -> None:
+    """Hand a queued run to a pool's backend (the django-q task). A remote backend submits and returns; the local
+    one runs the harness here. Idempotent: anything but a queued run is left alone."""
+    with transaction.atomic():
+        run = Run.objects.select_for_update().select_related("gpu_type").filter(pk=run_id).first()
+        if run is None or run.status != RunStatus.QUEUED:
+            return
+        pools = candidate_pools(run)
+        if not pools:
+            pinned = f" on pool #{run.pool_id}" if run.pool_id else ""
+            run.update_status(RunStatus.ERROR, error=f"no enabled GPU pool serves {run.gpu_type}{pinned}")
+            return
+        pool = pools[0]
+        try:
+            backend = backend_for(pool)
+        except BackendUnavailable as exc:  # configuration, not chance: retrying would not help
+            run.update_status(RunStatus.ERROR, error=str(exc))
+            return
+        deadline = settings.RUN_HEARTBEAT_DEADLINE if not backend.remote else queue_timeout(pool)
+        run.update_status(RunStatus.DISPATCHED, attempt=run.attempt + 1, runner=str(pool)[:60],
+                          deadline_seconds=deadline, attempt_fields={"pool": pool, "nonce": secrets.token_hex(16)})
+        attempt = run.attempt
+        nonce = _attempt(run).nonce
+        job = Dispatch(run_id=run.pk, attempt=attempt, nonce=nonce, platform_url=platform_url(pool),
+                       gpu_type=run.gpu_type, gpu_count=gpu_count(_with_definition(run)),
+                       timeout_s=total_timeout(run), label=f"kernelbot run {run.pk} attempt {attempt}")
+    reporter = AttemptReporter(run_id, attempt, remote=backend.remote)
+    try:
+        external_id = backend.dispatch(job, reporter)
+    except BackendUnavailable as exc:  # the service refused the pool's configuration: retrying would not help
+        log.warning("dispatch of run %s attempt %s refused: %s", run_id, attempt, exc)
+        do_fail_configuration(run_id, attempt, str(exc))
+        return
+    except Exception as exc:
+        log.exception("dispatch of run %s attempt %s failed", run_id, attempt)
+        reporter.failure(f"dispatch to {pool} failed: {type(exc).__name__}: {exc}")
+        return
+    if backend.remote:
+        _store_external_id(backend, run_id, attempt, external_id or "")
+
+
+def _with_definition(run: Run) -> Run:
+    return Run.objects.select_related("submission__problem", "gpu_type").get(pk=run.pk)
+
+
+def _store_external_id(backend: RunnerBackend, run_id: int, attempt: int, external_id: str) -> None:
+    with transaction.atomic():
+        run = _locked_run(run_id)
+        RunAttempt.objects.filter(run_id=run_id, number=attempt).update(external_id=external_id[:200])
+        gone = run.attempt != attempt or run.is_terminal or run.status == RunStatus.QUEUED
+    if gone and external_id:  # cancelled or retried while we were submitting: the job must not linger
+        _cancel_quietly(backend, external_id)
+
+
+def _cancel_quietly(backend: RunnerBackend, external_id: str) -> None:
+    try:
+        backend.cancel(external_id)
+    except Exception:
+        log.exception("cancelling %s on %s failed", external_id, backend.pool)
+
+
+def cancel_remote_job(pool_id: int, external_id: str) -> None:
+    """Cancel a remote job (a django-q task: network calls stay out of the run's transaction)."""
+    pool = GpuPool.objects.filter(pk=pool_id).first()
+    if pool is None or not external_id:
+        return
+    try:
+        backend = backend_for(pool)
+    except BackendUnavailable:
+        log.warning("cannot cancel %s: %s's backend is unavailable", external_id, pool)
+        return
+    _cancel_quietly(backend, external_id)
+
+
+def _cancel_attempt_after_commit(attempt: RunAttempt | None) -> None:
+    if attempt is not None and attempt.pool_id and attempt.external_id:
+        enqueue_on_commit(CANCEL_TASK, attempt.pool_id, attempt.external_id)
+
+
+# --- an attempt's reports ----------------------------------------------------------------------------------------
+
+@dataclass
+class AttemptReporter:
+    """`runners.backends.base.Reporter` for one attempt. Remote attempts' deadlines follow the run's own budget
+    (progress extends it); local ones follow the worker's heartbeats."""
+
+    run_id: int
+    attempt: int
+    remote: bool = True
+
+    def running(self) -> bool:
+        return do_mark_running(self.run_id, self.attempt, remote=self.remote)
+
+    def progress(self, event: dict) -> None:
+        do_record_progress(self.run_id, self.attempt, event, remote=self.remote)
+
+    def result(self, result: dict) -> bool:
+        return do_ingest_result(self.run_id, self.attempt, result)
+
+    def failure(self, reason: str) -> bool:
+        return do_report_failure(self.run_id, self.attempt, reason)
+
+    def heartbeat(self) -> bool:
+        return do_heartbeat(self.run_id, self.attempt, remote=self.remote)
+
+    def job(self) -> dict:
+        run = Run.objects.select_related("submission__problem", "submission__leaderboard", "submission__code",
+                                         "gpu_type").get(pk=self.run_id)
+        return job_payload(run, _attempt(run).pool if self.remote else None)
+
+
+def running_deadline(run: Run, remote: bool) -> int:
+    return total_timeout(_with_definition(run)) + settings.RUN_REMOTE_MARGIN if remote \
+        else settings.RUN_HEARTBEAT_DEADLINE
+
+
+def do_mark_running(run_id: int, attempt: int, *, deadline_seconds: int | None = None, remote: bool = False) -> bool:
+    """The attempt's harness started. True while the attempt is current and running (repeats are harmless)."""
+    with transaction.atomic():
+        run = _locked_run(run_id)
+        if run.attempt != attempt or run.status not in (RunStatus.DISPATCHED, RunStatus.RUNNING):
+            return False
+        if run.status == RunStatus.DISPATCHED:
+            run.update_status(RunStatus.RUNNING, deadline_seconds=deadline_seconds or running_deadline(run, remote))
+        _news(run)
+        return True
+
+
+def do_record_progress(run_id: int, attempt: int, progress: dict, *, remote: bool = False) -> bool:
+    """Live progress of the attempt; it is also a heartbeat (a remote run's deadline moves to at least
+    RUN_REMOTE_MARGIN s ahead). False when the attempt is no longer the running one."""
+    with transaction.atomic():
+        run = _locked_run(run_id)
+        if run.attempt != attempt or run.status != RunStatus.RUNNING:
+            return False
+        fields = ["progress"]
+        run.progress = scrub(progress)
+        if remote:
+            later = timezone.now() + timedelta(seconds=settings.RUN_REMOTE_MARGIN)
+            if run.status_deadline is None or run.status_deadline < later:
+                run.status_deadline = later
+                fields.append("status_deadline")
+        run.save(update_fields=fields)
+        _news(run)
+        transaction.on_commit(lambda: events.run_changed(run))
+        return True
+
+
+def do_heartbeat(run_id: int, attempt: int, status: str | None = None, *, remote: bool = False) -> bool:
+    """The runner still holds this attempt (in `status`, default: dispatched or running): a local run's deadline
+    moves a heartbeat ahead, so a runner that dies is known within seconds; a remote one's at least
+    RUN_REMOTE_MARGIN s ahead. False when the run moved on (cancelled, reaped, requeued) and the runner should stop."""
+    statuses = [status] if status else [RunStatus.DISPATCHED, RunStatus.RUNNING]
+    runs = Run.objects.filter(pk=run_id, attempt=attempt, status__in=statuses)
+    if not remote:
+        return runs.update(status_deadline=timezone.now() + timedelta(seconds=settings.RUN_HEARTBEAT_DEADLINE)) == 1
+    later = timezone.now() + timedelta(seconds=settings.RUN_REMOTE_MARGIN)
+    runs.filter(status_deadline__lt=later).update(status_deadline=later)
+    RunAttempt.objects.filter(run_id=run_id, number=attempt).update(last_news_at=timezone.now())
+    return runs.exists()
+
+
+def _news(run: Run) -> None:
+    RunAttempt.objects.filter(run=run, number=run.attempt).update(last_news_at=timezone.now())
+
+
+def gpu_mismatch(gpu_type: GpuType, system: dict) -> str:
+    """Why a result's system info contradicts the run's GPU type ("" when it does not): a result computed on the
+    wrong hardware is no result for this GPU type."""
+    if gpu_type.is_cpu:
+        return ""  # CPU tasks run on a CPU whatever accelerators the node also has
+    device = str((system or {}).get("device") or "").strip()
+    if not device or device.lower() == "cpu":
+        return f"the runner has no {gpu_type.name} (it reported device {device or 'none'!r}); not a {gpu_type} result"
+    vendors = {GpuVendor.NVIDIA: ("nvidia", "tesla", "geforce", "quadro"), GpuVendor.AMD: ("amd", "radeon",
+               "instinct"), GpuVendor.INTEL: ("intel",)}
+    words = set(re.findall(r"[a-z]+", device.lower()))
+    others = [v for v, names in vendors.items() if v != gpu_type.vendor and words & set(names)]
+    if others and not words & set(vendors.get(gpu_type.vendor, ())):
+        return f"the runner's device {device!r} is not a {gpu_type.get_vendor_display()} {gpu_type.name}"
+    name = r"[\s_-]*".join(re.escape(part) for part in re.split(r"[\s_-]+", gpu_type.name.lower().strip()))
+    if not re.search(rf"(?<![a-z0-9]){name}(?![0-9])", device.lower()):
+        return f"the runner's device {device!r} is not a {gpu_type.name}"
+    return ""
+
+
+def scrub(value):
+    """JSON without NUL characters (PostgreSQL refuses them in text and jsonb; a child's output may hold some)."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, dict):
+        return {scrub(k): scrub(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [scrub(v) for v in value]
+    return value
+
+
+def do_ingest_result(run_id: int, attempt: int, result: dict) -> bool:
+    """The only way a runner's result enters the database. Stale or repeated reports are ignored."""
+    result = scrub(result)
+    with transaction.atomic():
+        run = _locked_run(run_id)
+        if run.attempt != attempt or run.status not in (RunStatus.DISPATCHED, RunStatus.RUNNING):
+            log.info("ignoring result for run %s attempt %s (now %s, attempt %s)",
+                     run_id, attempt, run.status, run.attempt)
+            return False
+        if not isinstance(result, dict):
+            _infrastructure_failure(run, "the runner sent a result that is not a JSON object")
+            return True
+        if result.get("status") != "ok" and NEEDS_CUDA_FLAG in (result.get("flags") or []):
+            # the problem cannot run on this runner at all: retrying here only repeats it (not the user's fault)
+            run.update_status(RunStatus.ERROR, infra_failures=run.infra_failures + 1, reason=result["error"],
+                              error=str(result.get("error") or NEEDS_CUDA), result=result,
+                              system_info=result.get("system", {}))
+            return True
+        if result.get("status") != "ok":
+            _infrastructure_failure(run, result.get("error") or "the runner reported an error")
+            return True
+        if mismatch := gpu_mismatch(run.gpu_type, result.get("system") or {}):
+            _infrastructure_failure(run, mismatch, system_info=result.get("system") or {})
+            return True
+        leaderboard = run.submission.leaderboard
+        verdict = str(result.get("verdict", "fail"))
+        passed = bool(result.get("passed")) and verdict == "pass"
+        score, ratio, error = None, None, "" if passed else str(result.get("error") or f"verdict: {verdict}")
+        if passed and run.mode in (SubmissionMode.LEADERBOARD, SubmissionMode.BENCHMARK):
+            try:
+                score = score_from_result(result, run.mode, leaderboard.ranking_by)
+                ratio = ratio_from_result(result, run.mode, leaderboard.ranking_by)
+            except ValueError as exc:
+                passed, verdict, error = False, "fail", f"unusable timings: {exc}"
+        run.update_status(
+            RunStatus.SUCCEEDED if passed else FAILING_VERDICT_STATUS.get(verdict, RunStatus.FAILED),
+            verdict=verdict, passed=passed, score=score, **ratio_fields(ratio), error=error, result=result,
+            progress=final_progress(result, run.mode, phase_totals(run)),
+            system_info=result.get("system", {}), stdout=str(result.get("stdout", "")),
+            stderr=str(result.get("stderr", "")))
+        return True
+
+
+def do_report_failure(run_id: int, attempt: int, reason: str) -> bool:
+    """A runner could not run the job at all (not the submission's fault)."""
+    reason = scrub(reason)
+    with transaction.atomic():
+        run = _locked_run(run_id)
+        if run.attempt != attempt or run.is_terminal or run.status == RunStatus.QUEUED:
+            return False
+        _infrastructure_failure(run, reason)
+        return True
+
+
+def do_fail_configuration(run_id: int, attempt: int, reason: str) -> bool:
+    """The pool's service refused the job as configured (bad credentials, unknown repository or app): the run ends
+    in ERROR with the service's message, not charged to the user and not retried into the same refusal."""
+    reason = scrub(reason)
+    with transaction.atomic():
+        run = _locked_run(run_id)
+        if run.attempt != attempt or run.is_terminal or run.status == RunStatus.QUEUED:
+            return False
+        run.update_status(RunStatus.ERROR, error=reason, reason=reason)
+        return True
+
+
+def _infrastructure_failure(run: Run, reason: str, **fields) -> None:
+    failures = run.infra_failures + 1
+    if failures < settings.RUN_MAX_ATTEMPTS:
+        log.warning("run %s attempt %s failed on infrastructure (%s); retrying", run.pk, run.attempt, reason)
+        run.update_status(RunStatus.QUEUED, infra_failures=failures, error=f"retrying after: {reason}",
+                          reason=reason, **fields)
+        enqueue_on_commit(DISPATCH_TASK, run.pk)
+    else:
+        run.update_status(RunStatus.ERROR, infra_failures=failures, reason=reason,
+                          error=f"gave up after {failures} infrastructure failures; last: {reason}", **fields)
+
+
+# --- polling and deadlines ---------------------------------------------------------------------------------------
+
+def _remote_attempts(runs) -> list[RunAttempt]:
+    """The current attempts of `runs` that a remote backend holds (they have an external id)."""
+    return list(RunAttempt.objects.select_related("pool").filter(
+        run__in=runs, number=F("run__attempt"), external_id__gt="", pool__isnull=False))
+
+
+def poll_remote_runs(now=None) -> int:
+    """Ask the backends about remote runs we have heard nothing of for RUN_POLL_AFTER seconds (ticked every few
+    seconds by `manage.py workers`). Returns how many were polled."""
+    now = now or timezone.now()
+    quiet = now - timedelta(seconds=settings.RUN_POLL_AFTER)
+    runs = Run.objects.filter(status__in=[RunStatus.DISPATCHED, RunStatus.RUNNING])
+    attempts = [a for a in _remote_attempts(runs)
+                if (a.last_news_at or a.dispatched_at) < quiet]
+    for attempt in attempts:
+        poll = _poll(attempt)
+        if poll is not None:
+            apply_poll(attempt, poll)
+    return len(attempts)
+
+
+def _poll(attempt: RunAttempt) -> Poll | None:
+    try:
+        return backend_for(attempt.pool).poll(attempt.external_id)
+    except Exception as exc:  # the service may be down for a moment; the deadline decides
+        log.warning("polling %s (run %s attempt %s) failed: %s", attempt.external_id, attempt.run_id,
+                    attempt.number, exc)
+        RunAttempt.objects.filter(pk=attempt.pk).update(last_news_at=timezone.now())
+        return None
+
+
+def remote_news_received(sender: GpuPool, external_ids: list[str], **kwargs) -> int:
+    """A service says these jobs of pool `sender` changed (`runners.signals.remote_news`, e.g. GitHub's workflow_run
+    webhook): poll their runs' current attempts now rather than at the next scheduled poll. Returns how many."""
+    attempts = RunAttempt.objects.filter(pool=sender, external_id__in=external_ids, number=F("run__attempt"),
+                                         run__status__in=[RunStatus.DISPATCHED, RunStatus.RUNNING])
+    ids = list(attempts.values_list("pk", flat=True))
+    for attempt_id in ids:
+        enqueue_on_commit(POLL_TASK, attempt_id)
+    return len(ids)
+
+
+def poll_attempt(attempt_id: int) -> bool:
+    """Poll one remote attempt if it is still its run's current, unfinished one (idempotent: a repeat or a late
+    poll of a finished run changes nothing)."""
+    attempt = RunAttempt.objects.select_related("pool").filter(
+        pk=attempt_id, number=F("run__attempt"), run__status__in=[RunStatus.DISPATCHED, RunStatus.RUNNING],
+        external_id__gt="", pool__isnull=False).first()
+    if attempt is None:
+        return False
+    if (poll := _poll(attempt)) is not None:
+        apply_poll(attempt, poll)
+    return True
+
+
+def apply_poll(attempt: RunAttempt, poll: Poll) -> None:
+    reporter = AttemptReporter(attempt.run_id, attempt.number)
+    RunAttempt.objects.filter(pk=attempt.pk).update(last_news_at=timezone.now())
+    if poll.state == RemoteState.RUNNING:
+        reporter.running()
+    elif poll.state == RemoteState.FINISHED and poll.result is not None:
+        reporter.result(poll.result)
+    elif poll.state == RemoteState.FINISHED:
+        reporter.failure(f"the remote job finished without reporting a result{_detail(poll)}")
+    elif poll.state in (RemoteState.FAILED, RemoteState.LOST, RemoteState.CANCELLED):
+        reporter.failure(f"the remote job {poll.state}{_detail(poll)}")
+
+
+def _detail(poll: Poll) -> str:
+    return f" ({poll.detail})" if poll.detail else ""
+
+
+def do_reap_overdue_runs(now=None) -> int:
+    """Retry or fail every run that sat in a non-terminal state past its deadline. A remote run is polled first: if
+    the service says it is still running its deadline is extended once; otherwise its job is cancelled and the run
+    retried (an infrastructure failure, never charged)."""
+    now = now or timezone.now()
+    reaped = 0
+    overdue = Run.objects.overdue(now)
+    polls = {a.run_id: (a, _poll(a)) for a in _remote_attempts(overdue)}
+    for run_id in overdue.values_list("pk", flat=True):
+        with transaction.atomic():
+            run = _locked_run(run_id)
+            if run.is_terminal or run.status_deadline is None or run.status_deadline >= now:
+                continue
+            if run.status == RunStatus.QUEUED:
+                _requeue_lost(run, now)
+                reaped += 1
+                continue
+            attempt, poll = polls.get(run.pk, (None, None))
+            if attempt is not None and attempt.number != run.attempt:
+                continue  # moved on since we polled
+            if (attempt is not None and poll is not None and poll.state == RemoteState.RUNNING
+                    and not attempt.extended and run.status == RunStatus.RUNNING):
+                run.status_deadline = now + timedelta(seconds=running_deadline(run, remote=True))
+                run.save(update_fields=["status_deadline"])
+                RunAttempt.objects.filter(pk=attempt.pk).update(extended=True, last_news_at=now)
+                continue
+            if attempt is None:
+                attempt = _attempt(run)
+            _cancel_attempt_after_commit(attempt)
+            detail = f"; the service says {poll.state}{_detail(poll)}" if poll is not None else ""
+            _infrastructure_failure(run, f"the runner did not report back while {run.status}{detail}")
+            reaped += 1
+    return reaped
+
+
+def _requeue_lost(run: Run, now) -> None:
+    """A queued run past its deadline may have lost its broker message: send another (dispatch is
+    idempotent, so a duplicate is harmless). Waiting is not the user's fault, so it is not charged."""
+    if now - run.queued_at > timedelta(seconds=settings.RUN_MAX_QUEUED_SECONDS):
+        run.update_status(RunStatus.ERROR, error=f"no runner picked the run up within "
+                          f"{settings.RUN_MAX_QUEUED_SECONDS // 3600} h")
+        return
+    run.update_status(RunStatus.QUEUED)
+    enqueue_on_commit(DISPATCH_TASK, run.pk)
+
+
+def do_resend_queued_runs(queued_before=None) -> int:
+    """Send every queued run's dispatch message again (those queued before `queued_before`): a killed or wedged
+    worker cluster takes the messages it had already pulled from the broker with it. Dispatch is idempotent, so a
+    duplicate costs one query."""
+    runs = Run.objects.filter(status=RunStatus.QUEUED)
+    if queued_before is not None:
+        runs = runs.filter(queued_at__lt=queued_before)
+    run_ids = list(runs.values_list("pk", flat=True))
+    for run_id in run_ids:
+        enqueue_on_commit(DISPATCH_TASK, run_id)
+    return len(run_ids)
+
+
+# --- organisers and owners ---------------------------------------------------------------------------------------
+
+def do_requeue_run(run: Run, reason: str = "requeued by an organiser") -> None:
+    with transaction.atomic():
+        run = _locked_run(run.pk)
+        if run.status in (RunStatus.DISPATCHED, RunStatus.RUNNING):
+            _cancel_attempt_after_commit(_attempt(run))
+        run.update_status(RunStatus.QUEUED, infra_failures=0, error=reason, verdict="", passed=None, score=None,
+                          **ratio_fields(None), progress={})
+        enqueue_on_commit(DISPATCH_TASK, run.pk)
+
+
+def do_cancel_run(run: Run, reason: str = "cancelled by an organiser") -> bool:
+    """End an unfinished run; a remote job it has is cancelled at its service after commit."""
+    with transaction.atomic():
+        run = _locked_run(run.pk)
+        if run.is_terminal:
+            return False
+        if run.status in (RunStatus.DISPATCHED, RunStatus.RUNNING):
+            _cancel_attempt_after_commit(_attempt(run))
+        run.update_status(RunStatus.CANCELLED, error=reason)
+        return True
+

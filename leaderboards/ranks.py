@@ -1,0 +1,337 @@
+"""Materialised ranks and records of a board (leaderboard × GPU type), always under the Board row lock.
+
+`do_rank_result` is what a finished ranked run costs: it reads that submission's two runs and changes the board by
+what the result changes (the user's entry, the ranks it moves past, at most two neighbours' ties, the records)
+through the board's indexed order, never reading the board's runs. `do_recompute_ranks` rebuilds the board from
+all its runs: deletions, requeues, rescoring, a board never built with rank keys, and the oracle in tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import Count, F, Q, QuerySet
+
+from . import events
+from .models import BOARD_ORDER as ORDER
+from .models import Board, BoardEntry, Record, Run, RunStatus
+from .ranking import (
+    Candidate,
+    interval_from_fields,
+    progression,
+    rank,
+    ratio_fields,
+    slower_run,
+    tied_below,
+)
+
+ENTRY_FIELDS = ["submission_id", "score", "rank", "rank_key", "submitted_at", "tied", "ratio", "ratio_low",
+                "ratio_high"]
+RUN_FIELDS = ("submission_id", "submission__user_id", "submission__created", "secret", "status", "passed", "score",
+              "ratio", "ratio_low", "ratio_high")
+
+
+def _candidates(rows) -> list[Candidate]:
+    """Submissions whose public AND secret ranked runs both passed; scored on the slower of the two (by the ratio
+    when both runs have one, else by time), time and ratio taken from that run."""
+    by_submission: dict[int, dict] = {}
+    for submission_id, user_id, created, secret, status, passed, score, ratio, low, high in rows:
+        entry = by_submission.setdefault(submission_id, {"user": user_id, "created": created, "runs": {}})
+        if status == RunStatus.SUCCEEDED and passed and score is not None:
+            entry["runs"][secret] = (score, interval_from_fields(ratio, low, high))
+    candidates = []
+    for sid, e in by_submission.items():
+        if len(e["runs"]) == 2:
+            runs = list(e["runs"].values())
+            score, ratio = slower_run(runs)
+            by_ratio = all(r is not None for _, r in runs)
+            candidates.append(Candidate(e["user"], sid, score, e["created"], ratio if by_ratio else None))
+    return candidates
+
+
+def ranked_candidates(leaderboard_id: int, gpu_type_id: int) -> list[Candidate]:
+    """Every ranked submission of the board (see `_candidates`); unsorted, so the database does not sort them."""
+    return _candidates(Run.objects.ranked().filter(
+        submission__leaderboard_id=leaderboard_id, gpu_type_id=gpu_type_id).order_by().values_list(*RUN_FIELDS))
+
+
+def submission_candidate(submission_id: int, gpu_type_id: int) -> Candidate | None:
+    found = _candidates(Run.objects.ranked().filter(submission_id=submission_id, gpu_type_id=gpu_type_id)
+                        .order_by().values_list(*RUN_FIELDS))
+    return found[0] if found else None
+
+
+def _locked_board(leaderboard_id: int, gpu_type_id: int) -> Board:
+    Board.objects.get_or_create(leaderboard_id=leaderboard_id, gpu_type_id=gpu_type_id)
+    return Board.objects.select_for_update().get(leaderboard_id=leaderboard_id, gpu_type_id=gpu_type_id)
+
+
+def _delta_row(values: dict[str, Any], user_id: int) -> dict[str, Any]:
+    return {"user": user_id, "submission": values["submission_id"], "score": values["score"],
+            "rank": values["rank"], "tied": values["tied"], "ratio": values["ratio"]}
+
+
+def _publish(board: Board, delta: list[dict], removed: list[int], shift: list | None = None) -> None:
+    board.version += 1
+    board.save(update_fields=["version", "ranks_on_ratio", "updated"])
+    leaderboard_id, gpu_type_id, version = board.leaderboard_id, board.gpu_type_id, board.version
+    transaction.on_commit(lambda: events.board_changed(leaderboard_id, gpu_type_id, version, delta, removed, shift))
+
+
+# --- the full rebuild -------------------------------------------------------------------------------
+
+
+def do_recompute_ranks(leaderboard_id: int, gpu_type_id: int) -> bool:
+    """Rewrite one board's ranks and records from all its runs; emits one event when an entry changed."""
+    with transaction.atomic():
+        return _rebuild(_locked_board(leaderboard_id, gpu_type_id))
+
+
+def _rebuild(board: Board) -> bool:
+    leaderboard_id, gpu_type_id = board.leaderboard_id, board.gpu_type_id
+    candidates = ranked_candidates(leaderboard_id, gpu_type_id)
+    on_ratio = all(c.ratio is not None for c in candidates)
+    _rebuild_records(leaderboard_id, gpu_type_id, candidates)
+    ranked = rank(candidates)
+    existing = {e.user_id: e for e in BoardEntry.objects.filter(leaderboard_id=leaderboard_id,
+                                                                 gpu_type_id=gpu_type_id)}
+    to_create, to_update, delta = [], [], []
+    for r in ranked:
+        entry = existing.pop(r.user_id, None)
+        values = {"submission_id": r.submission_id, "score": r.score, "rank": r.rank, "submitted_at": r.submitted_at,
+                  "rank_key": r.ratio.value if on_ratio and r.ratio else r.score, "tied": r.tied,
+                  **ratio_fields(r.ratio)}
+        if entry is None:
+            to_create.append(BoardEntry(leaderboard_id=leaderboard_id, gpu_type_id=gpu_type_id, user_id=r.user_id,
+                                        **values))
+        elif any(getattr(entry, k) != v for k, v in values.items()):
+            for k, v in values.items():
+                setattr(entry, k, v)
+            to_update.append(entry)
+        else:
+            continue
+        delta.append(_delta_row(values, r.user_id))
+    if existing:
+        BoardEntry.objects.filter(pk__in=[e.pk for e in existing.values()]).delete()
+    BoardEntry.objects.bulk_create(to_create)
+    _write_entries(to_update)
+    if not (to_create or to_update or existing):
+        if board.ranks_on_ratio != on_ratio:
+            board.ranks_on_ratio = on_ratio
+            board.save(update_fields=["ranks_on_ratio"])
+        return False
+    board.ranks_on_ratio = on_ratio
+    _publish(board, delta, list(existing))
+    return True
+
+
+# One statement for any number of changed entries: Django's bulk_update writes a CASE with a branch per row, which
+# PostgreSQL evaluates per row (quadratic: 10 k entries moved by a first place took minutes).
+UPDATE_ENTRIES_SQL = f"""
+UPDATE {BoardEntry._meta.db_table} e SET submission_id = v.submission_id, score = v.score, rank = v.rank,
+  rank_key = v.rank_key, submitted_at = v.submitted_at, tied = v.tied, ratio = v.ratio, ratio_low = v.ratio_low,
+  ratio_high = v.ratio_high, updated = now()
+FROM unnest(%s::bigint[], %s::bigint[], %s::float8[], %s::int[], %s::float8[], %s::timestamptz[], %s::bool[],
+  %s::float8[], %s::float8[], %s::float8[]) AS v(id, submission_id, score, rank, rank_key, submitted_at, tied, ratio,
+  ratio_low, ratio_high)
+WHERE e.id = v.id
+"""
+
+
+def _write_entries(entries: list[BoardEntry]) -> None:
+    if not entries:
+        return
+    if connection.vendor != "postgresql":
+        BoardEntry.objects.bulk_update(entries, ENTRY_FIELDS, batch_size=200)
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(UPDATE_ENTRIES_SQL, [[e.pk for e in entries]]
+                       + [[getattr(e, f) for e in entries] for f in ENTRY_FIELDS])
+
+
+def _rebuild_records(leaderboard_id: int, gpu_type_id: int, candidates: list[Candidate]) -> None:
+    steps = {s.submission_id: s for s in progression(candidates)}
+    held = Record.objects.filter(leaderboard_id=leaderboard_id, gpu_type_id=gpu_type_id)
+    stale, changed = [], []
+    for record in held:
+        step = steps.pop(record.submission_id, None)
+        if step is None:
+            stale.append(record.pk)
+        elif (record.user_id, record.score, record.submitted_at, record.board_best) != (
+                step.user_id, step.score, step.submitted_at, step.board_best):
+            record.user_id, record.score = step.user_id, step.score
+            record.submitted_at, record.board_best = step.submitted_at, step.board_best
+            changed.append(record)
+    if stale:
+        Record.objects.filter(pk__in=stale).delete()
+    Record.objects.bulk_update(changed, ["user_id", "score", "submitted_at", "board_best"], batch_size=200)
+    Record.objects.bulk_create([Record(leaderboard_id=leaderboard_id, gpu_type_id=gpu_type_id, user_id=s.user_id,
+                                       submission_id=s.submission_id, score=s.score, submitted_at=s.submitted_at,
+                                       board_best=s.board_best) for s in steps.values()])
+
+
+# --- one result ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Place:
+    """A position in the board's order: (rank key, submitted at, submission id), ascending."""
+
+    key: float
+    submitted_at: Any
+    submission_id: int
+
+    @classmethod
+    def of(cls, entry: BoardEntry) -> Place:
+        return cls(entry.rank_key, entry.submitted_at, entry.submission_id)  # type: ignore[arg-type]
+
+    def as_tuple(self) -> tuple:
+        return self.key, self.submitted_at, self.submission_id
+
+    def before(self) -> Q:
+        """Entries ordered before this place (`rank_key__lte` bounds the index scan)."""
+        return Q(rank_key__lte=self.key) & (
+            Q(rank_key__lt=self.key) | Q(submitted_at__lt=self.submitted_at)
+            | Q(submitted_at=self.submitted_at, submission_id__lt=self.submission_id))
+
+    def after(self) -> Q:
+        return Q(rank_key__gte=self.key) & (
+            Q(rank_key__gt=self.key) | Q(submitted_at__gt=self.submitted_at)
+            | Q(submitted_at=self.submitted_at, submission_id__gt=self.submission_id))
+
+
+
+
+def _above(entries: QuerySet, place: Place) -> BoardEntry | None:
+    return entries.filter(place.before()).order_by(*(f"-{f}" for f in ORDER)).first()
+
+
+def _below(entries: QuerySet, place: Place) -> BoardEntry | None:
+    return entries.filter(place.after()).order_by(*ORDER).first()
+
+
+def _tied(entry: BoardEntry, above: BoardEntry | None) -> bool:
+    return above is not None and tied_below(
+        above.rank_key, interval_from_fields(above.ratio, above.ratio_low, above.ratio_high),  # type: ignore[arg-type]
+        entry.rank_key, interval_from_fields(entry.ratio, entry.ratio_low, entry.ratio_high))  # type: ignore[arg-type]
+
+
+def do_rank_result(run_id: int) -> bool:
+    """Apply one finished ranked run to its board: when its submission now has both runs passed, a record if it
+    is one, and the user's entry if it beats it. Idempotent; emits one event when an entry changed."""
+    found = Run.objects.ranked().filter(pk=run_id).values_list(
+        "submission_id", "gpu_type_id", "submission__leaderboard_id").first()
+    if found is None:
+        return False
+    submission_id, gpu_type_id, leaderboard_id = found
+    with transaction.atomic():
+        board = _locked_board(leaderboard_id, gpu_type_id)
+        if board.ranks_on_ratio is None:
+            return _rebuild(board)
+        candidate = submission_candidate(submission_id, gpu_type_id)
+        if candidate is None:  # not (or no longer: a requeued run) both passed; undo it if the board counts it
+            counted = Q(submission_id=submission_id, leaderboard_id=leaderboard_id, gpu_type_id=gpu_type_id)
+            if BoardEntry.objects.filter(counted).exists() or Record.objects.filter(counted).exists():
+                return _rebuild(board)
+            return False
+        if board.ranks_on_ratio and candidate.ratio is None:
+            return _rebuild(board)  # the board ranks on time from now on (ranking.ranking_key)
+        _add_record(leaderboard_id, gpu_type_id, candidate)
+        return _place_entry(board, candidate)
+
+
+def _add_record(leaderboard_id: int, gpu_type_id: int, c: Candidate) -> None:
+    """Insert `c` into the progressions (see ranking.progression) if it is a step: it beats the user's last step
+    before it; it is a record if it also beats the board's last record before it. Later steps of the user and
+    later records it beats stop being steps and records (a result can arrive after later submissions')."""
+    records = Record.objects.filter(leaderboard_id=leaderboard_id, gpu_type_id=gpu_type_id)
+    if records.filter(submission_id=c.submission_id).exists():
+        return
+    before = Q(submitted_at__lt=c.submitted_at) | Q(submitted_at=c.submitted_at, submission_id__lt=c.submission_id)
+    latest = ("-submitted_at", "-submission_id")
+    mine = records.filter(before, user_id=c.user_id).order_by(*latest).values_list("score", flat=True).first()
+    if mine is not None and c.score >= mine:
+        return
+    record = records.filter(before, board_best=True).order_by(*latest).values_list("score", flat=True).first()
+    board_best = record is None or c.score < record
+    Record.objects.create(leaderboard_id=leaderboard_id, gpu_type_id=gpu_type_id, user_id=c.user_id,
+                          submission_id=c.submission_id, score=c.score, submitted_at=c.submitted_at,
+                          board_best=board_best)
+    beaten = records.exclude(before).exclude(submission_id=c.submission_id).filter(score__gte=c.score)
+    beaten.filter(user_id=c.user_id).delete()
+    if board_best:
+        beaten.filter(board_best=True).update(board_best=False)
+
+
+def _place_entry(board: Board, c: Candidate) -> bool:
+    """Put `c` in place of its user's entry if it is better. With a competition ranking a rank is 1 + the number of
+    entries with a smaller key, so moving from key `old` to `key` adds one to the entries in (key, old] and
+    nothing elsewhere; ties depend only on the entry above, so the moved entry and its old and new followers are
+    the only ones whose `tied` can change."""
+    entries = BoardEntry.objects.filter(leaderboard_id=board.leaderboard_id, gpu_type_id=board.gpu_type_id)
+    key = c.ratio.value if board.ranks_on_ratio and c.ratio else c.score
+    place = Place(key, c.submitted_at, c.submission_id)
+    held = entries.filter(user_id=c.user_id).first()
+    values = {"submission_id": c.submission_id, "score": c.score, "rank_key": key, "submitted_at": c.submitted_at,
+              **ratio_fields(c.ratio)}
+    if held is not None:
+        if held.submission_id == c.submission_id:
+            if all(getattr(held, k) == v for k, v in values.items()):
+                return False  # already applied
+            return _rebuild(board)  # its scored runs changed under the entry (requeued and run again)
+        if Place.of(held).as_tuple() <= place.as_tuple():
+            return False
+    others = entries.exclude(user_id=c.user_id)
+    old_follower = _below(others, Place.of(held)) if held else None
+    old, old_rank = (held.rank_key, held.rank) if held else (None, None)
+    counts = others.filter(rank_key__lte=key).aggregate(smaller=Count("pk", filter=Q(rank_key__lt=key)),
+                                                         upto=Count("pk"))
+    passed = others.filter(rank_key__gt=key, **({} if old is None else {"rank_key__lte": old}))
+    moved = passed.update(rank=F("rank") + 1)
+    entry = held or BoardEntry(leaderboard_id=board.leaderboard_id, gpu_type_id=board.gpu_type_id, user_id=c.user_id)
+    for k, v in values.items():
+        setattr(entry, k, v)
+    entry.rank = counts["smaller"] + 1
+    entry.tied = _tied(entry, _above(others, place))
+    entry.save()
+    delta = [_delta_row({**values, "rank": entry.rank, "tied": entry.tied}, c.user_id)]
+    followers = {e.pk: e for e in (_below(others, place), old_follower) if e is not None}
+    for follower in followers.values():
+        tied = _tied(follower, _above(entries, Place.of(follower)))
+        if tied != follower.tied:
+            follower.refresh_from_db(fields=["rank"])  # the shift may have moved it
+            follower.tied = tied
+            follower.save(update_fields=["tied", "updated"])
+            delta.append(_delta_row({f: getattr(follower, f) for f in ENTRY_FIELDS}, follower.user_id))
+    # old ranks the shift moved, for clients holding rows: [first, last, by]; the held entry's rank, 1 + the others
+    # with a smaller key, is the last; none for a new entry
+    shift = [counts["upto"] + 1, old_rank, 1] if moved else None
+    _publish(board, delta, [], shift)
+    return True
+
+
+def do_take_off_boards(submission_id: int) -> set[tuple[int, int]]:
+    """Before a submission is deleted: remove its entries from their boards (the ranks after move up one, the
+    follower's tie is redone), so clients hear that the user left; returns the boards it held an entry or a
+    record on, to rebuild after the deletion (the user's next best, the progressions)."""
+    boards = set(Record.objects.filter(submission_id=submission_id).values_list("leaderboard_id", "gpu_type_id"))
+    for held in BoardEntry.objects.filter(submission_id=submission_id):
+        boards.add((held.leaderboard_id, held.gpu_type_id))
+        board = _locked_board(held.leaderboard_id, held.gpu_type_id)
+        entries = BoardEntry.objects.filter(leaderboard_id=held.leaderboard_id, gpu_type_id=held.gpu_type_id)
+        held = entries.get(pk=held.pk)  # as it is under the lock
+        follower = _below(entries, Place.of(held)) if held.rank_key is not None else None
+        held.delete()
+        moved = entries.filter(rank_key__gt=held.rank_key).update(rank=F("rank") - 1) \
+            if held.rank_key is not None else 0
+        delta = []
+        if follower is not None:
+            follower.refresh_from_db(fields=["rank"])
+            tied = _tied(follower, _above(entries, Place.of(follower)))
+            if tied != follower.tied:
+                follower.tied = tied
+                follower.save(update_fields=["tied", "updated"])
+                delta.append(_delta_row({f: getattr(follower, f) for f in ENTRY_FIELDS}, follower.user_id))
+        _publish(board, delta, [held.user_id], [held.rank + 1, None, -1] if moved else None)
+    return boards

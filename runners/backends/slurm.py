@@ -1,0 +1,308 @@
+"""Slurm: each attempt is one batch job that runs the remote agent (docs/operations.md "Attaching a Slurm cluster").
+
+The platform is a Slurm submit host (sbatch, squeue, scancel on PATH) or reaches a login node over SSH (the pool's
+`ssh` setting; non-interactive key authentication). Every command is an argv list; over SSH it is quoted with
+shlex for the remote shell, so no setting or id can inject shell code. The batch script goes to sbatch on stdin,
+after one line that refreshes the runner key file (mode 0600, the submitting user's) it sources: no secret is on a
+command line, in the script, or in `scontrol show job`. The job writes its own exit marker (and the agent's result
+file) under the pool's work directory; `poll` reads those first and asks squeue only when there are none.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import math
+import os
+import re
+import shlex
+import shutil
+import stat
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import ClassVar
+
+from django import forms
+from django.core.exceptions import ValidationError
+
+from .base import BackendUnavailable, Dispatch, Poll, PoolOptions, RemoteState, Reporter, RunnerBackend, runner_key
+
+CALL_TIMEOUT_S = 60  # one sbatch/squeue/scancel, SSH included: never hold a worker longer
+TIME_MARGIN_S = 180  # on top of the run's budget: queue-to-start, bootstrap, the result post
+RESULT_LIMIT = 8 << 20
+CONTROL_PERSIST_S = 300
+NAME = r"[A-Za-z0-9_][A-Za-z0-9_.\-]*"
+PATH = r"~?[A-Za-z0-9_./\-]+"
+# the `sh -c` helpers get a path as $1 and expand a leading ~/ (the same on a submit host and over SSH)
+HOME = 'p=$1; case $p in "~/"*) p="$HOME/${p#"~/"}";; esac;'
+EXTERNAL_ID = re.compile(r"^(\d+):([0-9a-f]{1,32})$")
+# what the backend sets itself: an extra argument may not override these. --no-requeue: the platform retries a lost
+# attempt itself (elsewhere if it can); a job Slurm requeued would run the stale attempt again later
+RESERVED = {"parsable", "export", "export-file", "output", "error", "input", "job-name", "wrap", "chdir", "time",
+            "gres", "gpus", "gpus-per-node", "gpus-per-task", "nodes", "ntasks", "partition", "account", "qos",
+            "array", "uid", "gid", "get-user-env", "test-only", "open-mode", "requeue", "no-requeue"}
+
+STATES = {
+    RemoteState.QUEUED: {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"},
+    RemoteState.RUNNING: {"RUNNING", "COMPLETING", "SUSPENDED", "STAGE_OUT", "SIGNALING", "RESIZING", "STOPPED"},
+    RemoteState.LOST: {"PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "REVOKED"},
+    RemoteState.CANCELLED: {"CANCELLED"},
+    RemoteState.FAILED: {"FAILED", "TIMEOUT", "OUT_OF_MEMORY", "DEADLINE", "SPECIAL_EXIT"},
+}
+AGENT_EXITS = {1: "the agent reported an infrastructure failure", 2: "the agent could not start (bad usage or no "
+               "runner key)", 3: "the platform said the attempt was no longer current",
+               4: "the runner key file is not readable on the node", 5: "the harness could not be set up on the node"}
+
+
+def _path_field(default: str, help_text: str) -> forms.RegexField:
+    return forms.RegexField(regex=rf"^{PATH}$", required=False, initial=default, help_text=help_text,
+                            error_messages={"invalid": "Letters, digits, _ . / - and a leading ~ only."})
+
+
+class SlurmOptions(PoolOptions):
+    partition = forms.RegexField(regex=rf"^{NAME}(,{NAME})*$", required=False,
+                                 help_text="sbatch --partition (empty: the cluster's default).")
+    account = forms.RegexField(regex=rf"^{NAME}$", required=False, help_text="sbatch --account.")
+    qos = forms.RegexField(regex=rf"^{NAME}$", required=False, help_text="sbatch --qos.")
+    gres = forms.JSONField(required=False, help_text='GPU type → gres name[:type] for --gres, e.g. {"H100": '
+                           '"gpu:h100"}; a type not listed asks for "gpu". The count is the run\'s GPU count.')
+    extra_args = forms.CharField(required=False, help_text="More sbatch options, e.g. --constraint=a100 "
+                                 "--mem=64G (long options only; the ones the platform sets are refused).")
+    ssh = forms.RegexField(regex=rf"^{NAME}(@{NAME})?$", required=False,
+                           help_text="user@login-node to run the Slurm commands on over SSH (key authentication, "
+                                     "~/.ssh/config of the worker's user); empty: this machine is a submit host.")
+    ssh_config = _path_field("", "An ssh_config file for that connection (ssh -F; port, identity, known hosts); "
+                             "empty: the worker user's ~/.ssh/config.")
+    python = _path_field("python3", "Python on the compute nodes (needs torch for GPU problems).")
+    checkout = _path_field("", "A kernelbot checkout on the cluster to run the agent from; empty: each job "
+                           "downloads the platform's harness (harness.tar.gz) with curl.")
+    workdir = _path_field("~/.kernelbot", "Directory on the cluster (shared with the compute nodes) for exit "
+                          "markers, results, logs and the jobs' scratch; default ~/.kernelbot.")
+    key_file = _path_field("~/.kernelbot/runner.env", "The runner key file the jobs source (written by the "
+                           "platform at each dispatch, mode 0600); default ~/.kernelbot/runner.env.")
+    sandbox = forms.ChoiceField(choices=[("require", "require"), ("auto", "auto")], required=False,
+                                help_text="KERNELBOT_SANDBOX for the harness on the nodes (default require: a node "
+                                          "without a usable bubblewrap fails the run rather than run it unsandboxed).")
+
+    def clean_gres(self):
+        gres = self.cleaned_data.get("gres") or {}
+        if not isinstance(gres, dict):
+            raise ValidationError('A JSON object of GPU type → gres, e.g. {"H100": "gpu:h100"}.')
+        for gpu_type, spec in gres.items():
+            if not isinstance(spec, str) or not re.fullmatch(rf"{NAME}(:{NAME})?", spec):
+                raise ValidationError(f"{gpu_type}: {spec!r} is not a gres name[:type] such as gpu:h100.")
+        return gres
+
+    def clean_extra_args(self):
+        try:
+            args = shlex.split(self.cleaned_data.get("extra_args") or "")
+        except ValueError as exc:
+            raise ValidationError(f"Cannot split the options: {exc}.") from exc
+        for arg in args:
+            match = re.fullmatch(r"--([a-z][a-z0-9-]*)(=[^\x00-\x1f]+)?", arg)
+            if match is None:
+                raise ValidationError(f"{arg!r}: only long options, as --name or --name=value.")
+            if match[1] in RESERVED:
+                raise ValidationError(f"--{match[1]} is set by the platform.")
+        return args
+
+
+class SlurmBackend(RunnerBackend):
+    options: ClassVar[type[forms.Form]] = SlurmOptions
+
+    def __init__(self, pool):
+        super().__init__(pool)
+        if not self.settings.get("ssh") and not shutil.which("sbatch"):
+            raise BackendUnavailable(f"GPU pool '{pool.name}': no sbatch on this machine's PATH and no ssh login "
+                                     "node set")
+
+    @classmethod
+    def available(cls) -> str | None:
+        if shutil.which("sbatch") or shutil.which("ssh"):
+            return None
+        return "neither sbatch (a Slurm submit host) nor ssh (to reach a login node) is on PATH"
+
+    # --- the contract --------------------------------------------------------------------------------------------
+
+    def dispatch(self, job: Dispatch, reporter: Reporter) -> str:
+        tag = job.nonce[:16]
+        if not re.fullmatch(r"[0-9a-f]{1,16}", tag):  # it names files in the script: hex only
+            raise ValueError(f"the attempt's nonce is not hex: {job.nonce!r}")
+        key = runner_key(self.pool)
+        if not key or "\n" in key:
+            raise RuntimeError(f"no usable runner key (one line): set "
+                               f"{self.settings.get('runner_key_env') or 'KERNELBOT_RUNNER_KEY'}")
+        key_file = self.setting("key_file")
+        # one call: the first stdin line refreshes the key file, sbatch reads the rest (the batch script)
+        refresh = (f'{HOME} umask 077 && mkdir -p "$(dirname "$p")" && IFS= read -r line && '
+                   'printf "%s\\n" "$line" > "$p.$$" && mv -f "$p.$$" "$p" && shift && exec "$@"')
+        argv = ["sh", "-c", refresh, "kernelbot-sbatch", key_file, *self.sbatch_args(job)]
+        stdin = f"KERNELBOT_RUNNER_KEY={shlex.quote(key)}\n{self.batch_script(job, tag)}"
+        out = self.call(argv, stdin)
+        if out.returncode != 0:
+            raise RuntimeError(f"sbatch refused the job: {_tail(out.stderr or out.stdout)}")
+        job_id = out.stdout.strip().splitlines()[-1].split(";")[0] if out.stdout.strip() else ""
+        if not job_id.isdigit():
+            raise RuntimeError(f"sbatch answered without a job id: {_tail(out.stdout)}")
+        return f"{job_id}:{tag}"
+
+    def poll(self, external_id: str) -> Poll:
+        """The exit marker when the job wrote one, else squeue's view: one call (one SSH round trip)."""
+        job_id, tag = _parse(external_id)
+        marker, out = self.marker(job_id, tag, ["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%i|%T|%r"])
+        if marker is not None:
+            return marker
+        line = next((ln for ln in out.stdout.splitlines() if ln.split("|")[0] == job_id), "")
+        if out.returncode != 0 and not _unknown_job(out.stderr):
+            raise RuntimeError(f"squeue failed: {_tail(out.stderr)}")  # controller unreachable: not the job's fault
+        if not line:  # the marker may have landed since (or NFS lagged): look once more
+            return self.marker(job_id, tag)[0] or Poll(RemoteState.LOST, "Slurm no longer knows the job")
+        _, state, reason = (line.split("|") + ["", ""])[:3]
+        state = state.split()[0].rstrip("+") if state else ""
+        if state == "COMPLETED":  # the marker is written before the script exits
+            return self.marker(job_id, tag)[0] or Poll(RemoteState.FAILED, "COMPLETED without an exit marker")
+        for remote, names in STATES.items():
+            if state in names:
+                detail = state if reason in ("", "None") else f"{state}: {reason}"
+                return Poll(remote, detail)
+        return Poll(RemoteState.RUNNING, f"unknown Slurm state {state}")  # the deadline decides
+
+    def cancel(self, external_id: str) -> None:
+        job_id, _ = _parse(external_id)
+        out = self.call(["scancel", job_id])
+        if out.returncode != 0 and not _unknown_job(out.stderr):
+            raise RuntimeError(f"scancel failed: {_tail(out.stderr)}")
+
+    # --- helpers -------------------------------------------------------------------------------------------------
+
+    def setting(self, name: str) -> str:
+        return self.settings.get(name) or SlurmOptions.base_fields[name].initial or ""
+
+    def sbatch_args(self, job: Dispatch) -> list[str]:
+        limit = math.ceil((job.timeout_s + TIME_MARGIN_S) / 60)
+        args = ["sbatch", "--parsable", "--export=NIL", f"--job-name={job.label}", "--no-requeue", "--nodes=1",
+                "--ntasks=1", f"--time={limit}", "--output=/dev/null", "--error=/dev/null"]
+        for option in ("partition", "account", "qos"):
+            if value := self.settings.get(option):
+                args.append(f"--{option}={value}")
+        if job.gpu_count > 0:
+            gres = (self.settings.get("gres") or {}).get(job.gpu_type.name, "gpu")
+            args.append(f"--gres={gres}:{job.gpu_count}")
+        return [*args, *self.settings.get("extra_args", [])]
+
+    def batch_script(self, job: Dispatch, tag: str) -> str:
+        q = shlex.quote
+        root = self.setting("checkout")
+        fetch = (f'curl -fsS --retry 3 {q(job.platform_url + "/api/runner/v1/harness.tar.gz")} | tar xz -C "$work" '
+                 f'|| finish 5\nroot="$work"' if not root else f"root={_sh_path(root)}")
+        agent = _sh_path(self.setting("python")) + " " + shlex.join([
+            "-m", "runners.harness.agent", "--platform", job.platform_url, "--run", str(job.run_id),
+            "--attempt", str(job.attempt), "--nonce", job.nonce])
+        return f"""#!/bin/sh
+# {re.sub(r"[^A-Za-z0-9 _.:-]", "_", job.label)}
+umask 077
+base={_sh_path(self.setting("workdir"))}
+jobs="$base/jobs"
+mkdir -p "$jobs" || exit 5
+out="$jobs/$SLURM_JOB_ID-{tag}"
+rm -f "$out.exit" "$out.result.json"
+exec >"$out.log" 2>&1
+finish() {{ echo "$1" > "$out.exit.tmp" && mv -f "$out.exit.tmp" "$out.exit"; exit "$1"; }}
+find "$jobs" -type f -mtime +7 -delete 2>/dev/null
+key={_sh_path(self.setting("key_file"))}
+[ -r "$key" ] || {{ echo "runner key file $key is not readable"; finish 4; }}
+set -a; . "$key"; set +a
+export KERNELBOT_SANDBOX={q(self.settings.get("sandbox") or "require")}
+work=$(mktemp -d "$base/attempt-XXXXXXXX") || finish 5
+trap 'rm -rf "$work"' EXIT
+{fetch}
+cd "$root" || finish 5
+{agent} --workdir "$work" --result-file "$out.result.json"
+finish $?
+"""
+
+    def marker(self, job_id: str, tag: str, otherwise: list[str] | None = None
+               ) -> tuple[Poll | None, subprocess.CompletedProcess]:
+        """The job's own account of how it ended (None while it has not), and the output of `otherwise`, run in the
+        same call when there is no marker."""
+        script = (f'{HOME} if [ -f "$p.exit" ]; then echo @kernelbot:M; head -c 16 "$p.exit"; echo; '
+                  f'[ -f "$p.result.json" ] && head -c {RESULT_LIMIT} "$p.result.json"; exit 0; fi; '
+                  'echo @kernelbot:Q; shift; [ $# -eq 0 ] || exec "$@"')
+        out = self.call(["sh", "-c", script, "kernelbot-poll", f"{self.setting('workdir')}/jobs/{job_id}-{tag}",
+                         *(otherwise or [])])
+        # a login shell may print before our command does: read after our own first line
+        _, found, rest = f"\n{out.stdout}".partition("\n@kernelbot:")
+        kind, _, rest = rest.partition("\n")
+        if not found or kind not in ("M", "Q"):
+            raise RuntimeError(f"reading the exit marker failed: {_tail(out.stderr or out.stdout)}")
+        if kind == "Q":
+            return None, subprocess.CompletedProcess(out.args, out.returncode, rest, out.stderr)
+        return self.parse_marker(rest), out
+
+    @staticmethod
+    def parse_marker(text: str) -> Poll:
+        code_text, _, result_text = text.partition("\n")
+        try:
+            code = int(code_text.strip())
+        except ValueError:
+            return Poll(RemoteState.FAILED, f"unreadable exit marker {code_text[:16]!r}")
+        result = None
+        if result_text.strip():
+            try:
+                result = json.loads(result_text)
+            except ValueError:
+                result = None
+        if code == 0:
+            return Poll(RemoteState.FINISHED, "agent exit code 0", result if isinstance(result, dict) else None)
+        reason = AGENT_EXITS.get(code, "the job failed")
+        return Poll(RemoteState.FAILED, f"agent exit code {code}: {reason}")
+
+    def call(self, argv: list[str], stdin: str | None = None) -> subprocess.CompletedProcess:
+        """Run argv here, or on the login node over SSH (quoted for its shell: nothing in it is shell code)."""
+        if ssh := self.settings.get("ssh"):
+            config = ["-F", os.path.expanduser(self.settings["ssh_config"])] if self.settings.get("ssh_config") else []
+            argv = ["ssh", *config, "-o", "BatchMode=yes", "-o", "ConnectTimeout=15", *_shared_connection(), "-T",
+                    ssh, "--", shlex.join(argv)]
+        try:
+            out = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=CALL_TIMEOUT_S,
+                                 stdin=None if stdin is not None else subprocess.DEVNULL)
+        except subprocess.TimeoutExpired as exc:
+            raise RuntimeError(f"{argv[0]} did not answer within {CALL_TIMEOUT_S} s") from exc
+        if ssh and out.returncode == 255:  # ssh's own failure, not the command's
+            raise RuntimeError(f"ssh to {ssh} failed: {_tail(out.stderr)}")
+        return out
+
+
+def _shared_connection() -> list[str]:
+    """One SSH connection per login node, kept CONTROL_PERSIST_S after its last use and shared by this machine's
+    workers (a fresh connection costs a key exchange per call), in a directory only this user can enter."""
+    directory = Path(tempfile.gettempdir()) / f"kernelbot-ssh-{os.getuid()}"
+    directory.mkdir(mode=0o700, exist_ok=True)
+    if directory.owner() != getpass.getuser() or stat.S_IMODE(directory.stat().st_mode) != 0o700:
+        return []  # not ours: no sharing rather than a socket someone else could have placed
+    return ["-o", "ControlMaster=auto", "-o", f"ControlPath={directory}/%C", "-o",
+            f"ControlPersist={CONTROL_PERSIST_S}"]
+
+
+def _parse(external_id: str) -> tuple[str, str]:
+    match = EXTERNAL_ID.match(external_id or "")
+    if match is None:
+        raise ValueError(f"not a Slurm job of this backend: {external_id!r}")
+    return match[1], match[2]
+
+
+def _sh_path(path: str) -> str:
+    """A path for the batch script: quoted, with a leading ~/ as "$HOME"/."""
+    if path == "~" or path.startswith("~/"):
+        return '"$HOME"' + (shlex.quote(path[1:]) if len(path) > 1 else "")
+    return shlex.quote(path)
+
+
+def _unknown_job(stderr: str) -> bool:
+    return "Invalid job id" in stderr
+
+
+def _tail(text: str, limit: int = 500) -> str:
+    text = (text or "").strip()
+    return text[-limit:] or "no output"

@@ -1,0 +1,154 @@
+"""The remote agent: runs one attempt of a run on a remote machine and reports to the platform's runner API.
+
+    python -m runners.harness.agent --platform URL --run ID --attempt N --nonce X [--result-file PATH] [--print-result]
+
+Stdlib only, Django-free (bootstrap: `curl -fsS $URL/api/runner/v1/harness.tar.gz | tar xz`). Reads the runner key
+from KERNELBOT_RUNNER_KEY; its token for the attempt is HMAC-SHA256(key, "run:attempt:nonce"). Fetches the job, writes
+the workdir, runs the harness parent exactly as the local backend does (runners.harness.runner: sandbox, result
+nonce), posts progress (heartbeats in between) and the result, or a failure when it cannot run. Exits 0 when a
+verdict was delivered (whatever the verdict), 1 on an infrastructure failure, 2 on bad usage; 3 when the platform
+says the attempt is no longer current (nothing to do).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import hmac
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from .runner import run_harness, write_workdir
+
+KEY_ENV = "KERNELBOT_RUNNER_KEY"
+HEARTBEAT_S = 20.0
+RETRIES = 5
+
+
+def runner_token(key: str, run_id: int, attempt: int, nonce: str) -> str:
+    return hmac.new(key.encode(), f"{run_id}:{attempt}:{nonce}".encode(), hashlib.sha256).hexdigest()
+
+
+class Gone(Exception):
+    """The platform says this attempt is no longer current (409)."""
+
+
+class Platform:
+    def __init__(self, url: str, run_id: int, attempt: int, token: str):
+        self.base = f"{url.rstrip('/')}/api/runner/v1/runs/{run_id}/{attempt}/"
+        self.token = token
+
+    def call(self, route: str, body: dict | None = None, retries: int = RETRIES) -> dict:
+        """GET (no body) or POST JSON; retries connection errors and 5xx with backoff, raises Gone on 409."""
+        data = None if body is None else json.dumps(body).encode()
+        for attempt in range(retries):
+            request = urllib.request.Request(self.base + route, data=data, method="GET" if data is None else "POST",
+                                             headers={"Authorization": f"Bearer {self.token}",
+                                                      "Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=60) as response:
+                    return json.loads(response.read() or b"{}")
+            except urllib.error.HTTPError as exc:
+                if exc.code == 409:
+                    raise Gone(exc.read().decode(errors="replace")) from exc
+                if exc.code < 500 or attempt == retries - 1:
+                    raise
+            except (urllib.error.URLError, OSError):
+                if attempt == retries - 1:
+                    raise
+            time.sleep(min(30.0, 0.5 * 2 ** attempt))
+        raise RuntimeError("unreachable")
+
+
+def visible_devices(count: int) -> list[str]:
+    """The `count` devices this job may use: the scheduler's CUDA_VISIBLE_DEVICES when set, else the first ones."""
+    if count <= 0:
+        return []
+    given = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return (given or [str(i) for i in range(count)])[:count]
+
+
+def run_attempt(platform: Platform, workroot: Path) -> dict:
+    """Fetch and run one attempt, reporting progress; returns its result (raises on infrastructure failure)."""
+    payload = platform.call("job")
+    workdir = Path(tempfile.mkdtemp(prefix="kernelbot-run-", dir=workroot)) / "work"
+    lock = threading.Lock()
+    wanted = {"alive": True, "last": time.monotonic()}
+
+    def post_progress(event: dict) -> None:
+        with lock:
+            try:
+                platform.call("progress", event, retries=2)
+                wanted["last"] = time.monotonic()
+            except Gone:
+                wanted["alive"] = False
+            except Exception as exc:  # a lost progress post is not fatal; the heartbeat retries
+                print(f"progress post failed: {exc}", file=sys.stderr)
+
+    def still_wanted() -> bool:
+        if time.monotonic() - wanted["last"] >= HEARTBEAT_S:
+            post_progress({"heartbeat": True})
+        return wanted["alive"]
+
+    try:
+        write_workdir(workdir, payload["files"])
+        job = {**payload["job"], "workdir": str(workdir), "gpus": visible_devices(int(payload.get("gpu_count", 0)))}
+        result, failure = run_harness(job, python=sys.executable, pythonpath=str(Path(__file__).resolve().parents[2]),
+                                      timeout=float(payload["timeout_s"]), on_progress=post_progress,
+                                      still_wanted=still_wanted, check_interval=2.0)
+    finally:
+        shutil.rmtree(workdir.parent, ignore_errors=True)
+    if not wanted["alive"]:
+        raise Gone("the platform stopped the attempt")
+    if result is None:
+        raise RuntimeError(failure or "the harness ended without a result")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m runners.harness.agent", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--platform", required=True, help="the platform's URL, e.g. https://kernelbot.example.org")
+    parser.add_argument("--run", type=int, required=True)
+    parser.add_argument("--attempt", type=int, required=True)
+    parser.add_argument("--nonce", required=True)
+    parser.add_argument("--result-file", type=Path, help="also write the result JSON here")
+    parser.add_argument("--print-result", action="store_true", help="print the result JSON as the last stdout line")
+    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()), help="where to unpack the job")
+    args = parser.parse_args(argv)
+    key = os.environ.get(KEY_ENV, "")
+    if not key:
+        print(f"{KEY_ENV} is not set", file=sys.stderr)
+        return 2
+    platform = Platform(args.platform, args.run, args.attempt, runner_token(key, args.run, args.attempt, args.nonce))
+    try:
+        result = run_attempt(platform, args.workdir)
+        text = json.dumps(result)  # handed back through the service too, before the post that may fail
+        if args.result_file:
+            args.result_file.write_text(text)
+        if args.print_result:
+            print(text, flush=True)
+        platform.call("result", result)
+    except Gone as exc:
+        print(f"attempt no longer current: {exc}", file=sys.stderr)
+        return 3
+    except Exception as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+        print(f"infrastructure failure: {reason}", file=sys.stderr)
+        try:
+            platform.call("failure", {"reason": reason[:2000]}, retries=3)
+        except Exception as report_exc:
+            print(f"could not report the failure: {report_exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

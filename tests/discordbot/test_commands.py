@@ -1,0 +1,174 @@
+"""Every command through the fake, its permissions and its error paths (no cluster: runs stay queued)."""
+
+import io
+import zipfile
+
+import pytest
+from allauth.socialaccount.models import SocialAccount
+
+from discordbot.models import StatusMessage
+from leaderboards.access.actions import accepting_jobs, do_ban
+from leaderboards.models import Leaderboard, Run, RunStatus, Submission
+
+from ..conftest import REPO
+from ..factories import LeaderboardFactory
+from ..fakes.discord import CHANNEL_ID, ORGANISER_ROLE_ID, Attachment
+
+pytestmark = pytest.mark.django_db(transaction=True)
+CORRECT = (REPO / "problems" / "demo" / "vectoradd_py" / "solutions" / "correct.py").read_bytes()
+ALICE, BOB, ORG = 700_000_000_000_000_001, 700_000_000_000_000_002, 700_000_000_000_000_003
+
+
+def reply(fake, interaction) -> tuple[str, bool]:
+    body = fake.answer(interaction)
+    data = body.get("data") or {}
+    return data.get("content", ""), bool((data.get("flags") or 0) & 64)
+
+
+def refused(fake, interaction) -> str:
+    text, ephemeral = reply(fake, interaction)
+    assert ephemeral, text
+    return text
+
+
+def submit(fake, user=ALICE, mode="test", code=CORRECT, name="kernel.py", **options):
+    return fake.command(f"leaderboard submit {mode}", user, script=Attachment(name, code), **options)
+
+
+@pytest.mark.parametrize(("options", "expected"), [
+    ({"leaderboard": "nope", "gpus": "CPU"}, "Unknown leaderboard 'nope'."),
+    ({"gpus": "H100"}, "does not run on GPU 'H100'; available: CPU."),
+    ({"name": "kernel.cu"}, "takes .py files"),
+    ({"code": b""}, "'kernel.py' is empty."),
+    ({"code": b"\xff\xfe" * 10, "gpus": "CPU"}, "is not UTF-8 text"),
+    ({"code": b"x" * (1024 * 1024 + 1)}, "the limit is 1048576 bytes"),
+    ({"gpus": "CPU", "leaderboard": None}, "Name a leaderboard"),
+])
+def test_bad_submissions_get_a_precise_ephemeral_message_and_change_nothing(bot, leaderboard, options, expected):
+    options.setdefault("leaderboard", leaderboard.name)
+    code, name = options.pop("code", CORRECT), options.pop("name", "kernel.py")
+    text = refused(bot.fake, submit(bot.fake, code=code, name=name, **options))
+    assert expected in text
+    assert not Submission.objects.exists() and not Run.objects.exists()
+
+
+def test_missing_attachment_closed_board_ban_paused_and_wrong_channel(bot, leaderboard):
+    fake = bot.fake
+    assert "Attach your kernel" in refused(fake, fake.command("leaderboard submit test", ALICE,
+                                                              leaderboard=leaderboard.name))
+    closed = LeaderboardFactory(problem=leaderboard.problem, gpu_types=list(leaderboard.gpu_types.all()),
+                                deadline=leaderboard.deadline.replace(year=2000))
+    assert "no longer accepts submissions" in refused(fake, submit(fake, leaderboard=closed.name, gpus="CPU"))
+    assert "Submit in <#" in refused(fake, fake.command("leaderboard submit test", ALICE, channel_id=CHANNEL_ID + 99,
+                                                        script=Attachment("k.py", CORRECT)))
+    user = SocialAccount.objects.get(uid=str(ALICE)).user
+    do_ban(user, None, "cheating")
+    assert "banned from submitting to all leaderboards: cheating" in refused(
+        fake, submit(fake, leaderboard=leaderboard.name, gpus="CPU"))
+    assert "for organisers" in refused(fake, fake.command("admin stop", BOB, reason="x"))
+    assert accepting_jobs().accepting
+    text, ephemeral = reply(fake, fake.command("admin stop", ORG, roles=[ORGANISER_ROLE_ID], reason="maintenance"))
+    assert "paused" in text and not ephemeral
+    assert "paused by the organisers: maintenance" in refused(
+        fake, submit(fake, BOB, leaderboard=leaderboard.name, gpus="CPU"))
+    reply(fake, fake.command("admin start", ORG, roles=[ORGANISER_ROLE_ID]))
+    assert not Submission.objects.exists()
+
+
+def test_test_submission_is_private_directives_pick_the_board_and_one_account_per_discord_user(bot, leaderboard):
+    fake = bot.fake
+    code = f"#!POPCORN leaderboard {leaderboard.name}\n#!POPCORN gpu CPU\n".encode() + CORRECT
+    text, ephemeral = reply(fake, submit(fake, code=code))
+    assert ephemeral and "queued" in text  # a test run is its author's only, as on the site
+    reply(fake, submit(fake, code=code + b"\n# 2\n"))
+    assert Submission.objects.count() == 2 and SocialAccount.objects.filter(provider="discord").count() == 1
+    fake.wait_for(lambda: StatusMessage.objects.count() == 2, 10, "both status messages")
+    assert not StatusMessage.objects.filter(public=True).exists()
+
+
+def test_autocomplete_list_show_task_template_and_status(bot, leaderboard):
+    fake = bot.fake
+    interaction = fake.command("leaderboard submit ranked", ALICE, autocomplete=True,
+                               leaderboard=("focused", leaderboard.name[:4]))
+    assert {c["value"] for c in fake.answer(interaction)["data"]["choices"]} == {leaderboard.name}
+    interaction = fake.command("leaderboard submit ranked", ALICE, autocomplete=True, leaderboard=leaderboard.name,
+                               gpus=("focused", "c"))
+    assert [c["value"] for c in fake.answer(interaction)["data"]["choices"]] == ["CPU"]
+    assert leaderboard.name in reply(fake, fake.command("leaderboard list", ALICE))[0]
+    assert "No ranked submission yet" in reply(fake, fake.command("leaderboard show", ALICE,
+                                                                    leaderboard=leaderboard.name))[0]
+    assert "does not run on GPU 'H100'" in refused(fake, fake.command("leaderboard show", ALICE,
+                                                                       leaderboard=leaderboard.name, gpu="H100"))
+    assert "Page 3 does not exist" in refused(fake, fake.command("leaderboard show", ALICE,
+                                                                  leaderboard=leaderboard.name, page=3))
+    task = fake.command("leaderboard task", ALICE, leaderboard=leaderboard.name)
+    assert leaderboard.name in reply(fake, task)[0]
+    template = fake.command("leaderboard template", ALICE, leaderboard=leaderboard.name)
+    reply(fake, template)
+    assert fake.original(template).files and b"def custom_kernel" in fake.original(template).files[0][1]
+
+    reply(fake, submit(fake, mode="ranked", leaderboard=leaderboard.name, gpus="CPU"))
+    submission = Submission.objects.get()
+    assert "queued" in reply(fake, fake.command("submission status", ALICE, submission_id=submission.pk))[0]
+    assert "Your submissions" in reply(fake, fake.command("leaderboard show-personal", ALICE,
+                                                           leaderboard=leaderboard.name))[0]
+    assert "not found" in refused(fake, fake.command("submission status", BOB, submission_id=submission.pk + 100))
+
+
+def test_get_submission_is_for_its_author_and_organisers(bot, leaderboard):
+    fake = bot.fake
+    reply(fake, submit(fake, mode="ranked", leaderboard=leaderboard.name, gpus="CPU"))
+    submission = Submission.objects.get()
+    mine = fake.command("leaderboard get-submission", ALICE, submission_id=submission.pk)
+    reply(fake, mine)
+    assert fake.original(mine).files[0][1] == CORRECT
+    assert "author and staff only" in refused(fake, fake.command("leaderboard get-submission", BOB,
+                                                                 submission_id=submission.pk))
+    organiser = fake.command("leaderboard get-submission", ORG, roles=[ORGANISER_ROLE_ID],
+                             submission_id=submission.pk)
+    reply(fake, organiser)
+    assert fake.original(organiser).files[0][1] == CORRECT
+
+
+def test_organiser_commands_cancel_requeue_rescore_stats_delete_and_import(bot, leaderboard):
+    fake = bot.fake
+    org = {"roles": [ORGANISER_ROLE_ID]}
+    reply(fake, submit(fake, mode="ranked", leaderboard=leaderboard.name, gpus="CPU"))
+    submission = Submission.objects.get()
+    run = submission.runs.first()
+    assert "for organisers" in refused(fake, fake.command("admin cancel", ALICE, run_id=run.pk))
+    assert "is cancelled" in reply(fake, fake.command("admin cancel", ORG, run_id=run.pk, **org))[0]
+    run.refresh_from_db()
+    assert run.status == RunStatus.CANCELLED
+    assert "already finished" in refused(fake, fake.command("admin cancel", ORG, run_id=run.pk, **org))
+    assert "queued again" in reply(fake, fake.command("admin requeue", ORG, run_id=run.pk, **org))[0]
+    run.refresh_from_db()
+    assert run.status == RunStatus.QUEUED
+    assert "Run 999999 not found" in refused(fake, fake.command("admin requeue", ORG, run_id=999999, **org))
+    assert "Rescored" in reply(fake, fake.command("admin rescore", ORG, leaderboard=leaderboard.name, **org))[0]
+    stats = reply(fake, fake.command("admin stats", ORG, **org))[0]
+    assert "1 submissions (leaderboard 1)" in stats and "Top users: member" in stats
+
+    ask = fake.command("admin delete-submission", ORG, submission_id=submission.pk, **org)
+    assert "Delete submission" in reply(fake, ask)[0]
+    message = fake.original(ask)
+    assert "Only the organiser who asked" in refused(fake, fake.press(message, "kb-delete-confirm", BOB))
+    assert Submission.objects.exists()
+    fake.answer(fake.press(message, "kb-delete-confirm", ORG, **org))
+    fake.wait_for(lambda: "is deleted" in message.content, 10, "the confirmation")
+    assert not Submission.objects.exists()
+
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w") as z:
+        z.write(REPO / "problems" / "demo" / "utils.py", "utils.py")
+        for path in (REPO / "problems" / "demo" / "vectoradd_py").rglob("*"):
+            if path.is_file() and "solutions" not in path.parts:
+                z.write(path, path.relative_to(REPO / "problems" / "demo"))
+    imported = fake.command("admin import", ORG, archive=Attachment("vectoradd.zip", archive.getvalue()),
+                            leaderboard="imported-board", gpus="CPU", deadline="2099-01-01", **org)
+    fake.wait_for(lambda: fake.followups(imported), 20, "the import report")
+    assert "created" in fake.followups(imported)[0].content
+    assert Leaderboard.objects.filter(name="imported-board").exists()
+    bad = fake.command("admin import", ORG, archive=Attachment("bad.zip", b"not a zip"), **org)
+    fake.wait_for(lambda: fake.followups(bad), 20, "the refusal")
+    assert "Import refused" in fake.followups(bad)[0].content

@@ -1,0 +1,41 @@
+"""A submission through /leaderboard submit, run by a real cluster, watched live in Discord."""
+
+import pytest
+
+from discordbot.models import Announcement, StatusMessage
+from leaderboards.models import BoardEntry, Submission
+
+from ..conftest import REPO
+from ..fakes.discord import Attachment
+from .conftest import ANNOUNCE_CHANNEL_ID
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+CORRECT = (REPO / "problems" / "demo" / "vectoradd_py" / "solutions" / "correct.py").read_bytes()
+ALICE = 700_000_000_000_000_001
+
+
+def test_ranked_submission_is_acked_edited_live_reported_and_announced(bot, cluster, leaderboard):
+    fake = bot.fake
+    code = b"#!POPCORN leaderboard " + leaderboard.name.encode() + b"\n#!POPCORN gpu CPU\n" + CORRECT
+    interaction = fake.command("leaderboard submit ranked", ALICE, script=Attachment("kernel.py", code))
+    body = fake.answer(interaction)
+    assert body["type"] == 4 and not (body["data"].get("flags") or 0) & 64  # ranked: public in the channel
+    assert fake.answered[interaction] < 3
+    submission = Submission.objects.get()
+    assert submission.user.socialaccount_set.get().uid == str(ALICE)
+    assert f"#{submission.pk}" in body["data"]["content"] and "queued" in body["data"]["content"]
+
+    message = fake.original(interaction)
+    fake.wait_for(lambda: "succeeded" in message.content.split("\n")[0], 180, "the final edit")
+    assert len(message.history) >= 3, message.history  # queued → running/progress → succeeded
+    assert "✓" in message.content and "reference" in message.content
+    report = fake.wait_for(lambda: fake.followups(interaction), 20, "the report")
+    assert report[0].ephemeral and report[0].files and b"score:" in report[0].files[0][1]
+
+    fake.wait_for(lambda: BoardEntry.objects.filter(submission=submission, rank=1).exists(), 90, "the rank")
+    posted = fake.wait_for(lambda: fake.in_channel(ANNOUNCE_CHANNEL_ID), 30, "the announcement")
+    assert len(posted) == 1 and "First place" in posted[0].content
+    fake.wait_for(lambda: Announcement.objects.filter(message_id=posted[0].id).exists(), 10, "the claim's message id")
+    assert Announcement.objects.count() == 1
+    assert StatusMessage.objects.get().finished
+    assert fake.rate_limited == 0

@@ -1,0 +1,107 @@
+"""A ranked result changes its board by what it changes: the entry it moves, the ranks it passes, the records."""
+
+import re
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from leaderboards import actions, events, ranks
+from leaderboards.models import Board, BoardEntry, Record
+
+from ..factories import UserFactory, ranked_result, submission
+from .test_lifecycle import dispatch, finish
+
+pytestmark = pytest.mark.django_db
+START = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def result_on(sub, means) -> int:
+    """Both runs pass with `means`; returns the secret run's id (the one whose result completes the pair)."""
+    finish(sub, means)
+    return sub.runs.get(secret=True).pk
+
+
+def test_a_result_moves_one_entry_and_shifts_the_ranks_it_passes(leaderboard, cpu_pool, monkeypatch,
+                                                                 django_capture_on_commit_callbacks):
+    users = [UserFactory() for _ in range(4)]
+    for i, user in enumerate(users):
+        ranks.do_rank_result(result_on(submission(leaderboard, user, code=str(i)), [1000.0 * (i + 1)]))
+    sent = []
+    monkeypatch.setattr(events, "board_changed", lambda *args: sent.append(args))
+    board = Board.objects.get(leaderboard=leaderboard)
+    faster = result_on(submission(leaderboard, users[3], code="faster"), [1500.0])  # 4th → 2nd
+    with django_capture_on_commit_callbacks(execute=True), CaptureQueriesContext(connection) as queries:
+        assert ranks.do_rank_result(faster)
+    run_reads = [q["sql"] for q in queries.captured_queries if 'FROM "leaderboards_run"' in q["sql"]]
+    assert run_reads and all(re.search(r'"leaderboards_run"\."(submission_id|id)" = ', sql) for sql in run_reads)
+    entries = BoardEntry.objects.for_board(leaderboard, cpu_pool.cpu)
+    assert [(e.user, e.rank) for e in entries] == [(users[0], 1), (users[3], 2), (users[1], 3), (users[2], 4)]
+    (_, _, version, delta, removed, shift), = sent
+    assert version == board.version + 1 and removed == []
+    assert [(e["user"], e["rank"]) for e in delta] == [(users[3].pk, 2)]
+    assert shift == [2, 4, 1]  # the other rows ranked 2..4 (the mover held 4) move down one
+    with django_capture_on_commit_callbacks(execute=True):
+        assert not ranks.do_rank_result(faster)  # idempotent: no change, no event
+    assert len(sent) == 1 and not ranks.do_recompute_ranks(leaderboard.pk, cpu_pool.cpu.pk)
+
+
+def test_records_stay_right_when_results_arrive_out_of_submission_order(leaderboard, cpu_pool):
+    alice, bob = UserFactory(), UserFactory()
+    late = submission(leaderboard, alice, code="late", created=START + timedelta(minutes=5))
+    early = submission(leaderboard, bob, code="early", created=START)
+    ranks.do_rank_result(result_on(late, [2000.0]))
+    assert list(Record.objects.values_list("user", "board_best")) == [(alice.pk, True)]
+    ranks.do_rank_result(result_on(early, [1000.0]))  # submitted first, faster: alice's 2 µs was never a record
+    assert sorted(Record.objects.values_list("user", "board_best")) == sorted([(alice.pk, False), (bob.pk, True)])
+    assert not ranks.do_recompute_ranks(leaderboard.pk, cpu_pool.cpu.pk)
+    assert sorted(Record.objects.values_list("user", "board_best")) == sorted([(alice.pk, False), (bob.pk, True)])
+
+
+def test_a_result_without_a_ratio_switches_a_ratio_board_to_time(leaderboard, cpu_pool):
+    def with_ratio(sub, time_ns, ratio):
+        for run in sub.runs.all():
+            result = ranked_result([time_ns])
+            result["ranked"][-1].update(time=time_ns, ratio=ratio, ratio_low=ratio * .9, ratio_high=ratio * 1.1)
+            actions.do_ingest_result(run.pk, dispatch(run), result)
+        return sub.runs.get(secret=True).pk
+
+    fast_ratio, fast_time = UserFactory(), UserFactory()
+    ranks.do_rank_result(with_ratio(submission(leaderboard, fast_ratio, code="a"), 3000.0, 0.5))
+    ranks.do_rank_result(with_ratio(submission(leaderboard, fast_time, code="b"), 1000.0, 0.9))
+    assert [e.user for e in BoardEntry.objects.for_board(leaderboard, cpu_pool.cpu)] == [fast_ratio, fast_time]
+    ranks.do_rank_result(result_on(submission(leaderboard, UserFactory(), code="c"), [2000.0]))  # no ratio
+    assert not Board.objects.get(leaderboard=leaderboard).ranks_on_ratio
+    assert [e.rank_key for e in BoardEntry.objects.for_board(leaderboard, cpu_pool.cpu)] == [1e-6, 2e-6, 3e-6]
+
+
+@pytest.mark.parametrize("results", [
+    # equal keys share a rank; the one still at the mover's old key moves down with the others it passed
+    [(0, 1000, None), (1, 2000, None), (2, 2000, None), (2, 500, None)],
+    # the follower the mover leaves behind is no longer tied: the entry now above it is told apart from it
+    [(0, 1000, (0.5, 0.49, 0.51)), (1, 1000, (0.6, 0.55, 0.65)), (2, 1000, (0.62, 0.6, 0.64)),
+     (1, 1000, (0.3, 0.29, 0.31))],
+], ids=["equal-keys", "old-follower-tie"])
+def test_incremental_moves_match_the_rebuild(leaderboard, cpu_pool, results):
+    users = [UserFactory() for _ in range(3)]
+    for i, (user, time_ns, ratio) in enumerate(results):
+        sub = submission(leaderboard, users[user], code=str(i))
+        for run in sub.runs.all():
+            result = ranked_result([time_ns])
+            if ratio:
+                result["ranked"][-1].update(time=time_ns, ratio=ratio[0], ratio_low=ratio[1], ratio_high=ratio[2])
+            actions.do_ingest_result(run.pk, dispatch(run), result)
+        ranks.do_rank_result(sub.runs.get(secret=True).pk)
+    kept = list(BoardEntry.objects.for_board(leaderboard, cpu_pool.cpu).values_list("user", "rank", "tied"))
+    assert not ranks.do_recompute_ranks(leaderboard.pk, cpu_pool.cpu.pk), kept
+
+
+def test_a_requeued_run_given_to_the_hook_takes_its_submission_off_the_board(leaderboard, cpu_pool, monkeypatch):
+    monkeypatch.setattr("leaderboards.actions.enqueue_on_commit", lambda *args, **kwargs: None)
+    sub = submission(leaderboard)
+    ranks.do_rank_result(result_on(sub, [1000.0]))
+    run = sub.runs.get(secret=True)
+    actions.do_requeue_run(run)
+    assert ranks.do_rank_result(run.pk)  # as main's on_finish hook calls it on a requeue
+    assert not BoardEntry.objects.exists() and not Record.objects.exists()

@@ -1,0 +1,302 @@
+"""SlurmBackend against the real single-node cluster: sbatch, squeue, scancel, the job's exit marker and fake GPUs.
+
+The jobs run a stand-in agent from a temporary "checkout" (the real agent and platform are covered end to end in
+test_end_to_end.py): it records what the job gave it, waits until the test lets it finish, and exits as told."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from runners.backends.base import BackendUnavailable, Dispatch, RemoteState
+from runners.backends.slurm import SlurmBackend, SlurmOptions
+from runners.models import GpuPool, GpuType, GpuVendor
+
+KEY = "slurm-test-key-'quoted' $HOME; x"
+FAKE_AGENT = """
+import argparse, json, os, sys, time
+from pathlib import Path
+control = Path(__file__).resolve().parents[2] / "control"
+parser = argparse.ArgumentParser()
+for name in ("--platform", "--run", "--attempt", "--nonce", "--workdir", "--result-file"):
+    parser.add_argument(name)
+args = parser.parse_args()
+(control / f"started-{args.run}").write_text(str(os.getpid()))
+go = control / f"go-{args.run}"
+deadline = time.monotonic() + 120
+while not go.exists() and time.monotonic() < deadline:
+    time.sleep(0.05)
+seen = {"args": vars(args), "cwd": os.getcwd(),
+        "env": {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "KERNELBOT_RUNNER_KEY", "KERNELBOT_SANDBOX",
+                                               "SLURM_JOB_NAME", "KB_PLATFORM_SECRET")}}
+Path(args.result_file).write_text(json.dumps({"verdict": "pass", "seen": seen}))
+sys.exit(int(go.read_text() or 0))
+"""
+
+
+class Harness:
+    """A temporary checkout with the stand-in agent and the pool's work directory."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.checkout = root / "checkout"
+        (self.checkout / "runners" / "harness").mkdir(parents=True)
+        for init in ("runners/__init__.py", "runners/harness/__init__.py"):
+            (self.checkout / init).write_text("")
+        (self.checkout / "runners" / "harness" / "agent.py").write_text(textwrap.dedent(FAKE_AGENT))
+        self.control = self.checkout / "control"
+        self.control.mkdir()
+        self.workdir = root / "work"
+
+    def pool(self, **settings) -> GpuPool:
+        base = {"checkout": str(self.checkout), "workdir": str(self.workdir), "python": sys.executable,
+                "key_file": str(self.root / "keys" / "runner.env"), "sandbox": "auto",
+                "gres": {"H100": "gpu:fake"}}
+        return GpuPool(name="slurm-test", backend="slurm", settings={**base, **settings})
+
+    def started(self, run_id: int) -> int:
+        path = self.control / f"started-{run_id}"
+        wait_for(path.exists, f"the agent of run {run_id} to start")
+        return int(path.read_text())
+
+    def finish(self, run_id: int, code: int = 0) -> None:
+        (self.control / f"go-{run_id}").write_text(str(code))
+
+
+def wait_for(predicate, what: str, timeout: float = 90):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def wait_state(backend: SlurmBackend, external_id: str, *states: RemoteState, timeout: float = 90):
+    polls = []
+
+    def reached():
+        polls.append(backend.poll(external_id))
+        return polls[-1].state in states and polls[-1]
+
+    try:
+        return wait_for(reached, f"{external_id} to reach {states}", timeout)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; polls: {polls[-3:]}") from exc
+
+
+def job(run_id: int, gpu_count: int = 1, gpu: str = "H100") -> Dispatch:
+    return Dispatch(run_id=run_id, attempt=1, nonce=f"{run_id:04d}" + "ab" * 14, platform_url="http://127.0.0.1:9",
+                    gpu_type=GpuType(name=gpu, vendor=GpuVendor.NVIDIA), gpu_count=gpu_count, timeout_s=120,
+                    label=f"kernelbot run {run_id} attempt 1")
+
+
+def squeue(job_id: str, fmt: str) -> str:
+    return subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", fmt], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+@pytest.fixture
+def harness(tmp_path, settings, slurm_cluster, monkeypatch) -> Harness:
+    settings.RUNNER_KEY = KEY
+    monkeypatch.setenv("KB_PLATFORM_SECRET", "the platform's own environment must not reach a job")
+    os.chmod(tmp_path, 0o755)
+    return Harness(tmp_path)
+
+
+def test_a_job_queues_runs_and_finishes_with_its_gpus_and_key(harness):
+    backend = SlurmBackend(harness.pool(extra_args="--hold"))
+    external_id = backend.dispatch(job(7, gpu_count=2), reporter=None)
+    job_id = external_id.split(":")[0]
+
+    held = backend.poll(external_id)
+    assert held.state == RemoteState.QUEUED and "JobHeldUser" in held.detail
+    assert squeue(job_id, "%j|%b") == "kernelbot run 7 attempt 1|gres:gpu:fake:2"
+    key_file = harness.root / "keys" / "runner.env"
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    script = subprocess.run(["scontrol", "write", "batch_script", job_id, "-"], capture_output=True, text=True).stdout
+    assert "#!/bin/sh" in script and "slurm-test-key" not in script  # the key travels only in the 0600 file
+
+    subprocess.run(["scontrol", "release", job_id], check=True)
+    harness.started(7)
+    assert wait_state(backend, external_id, RemoteState.RUNNING).detail == "RUNNING"
+    harness.finish(7)
+    done = wait_state(backend, external_id, RemoteState.FINISHED)
+
+    seen = done.result["seen"]
+    assert seen["env"] == {"CUDA_VISIBLE_DEVICES": "0,1", "KERNELBOT_RUNNER_KEY": KEY, "KERNELBOT_SANDBOX": "auto",
+                           "SLURM_JOB_NAME": "kernelbot run 7 attempt 1", "KB_PLATFORM_SECRET": None}
+    assert seen["args"]["run"] == "7" and seen["args"]["nonce"] == job(7).nonce
+    assert seen["args"]["workdir"].startswith(str(harness.workdir / "attempt-"))
+    assert not Path(seen["args"]["workdir"]).exists()  # the job's scratch is removed
+    assert seen["cwd"] == str(harness.checkout)
+
+
+def test_each_job_gets_its_own_fake_gpu_and_a_cpu_job_none(harness):
+    backend = SlurmBackend(harness.pool())
+    first, second = backend.dispatch(job(21), None), backend.dispatch(job(22), None)
+    cpu = backend.dispatch(job(23, gpu_count=0, gpu="CPU"), None)
+    harness.started(21), harness.started(22)  # both GPU jobs run at once (the node's 2 cores): one device each
+    for run_id in (21, 22, 23):
+        harness.finish(run_id)
+    devices = {wait_state(backend, ext, RemoteState.FINISHED).result["seen"]["env"]["CUDA_VISIBLE_DEVICES"]
+               for ext in (first, second)}
+    assert devices == {"0", "1"}
+    assert wait_state(backend, cpu, RemoteState.FINISHED).result["seen"]["env"]["CUDA_VISIBLE_DEVICES"] is None
+
+
+def test_cancel_a_running_job_and_kill_one(harness):
+    backend = SlurmBackend(harness.pool())
+    cancelled, killed = (backend.dispatch(job(run_id), None) for run_id in (31, 32))  # the node's 2 cores
+    pids = {run_id: harness.started(run_id) for run_id in (31, 32)}
+
+    backend.cancel(cancelled)
+    assert wait_state(backend, cancelled, RemoteState.CANCELLED).detail.startswith("CANCELLED")
+    wait_for(lambda: not Path(f"/proc/{pids[31]}").exists(), "the cancelled job's agent to be gone")
+    backend.cancel(cancelled)  # again, and on a finished job: harmless
+
+    batch_shell = int(Path(f"/proc/{pids[32]}/stat").read_text().split(") ")[1].split()[1])
+    os.kill(batch_shell, 9)  # the job dies under Slurm's feet (OOM killer, a crash): no marker
+    assert wait_state(backend, killed, RemoteState.FAILED).detail.startswith("FAILED")  # Slurm: JobLaunchFailure
+    os.kill(pids[32], 9)  # orphaned: proctrack/linuxproc loses reparented processes (proctrack/cgroup would not)
+
+    kill_signal, agent_killed = (backend.dispatch(job(run_id), None) for run_id in (33, 34))
+    harness.started(33), harness.started(34)
+    subprocess.run(["scancel", "--signal=KILL", "--full", kill_signal.split(":")[0]], check=True)
+    # Slurm: CANCELLED; or, when the batch shell outlived its agent by a moment, the marker's signal exit code
+    assert wait_state(backend, kill_signal, RemoteState.CANCELLED, RemoteState.FAILED)
+
+    os.kill(harness.started(34), 9)  # the agent dies under a live batch script: the script's marker says so
+    died = wait_state(backend, agent_killed, RemoteState.FAILED)
+    assert died.detail.startswith("agent exit code 137")
+
+
+def test_a_job_that_never_starts_stays_queued_until_cancelled(harness):
+    backend = SlurmBackend(harness.pool(extra_args="--begin=now+1hour"))
+    external_id = backend.dispatch(job(41), None)
+    assert backend.poll(external_id).state == RemoteState.QUEUED
+    backend.cancel(external_id)
+    assert wait_state(backend, external_id, RemoteState.CANCELLED)
+
+
+def test_a_job_without_its_key_file_fails_with_the_reason(harness):
+    backend = SlurmBackend(harness.pool(extra_args="--hold"))
+    external_id = backend.dispatch(job(81), None)
+    (harness.root / "keys" / "runner.env").unlink()  # e.g. a node without the shared home directory
+    subprocess.run(["scontrol", "release", external_id.split(":")[0]], check=True)
+    failed = wait_state(backend, external_id, RemoteState.FAILED)
+    assert failed.detail == "agent exit code 4: the runner key file is not readable on the node"
+    assert not (harness.control / "started-81").exists()
+
+
+def test_a_failed_node_loses_its_job_and_slurm_does_not_requeue_it(harness, slurm_cluster):
+    backend = SlurmBackend(harness.pool())
+    external_id = backend.dispatch(job(71), None)
+    harness.started(71)
+    slurm_cluster.scontrol("update", f"NodeName={slurm_cluster.node}", "State=DOWN", "Reason=test")
+    try:
+        assert wait_state(backend, external_id, RemoteState.LOST).detail.startswith("NODE_FAIL")
+        time.sleep(1)
+        assert backend.poll(external_id).state == RemoteState.LOST  # not requeued: the platform retries
+    finally:
+        slurm_cluster.scontrol("update", f"NodeName={slurm_cluster.node}", "State=RESUME")
+        wait_for(slurm_cluster.node_idle, "the node to be back")
+
+
+def test_refused_and_unknown_jobs(harness, settings):
+    backend = SlurmBackend(harness.pool())
+    settings.RUNNER_KEY = ""
+    with pytest.raises(RuntimeError, match="no usable runner key"):
+        backend.dispatch(job(50), None)
+    settings.RUNNER_KEY = KEY
+    with pytest.raises(RuntimeError, match="sbatch refused the job: .*"):
+        backend.dispatch(job(51, gpu_count=3), None)  # the node has two
+    with pytest.raises(RuntimeError, match="sbatch refused"):
+        SlurmBackend(harness.pool(partition="nosuch")).dispatch(job(52), None)
+    assert backend.poll("999999:abcd") == backend.poll("999999:abcd")
+    assert backend.poll("999999:abcd").state == RemoteState.LOST
+    backend.cancel("999999:abcd")  # Slurm forgot it: nothing to do
+    (harness.workdir / "jobs").mkdir(parents=True)
+    (harness.workdir / "jobs" / "999998-abcd.exit").write_text("0\n")
+    (harness.workdir / "jobs" / "999998-abcd.result.json").write_text('{"verdict": "pass"}')
+    finished = backend.poll("999998:abcd")  # Slurm forgot the job, its marker did not
+    assert finished.state == RemoteState.FINISHED and finished.result == {"verdict": "pass"}
+    with pytest.raises(ValueError, match="not a Slurm job"):
+        backend.poll("1; rm -rf /")
+
+
+def test_ssh_login_node(harness, ssh_login, monkeypatch):
+    """Every command goes through a real sshd as one string for the login node's shell: quoting (the label's spaces,
+    the key's quotes and $) must survive it, and ~ paths are the login user's."""
+    monkeypatch.delenv("SLURM_CONF")  # only the login node knows the cluster
+    monkeypatch.setenv("PATH", "/usr/local/bin:/usr/bin:/bin")  # no sbatch here: ssh only
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: "/usr/bin/ssh" if name == "ssh" else None)
+    key_dir = f".kernelbot-test-{harness.root.name}"
+    backend = SlurmBackend(harness.pool(ssh="kernelbot-login", ssh_config=str(ssh_login),
+                                        key_file=f"~/{key_dir}/runner.env"))
+    try:
+        external_id = backend.dispatch(job(61), None)
+        assert backend.poll(external_id).state in (RemoteState.QUEUED, RemoteState.RUNNING)
+        harness.started(61)
+        harness.finish(61)
+        done = wait_state(backend, external_id, RemoteState.FINISHED)
+        assert done.result["seen"]["env"]["KERNELBOT_RUNNER_KEY"] == KEY
+        key_file = Path.home() / key_dir / "runner.env"
+        assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+        assert stat.S_IMODE(key_file.parent.stat().st_mode) == 0o700
+    finally:
+        shutil.rmtree(Path.home() / key_dir, ignore_errors=True)
+    backend.cancel(external_id)  # a finished job: harmless
+    assert SlurmBackend.available() is None  # ssh is enough
+
+    unreachable = harness.root / "unreachable_config"
+    unreachable.write_text(ssh_login.read_text().replace("Host kernelbot-login", "Host kernelbot-login\n  Port 1"))
+    down = SlurmBackend(harness.pool(ssh="kernelbot-login", ssh_config=str(unreachable)))
+    with pytest.raises(RuntimeError, match="ssh to kernelbot-login failed: .*Connection refused"):
+        down.dispatch(job(62), None)
+    with pytest.raises(RuntimeError, match="ssh to kernelbot-login failed"):
+        down.poll(external_id)  # not LOST: the login node being away says nothing about the job
+
+
+@pytest.mark.parametrize(("pool_settings", "error"), [
+    ({"extra_args": "--export=ALL"}, "--export is set by the platform"),
+    ({"extra_args": "-o /tmp/x"}, "only long options"),
+    ({"extra_args": "--wrap='rm -rf ~'"}, "--wrap is set by the platform"),
+    ({"extra_args": "--comment='unbalanced"}, "Cannot split"),
+    ({"ssh": "-oProxyCommand=touch /tmp/x"}, "ssh"),
+    ({"partition": "gpu;reboot"}, "partition"),
+    ({"gres": {"H100": "gpu:h100:2 --wrap x"}}, "gres name"),
+    ({"gres": ["gpu"]}, "JSON object"),
+    ({"workdir": "$(reboot)"}, "workdir"),
+    ({"sandbox": "none"}, "sandbox"),
+])
+def test_bad_settings_are_refused_with_the_reason(pool_settings, error):
+    form = SlurmOptions(data=pool_settings)
+    assert not form.is_valid()
+    assert error in str(form.errors.as_data())
+    with pytest.raises(BackendUnavailable, match="invalid settings"):
+        SlurmBackend(GpuPool(name="bad", backend="slurm", settings=pool_settings))
+
+
+def test_sbatch_arguments_follow_the_pool_and_the_job():
+    pool = GpuPool(name="p", backend="slurm", settings={
+        "partition": "gpu", "account": "lab", "qos": "short", "gres": {"H100": "gpu:h100"},
+        "extra_args": "--constraint=sm90 --mem=64G", "ssh": "kb@login"})
+    args = SlurmBackend(pool).sbatch_args(job(1, gpu_count=4))
+    assert args == ["sbatch", "--parsable", "--export=NIL", "--job-name=kernelbot run 1 attempt 1", "--no-requeue",
+                    "--nodes=1", "--ntasks=1", "--time=5", "--output=/dev/null", "--error=/dev/null", "--partition=gpu",
+                    "--account=lab", "--qos=short", "--gres=gpu:h100:4", "--constraint=sm90", "--mem=64G"]
+    assert "--gres=gpu:1" in SlurmBackend(pool).sbatch_args(job(1, gpu="L4"))
+    odd = Dispatch(**{**job(1).__dict__, "label": "run 1\nrm -rf ~"})
+    script = SlurmBackend(pool).batch_script(odd, "ab")
+    assert script.splitlines()[1] == "# run 1_rm -rf _" and "rm -rf ~" not in script  # a label adds no line
+    with pytest.raises(ValueError, match="not hex"):
+        SlurmBackend(pool).dispatch(Dispatch(**{**job(1).__dict__, "nonce": "$(reboot)"}), None)
