@@ -23,6 +23,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from leaderboards import live
+from leaderboards.models import TERMINAL_STATUSES
 
 from . import announce, service
 from .service import BotError, Member
@@ -43,8 +44,9 @@ def point_at(api_url: str) -> None:
     discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = url.with_scheme(scheme) / "gateway"
 
 
-# Commands get threads of their own, so answers (due within Discord's 3 s) never queue behind status re-reads.
-COMMAND_THREADS = ThreadPoolExecutor(16, thread_name_prefix="discordbot-command")
+# Commands get threads of their own, so answers (due within Discord's 3 s) never queue behind status re-reads. Eight:
+# more ORM threads starve the event loop of the GIL and delay the acknowledgements (bench/discord.py).
+COMMAND_THREADS = ThreadPoolExecutor(8, thread_name_prefix="discordbot-command")
 LIVE_THREADS = ThreadPoolExecutor(4, thread_name_prefix="discordbot-live")
 
 
@@ -104,11 +106,13 @@ class Watch:
     recent_edits: deque[float] = field(  # the answer that created the message counts
         default_factory=lambda: deque([time.monotonic()], maxlen=EDITS_PER_WINDOW))
     dirty: asyncio.Event = field(default_factory=asyncio.Event)
+    final: bool = False  # a run ended: shown without the coalescing interval (the rate-limit window still holds)
 
     def next_edit_at(self, interval: float) -> float:
         """The coalescing interval, and never more edits per window than Discord allows on one message."""
         window_full = len(self.recent_edits) == EDITS_PER_WINDOW
-        return max(self.last_edit + interval, self.recent_edits[0] + EDIT_WINDOW if window_full else 0.0)
+        return max(0.0 if self.final else self.last_edit + interval,
+                   self.recent_edits[0] + EDIT_WINDOW if window_full else 0.0)
 
 
 class Live:
@@ -167,6 +171,7 @@ class Live:
             if kind == "submission.update":
                 watch = self.watches.get(self.run_to_submission.get(message.get("run"), -1))
                 if watch is not None:
+                    watch.final = watch.final or message.get("status") in TERMINAL_STATUSES
                     watch.dirty.set()
             elif kind == "leaderboard.ranks":
                 # the group name is not in the message: ranks events go to one channel per board (below)
@@ -253,6 +258,7 @@ class Live:
             if wait > 0:
                 await asyncio.sleep(wait)  # everything that arrives meanwhile makes one edit
             watch.dirty.clear()
+            watch.final = False
             shown = await in_live_thread(service.progress, watch.submission_id, watch.public)
             if shown is None:
                 shown = service.Progress(f"Submission #{watch.submission_id} was deleted.", True, "")
@@ -482,6 +488,7 @@ class KernelBot(discord.Client):
         self.live = Live(self)
 
     async def setup_hook(self) -> None:
+        service.forget_guilds()
         await in_thread(service.ensure_bootstrap_guild)
         for guild_id in await in_thread(service.served_guild_ids):
             guild = discord.Object(guild_id)
@@ -497,17 +504,31 @@ class KernelBot(discord.Client):
         member = member_of(interaction)
         try:
             service.check_attachment(script and script.filename, script.size if script else 0)
+        except BotError as exc:
+            return await refuse(interaction, str(exc))
+        # acknowledge at once ("thinking…"): under a burst of submissions the checks below queue for the database,
+        # and Discord drops an interaction not answered within 3 s.
+        public = service.is_public(mode)
+        await interaction.response.defer(ephemeral=not public, thinking=True)
+        deferred_at = time.monotonic()
+        try:
             content = await script.read()
             submitted = await in_thread(service.submit, member, mode, script.filename, content, leaderboard, gpus)
         except BotError as exc:
-            return await refuse(interaction, str(exc))
-        response = await interaction.response.send_message(submitted.content, ephemeral=not submitted.public)
-        original_id = response.message_id or response.resource.id
+            if public:  # a refusal is for the submitter only: the public "thinking…" answer makes way for it
+                await interaction.delete_original_response()
+                await interaction.followup.send(str(exc), ephemeral=True)
+            else:
+                await interaction.edit_original_response(content=str(exc))
+            return
+        shown = await interaction.edit_original_response(content=submitted.content)
         row = await in_thread(service.track, submitted, member, interaction.application_id, interaction.token,
-                              original_id)
+                              shown.id)
+        edited_at = time.monotonic()
         await self.live.watch(Watch(row.pk, row.submission_id, row.public, row.discord_user_id, row.channel_id,
                                     row.guild_id, row.application_id, row.interaction_token, row.token_expires,
-                                    original_id, last_content=submitted.content, last_edit=time.monotonic()))
+                                    shown.id, last_content=submitted.content, last_edit=edited_at,
+                                    recent_edits=deque([deferred_at, edited_at], maxlen=EDITS_PER_WINDOW)))
 
 
 def run(token: str) -> None:

@@ -5,6 +5,7 @@ precise message a user gets (ephemeral) when a command is refused; nothing is wr
 from __future__ import annotations
 
 import copy
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import PurePosixPath
@@ -68,10 +69,22 @@ class Actor:
         return self.user
 
 
+GUILD_CONFIG_SECONDS = 5.0  # how soon an admin change reaches a running bot; every command reads it, often twice
+_guilds: dict[int, tuple[float, Guild | None]] = {}
+
+
+def forget_guilds() -> None:
+    _guilds.clear()
+
+
 def guild_config(guild_id: int | None) -> Guild | None:
     if guild_id is None:
         return None
-    return Guild.objects.filter(guild_id=guild_id, enabled=True).prefetch_related("organiser_roles").first()
+    read_at, guild = _guilds.get(guild_id, (-GUILD_CONFIG_SECONDS, None))
+    if time.monotonic() - read_at >= GUILD_CONFIG_SECONDS:
+        guild = Guild.objects.filter(guild_id=guild_id, enabled=True).prefetch_related("organiser_roles").first()
+        _guilds[guild_id] = (time.monotonic(), guild)
+    return guild
 
 
 def actor_for(member: Member) -> Actor:
@@ -120,6 +133,11 @@ def check_attachment(file_name: str | None, size: int) -> None:
         raise BotError(f"'{file_name}' is {size} bytes; the limit is {settings.MAX_SUBMISSION_BYTES} bytes.")
 
 
+def is_public(command_mode: str) -> bool:
+    """A ranked submission is visible to everyone who sees the board: its status goes to the channel."""
+    return MODES[command_mode] == SubmissionMode.LEADERBOARD
+
+
 def submit(member: Member, command_mode: str, file_name: str, content: bytes, leaderboard_name: str | None,
            gpus: str | None) -> Submitted:
     guild = guild_config(member.guild_id)
@@ -144,7 +162,7 @@ def submit(member: Member, command_mode: str, file_name: str, content: bytes, le
         submission = actions.do_submit(actor.user, request)
     except (SubmissionRejected, AccessDenied) as exc:
         raise BotError(str(exc)) from exc
-    public = submission.mode == SubmissionMode.LEADERBOARD
+    public = is_public(command_mode)
     return Submitted(submission.pk, actor.user.pk, public, progress(submission.pk, public).content,
                      [r.pk for r in submission.new_runs])
 

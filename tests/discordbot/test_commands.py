@@ -20,9 +20,19 @@ ALICE, BOB, ORG = 700_000_000_000_000_001, 700_000_000_000_000_002, 700_000_000_
 
 
 def reply(fake, interaction) -> tuple[str, bool]:
+    """What the user is shown and whether only they see it: the answer, or for a deferred one ("thinking…") the
+    text it became or the ephemeral follow-up that replaced it."""
     body = fake.answer(interaction)
     data = body.get("data") or {}
-    return data.get("content", ""), bool((data.get("flags") or 0) & 64)
+    if body.get("type") != 5:
+        return data.get("content", ""), bool((data.get("flags") or 0) & 64)
+
+    def shown():
+        original = fake.original(interaction)
+        return original if original is not None and original.content else next(iter(fake.followups(interaction)),
+                                                                                  None)
+    message = fake.wait_for(shown, 30, f"what the deferred answer to {interaction} became")
+    return message.content, message.ephemeral
 
 
 def refused(fake, interaction) -> str:
@@ -72,6 +82,17 @@ def test_missing_attachment_closed_board_ban_paused_and_wrong_channel(bot, leade
     assert "paused by the organisers: maintenance" in refused(
         fake, submit(fake, BOB, leaderboard=leaderboard.name, gpus="CPU"))
     reply(fake, fake.command("admin start", ORG, roles=[ORGANISER_ROLE_ID]))
+    assert not Submission.objects.exists()
+
+
+def test_a_refused_ranked_submission_leaves_no_public_trace(bot, leaderboard):
+    fake = bot.fake
+    interaction = submit(fake, mode="ranked", leaderboard=leaderboard.name, gpus="H100")
+    body = fake.answer(interaction)
+    assert body["type"] == 5 and not (body.get("data") or {}).get("flags")  # acknowledged in public: ranked
+    assert "does not run on GPU 'H100'" in refused(fake, interaction)
+    assert fake.original(interaction) is None and [m.interaction_id for m in fake.deleted] == [interaction]
+    assert not [m for m in fake.messages.values() if not m.ephemeral]
     assert not Submission.objects.exists()
 
 

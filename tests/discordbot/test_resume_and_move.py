@@ -48,7 +48,7 @@ def test_status_outliving_the_interaction_token_moves_to_a_channel_message(bot, 
     moved = fake.wait_for(lambda: fake.in_channel(REPORT_CHANNEL_ID), 20, "the channel message")
     fake.wait_for(lambda: "cancelled" in moved[0].content.split("\n")[0], 20, "its final edit")
     assert len(fake.in_channel(REPORT_CHANNEL_ID)) == 1
-    assert len(fake.original(first).history) == 1  # never edited through the spent token
+    assert len(fake.original(first).history) == 2  # "thinking…", its status; never edited through the spent token
     fake.wait_for(lambda: StatusMessage.objects.filter(message_id=moved[0].id, interaction_token="").exists(), 10,
                   "the moved message recorded")
     dm = fake.wait_for(lambda: [m for m in fake.messages.values() if m.channel_id in fake.dm_channels], 20,

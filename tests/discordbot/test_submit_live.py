@@ -19,13 +19,13 @@ def test_ranked_submission_is_acked_edited_live_reported_and_announced(bot, clus
     code = b"#!POPCORN leaderboard " + leaderboard.name.encode() + b"\n#!POPCORN gpu CPU\n" + CORRECT
     interaction = fake.command("leaderboard submit ranked", ALICE, script=Attachment("kernel.py", code))
     body = fake.answer(interaction)
-    assert body["type"] == 4 and not (body["data"].get("flags") or 0) & 64  # ranked: public in the channel
+    assert body["type"] == 5 and not ((body.get("data") or {}).get("flags") or 0) & 64  # acknowledged; ranked: public
     assert fake.answered[interaction] < 3
+    message = fake.original(interaction)
+    fake.wait_for(lambda: message.content, 10, "the deferred answer's status")
     submission = Submission.objects.get()
     assert submission.user.socialaccount_set.get().uid == str(ALICE)
-    assert f"#{submission.pk}" in body["data"]["content"] and "queued" in body["data"]["content"]
-
-    message = fake.original(interaction)
+    assert f"#{submission.pk}" in message.content and "queued" in message.history[1]
     fake.wait_for(lambda: "succeeded" in message.content.split("\n")[0], 180, "the final edit")
     assert len(message.history) >= 3, message.history  # queued → running/progress → succeeded
     assert "✓" in message.content and "reference" in message.content

@@ -59,6 +59,7 @@ class FakeDiscord:
     def __init__(self):
         self.ids = itertools.count(1_000_000_000_000_000_000)
         self.messages: dict[int, Message] = {}
+        self.deleted: list[Message] = []
         self.tokens: dict[str, dict[str, Any]] = {}  # interaction token → {"original": message id, ...}
         self.attachments: dict[int, Attachment] = {}
         self.users: dict[int, dict] = {}
@@ -406,6 +407,9 @@ class FakeDiscord:
                 return self.json({"message": "Unknown Message", "code": 10008}, 404)
             if method == "PATCH":
                 return self._edit(m, body, files) or self.json(self.message_json(m))
+            if method == "DELETE":
+                self.deleted.append(self.messages.pop(m.id))
+                return web.Response(status=204)
         if parts[:2] == ["users", "@me"] and parts[2:] == ["channels"]:
             body, _ = await self._body(request)
             user_id = int(body["recipient_id"])
