@@ -51,9 +51,9 @@ PREFIX = "rankbench-"
 RUNS_SQL = """
 INSERT INTO leaderboards_run (submission_id, gpu_type_id, secret, status, attempt, queued_at, finished_at, runner,
   verdict, error, result, system_info, stdout, stderr, progress, infra_failures, passed, score, ratio, ratio_low,
-  ratio_high)
+  ratio_high, on_finish)
 SELECT s.id, %(gpu)s, v.secret, 'succeeded', 1, now(), now(), '', 'pass', '', '{}', '{}', '', '', '{}', 0, true,
-  r.ratio * 1e-6, r.ratio, r.ratio * 0.97, r.ratio * 1.03
+  r.ratio * 1e-6, r.ratio, r.ratio * 0.97, r.ratio * 1.03, 'leaderboards.tasks.rank_run'
 FROM leaderboards_submission s CROSS JOIN (VALUES (false), (true)) v(secret),
   LATERAL (SELECT (1 + 99 * ((s.id * 7919) %% 100003) / 100003.0) * (1 + 0.01 * random()) AS ratio) r
 WHERE s.leaderboard_id = %(lb)s

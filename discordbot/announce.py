@@ -1,13 +1,17 @@
 """Announcements of a board's changes: a new first place, a personal best, a first successful submission. Each is
 claimed as a unique `Announcement` row before it is posted, so it is posted once however many bot processes hear
-the event, and a restarted bot neither repeats nor (for recent changes) misses one."""
+the event, and a restarted bot neither repeats nor (for recent changes) misses one. A claim whose post was never
+recorded is claimed again later (`claim_stale`)."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from leaderboards.models import BoardEntry, Run, RunStatus, SubmissionMode
@@ -15,6 +19,7 @@ from leaderboards.models import BoardEntry, Run, RunStatus, SubmissionMode
 from . import render
 from .models import Announcement, Guild
 
+log = logging.getLogger(__name__)
 RECENT = timedelta(hours=1)  # older entries (a rescore, a bot started long after) are not news
 
 
@@ -56,7 +61,8 @@ def claim(entries) -> list[Claimed]:
                 with transaction.atomic():
                     row = Announcement.objects.create(key=key, guild=guild, text=text)
             except IntegrityError:
-                continue  # announced already, by this process or another
+                log.info("announcement %s was claimed already", key)  # by this process or another
+                continue
             claimed.append(Claimed(row.pk, guild.announcement_channel_id, text))
     return claimed
 
@@ -73,6 +79,22 @@ def claim_for_event(leaderboard_id: int, gpu_type_id: int, submission_ids: list[
 def claim_recent() -> list[Claimed]:
     """What changed while no bot was listening (catch-up at start)."""
     return claim(_entries().filter(updated__gte=timezone.now() - RECENT))
+
+
+def claim_stale() -> list[Claimed]:
+    """Claims whose post was never recorded (the bot that claimed it died, or Discord refused the post), claimed
+    again by exactly one process once they are older than DISCORD_ANNOUNCE_RETRY_SECONDS."""
+    now = timezone.now()
+    claimed = []
+    stale = Announcement.objects.filter(
+        message_id__isnull=True, created__gte=now - RECENT, guild__enabled=True,
+        guild__announcement_channel_id__isnull=False,
+        claimed_at__lt=now - timedelta(seconds=settings.DISCORD_ANNOUNCE_RETRY_SECONDS)).select_related("guild")
+    for row in stale:
+        if Announcement.objects.filter(pk=row.pk, message_id__isnull=True, claimed_at=row.claimed_at).update(
+                claimed_at=now, attempts=F("attempts") + 1):
+            claimed.append(Claimed(row.pk, row.guild.announcement_channel_id, row.text))
+    return claimed
 
 
 def posted(announcement_id: int, message_id: int) -> None:

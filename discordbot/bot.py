@@ -178,10 +178,12 @@ class Live:
                 pass
 
     async def _follow_boards(self) -> None:
+        """New open boards, and announcements that another (dead) process or a refused post left unposted."""
         while True:
             for board_id in await in_live_thread(announce.open_leaderboard_ids):
                 await self._follow_board(board_id)
-            await asyncio.sleep(60)
+            await self._announce(await in_live_thread(announce.claim_stale))
+            await asyncio.sleep(settings.DISCORD_SWEEP_SECONDS)
 
     async def _follow_board(self, board_id: int) -> None:
         if board_id in self.boards:
@@ -203,8 +205,9 @@ class Live:
         for item in claimed:
             try:
                 sent = await self.client.get_partial_messageable(item.channel_id).send(item.text)
-            except discord.HTTPException:
-                log.warning("could not post announcement %s", item.announcement_id, exc_info=True)
+            except discord.HTTPException as exc:
+                log.warning("could not post announcement %s (%s); retried after %s s", item.announcement_id, exc,
+                            settings.DISCORD_ANNOUNCE_RETRY_SECONDS)
                 continue
             await in_live_thread(announce.posted, item.announcement_id, sent.id)
 

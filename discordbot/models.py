@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 SNOWFLAKE_HELP = "Discord id (Developer Mode → right-click → Copy ID)."
 
@@ -43,13 +44,17 @@ class OrganiserRole(models.Model):
 
 class Announcement(models.Model):
     """One announced change. The row is claimed (unique `key`) before the message is posted, so several bot
-    processes, or one that restarts, announce each change once."""
+    processes, or one that restarts, announce each change once; a claim whose post was never recorded is claimed
+    again (compare-and-set on `claimed_at`) once it is stale, so a bot killed mid-post or a refused post loses
+    nothing."""
 
     key = models.CharField(max_length=120, unique=True)
     guild = models.ForeignKey(Guild, on_delete=models.CASCADE, related_name="announcements")
     text = models.TextField()
     message_id = models.BigIntegerField(null=True, blank=True)
     created = models.DateTimeField(auto_now_add=True)
+    claimed_at = models.DateTimeField(default=timezone.now)
+    attempts = models.PositiveSmallIntegerField(default=1)
 
     def __str__(self) -> str:
         return self.key

@@ -308,6 +308,10 @@ DISCORD_GUILD_ID = int(os.environ.get("DISCORD_GUILD_ID") or 0) or None
 DISCORD_API_URL = os.environ.get("DISCORD_API_URL", "")
 # At most one edit of a live status message per this many seconds (Discord allows ~5 edits / 5 s per message).
 DISCORD_EDIT_INTERVAL = float(os.environ.get("DISCORD_EDIT_INTERVAL", "1.0"))
+# An announcement claimed but not posted (its bot died, Discord refused it) is claimed again after this many seconds
+# by whichever bot sweeps next (each sweeps every DISCORD_SWEEP_SECONDS; it also re-reads the open boards then).
+DISCORD_ANNOUNCE_RETRY_SECONDS = float(os.environ.get("DISCORD_ANNOUNCE_RETRY_SECONDS", "120"))
+DISCORD_SWEEP_SECONDS = float(os.environ.get("DISCORD_SWEEP_SECONDS", "60"))
 # An interaction's token edits its response for 15 minutes; the status moves to a channel message (or a DM) before.
 DISCORD_INTERACTION_TOKEN_SECONDS = float(os.environ.get("DISCORD_INTERACTION_TOKEN_SECONDS", "900"))
 # Where links in the bot's messages point (the public site), e.g. https://kernels.example.org

@@ -126,13 +126,18 @@ def live_layer(settings, redis_url, tmp_path):
     channel_layers.backends.clear()
 
 
+def process_env(instance: str, **extra: str) -> dict[str, str]:
+    """What a platform process started by a test needs: this test's database and channel layer."""
+    db = connection.settings_dict
+    return {**os.environ, "KERNELBOT_INSTANCE": instance,
+            "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
+            **extra}
+
+
 @pytest.fixture
 def cluster(postgres, live_layer, tmp_path):
-    db = connection.settings_dict
-    env = {**os.environ, "KERNELBOT_INSTANCE": live_layer,
-           "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
-           "KERNELBOT_RUNS_DIR": str(tmp_path / "runs"), "Q_WORKERS": "2", "KERNELBOT_REL_CI": "0.05",
-           "KERNELBOT_CASE_BUDGET_S": "0.3", "KERNELBOT_MAX_SAMPLES": "50"}
+    env = process_env(live_layer, KERNELBOT_RUNS_DIR=str(tmp_path / "runs"), Q_WORKERS="2", KERNELBOT_REL_CI="0.05",
+                      KERNELBOT_CASE_BUDGET_S="0.3", KERNELBOT_MAX_SAMPLES="50")
     log = (tmp_path / "qcluster.log").open("w")
     process = subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=REPO, env=env, start_new_session=True,
                                stdout=log, stderr=subprocess.STDOUT)

@@ -60,6 +60,7 @@ class FakeDiscord:
         self.ids = itertools.count(1_000_000_000_000_000_000)
         self.messages: dict[int, Message] = {}
         self.deleted: list[Message] = []
+        self.refuse_posts = 0  # the next N channel messages get 403 Missing Access, as from a misconfigured channel
         self.tokens: dict[str, dict[str, Any]] = {}  # interaction token → {"original": message id, ...}
         self.attachments: dict[int, Attachment] = {}
         self.users: dict[int, dict] = {}
@@ -424,6 +425,9 @@ class FakeDiscord:
             channel_id = int(parts[1])
             body, files = await self._body(request)
             if method == "POST":
+                if self.refuse_posts > 0:
+                    self.refuse_posts -= 1
+                    return self.json({"message": "Missing Access", "code": 50001}, 403)
                 return self.json(self.message_json(self._new_message(channel_id, body, files, "channel")))
             m = self.messages.get(int(parts[3]))
             if m is None:
