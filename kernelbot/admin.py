@@ -9,8 +9,9 @@ GROUPS: list[tuple[str, str, list[str]]] = [
     ("Competitions", "Problems, the leaderboards that rank them, and what people submit to them.",
      ["leaderboards.Competition", "leaderboards.Problem", "leaderboards.Leaderboard", "leaderboards.Submission",
       "leaderboards.Run"]),
-    ("GPUs and runners", "The kinds of GPU, the pools that run the jobs, and the machines and GPUs in each pool.",
-     ["runners.GpuType", "runners.GpuPool", "runners.Node", "runners.Gpu"]),
+    ("GPUs and runners", "The kinds of GPU, the pools that run the jobs, the machines and GPUs in each pool, and "
+     "the health checks that keep them honest.",
+     ["runners.GpuType", "runners.GpuPool", "runners.Node", "runners.Gpu", "runners.PoolCheck"]),
     ("People and access", "Who may sign in, submit and see what; the switch that pauses all new jobs.",
      ["auth.User", "auth.Group", "leaderboards.ApiToken", "leaderboards.Invite", "leaderboards.Membership",
       "leaderboards.Ban", "leaderboards.SubmissionQuota", "leaderboards.JobSwitch"]),

@@ -259,6 +259,12 @@ CLUSTER_TICKS = {"leaderboards.lifecycle.do_reap_overdue_runs": CLUSTER_REAP_INT
 CLUSTER_RESEND = "leaderboards.lifecycle.do_resend_queued_runs"
 # A queued run is re-sent to the broker at each queued deadline, and failed after this long.
 RUN_MAX_QUEUED_SECONDS = int(os.environ.get("KERNELBOT_MAX_QUEUED_SECONDS", str(24 * 3600)))
+# Pool health checks (leaderboards/health.py): every enabled pool runs a tiny known problem this often (seconds); a
+# check without a result after POOL_CHECK_TIMEOUT fails; checks are kept POOL_CHECK_KEEP_DAYS days. Interval 0: no
+# scheduled checks (the admin's still run).
+POOL_CHECK_INTERVAL = int(os.environ.get("KERNELBOT_POOL_CHECK_INTERVAL", "900"))
+POOL_CHECK_TIMEOUT = int(os.environ.get("KERNELBOT_POOL_CHECK_TIMEOUT", "900"))
+POOL_CHECK_KEEP_DAYS = int(os.environ.get("KERNELBOT_POOL_CHECK_KEEP_DAYS", "30"))
 # Infrastructure failures retried before a run is failed with a reason.
 RUN_MAX_ATTEMPTS = int(os.environ.get("KERNELBOT_RUN_MAX_ATTEMPTS", "3"))
 # Harness timing: stop at a 95 % CI within REL_CI of the mean, within sample and time budgets per case; the

@@ -11,7 +11,8 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from runners.models import GpuPool, GpuType
+from runners.actions import gpu_availability
+from runners.models import GpuType
 from runners.queue import enqueue_on_commit
 
 from . import lifecycle
@@ -79,8 +80,8 @@ def check_submission(user, leaderboard_name: str, gpu_names: list[str], mode: st
         if gpu is None:
             raise SubmissionRejected(f"Leaderboard '{leaderboard.name}' does not run on GPU '{name}'; "
                                      f"available: {', '.join(g.name for g in accepted.values()) or 'none'}.")
-        if not gpu.served:
-            raise SubmissionRejected(f"No runner currently serves GPU '{gpu.name}'; try again later.", 503)
+        if gpu.unavailable:
+            raise SubmissionRejected(f"GPU '{gpu.name}' is unavailable: {gpu.unavailable}; try again later.", 503)
         gpu_types.append(gpu)
     if not content.strip():
         raise SubmissionRejected(f"'{file_name}' is empty.")
@@ -98,12 +99,14 @@ def check_submission(user, leaderboard_name: str, gpu_names: list[str], mode: st
 
 
 def serving_gpu_types(leaderboard: Leaderboard) -> dict[str, GpuType]:
-    """The leaderboard's GPU types by lower-cased name, each marked `served` when an enabled pool has one;
-    kept ≤ 2 s per process like the other settings read on every submission."""
+    """The leaderboard's GPU types by lower-cased name, each with `unavailable`: None when a pool takes its runs,
+    else why not (no pool serves it, or its pools fail their health check); kept ≤ 2 s per process like the other
+    settings read on every submission."""
     def compute() -> dict[str, GpuType]:
         gpu_types = {g.name.lower(): g for g in leaderboard.gpu_types.all()}
+        availability = gpu_availability([g.pk for g in gpu_types.values()])
         for gpu in gpu_types.values():
-            gpu.served = GpuPool.objects.serving(gpu).exists()
+            gpu.unavailable = availability[gpu.pk]
         return gpu_types
     return cached(key("serving", leaderboard.pk), compute)
 

@@ -9,7 +9,6 @@ What the competition does with a finished run is the run's `on_finish` task (set
 from __future__ import annotations
 
 import logging
-import re
 import secrets
 from dataclasses import dataclass
 from datetime import timedelta
@@ -29,9 +28,10 @@ from runners.backends.base import (
     platform_url,
     queue_timeout,
 )
+from runners.harness.probe import device_is
 from runners.harness.result import NEEDS_CUDA, NEEDS_CUDA_FLAG
 from runners.jobs import gpu_count, job_payload, total_timeout
-from runners.models import GpuPool, GpuType, GpuVendor
+from runners.models import GpuPool, GpuType
 from runners.queue import enqueue_on_commit
 
 from . import events
@@ -56,11 +56,10 @@ def _attempt(run: Run) -> RunAttempt | None:
 # --- dispatch ----------------------------------------------------------------------------------------------------
 
 def candidate_pools(run: Run) -> list[GpuPool]:
-    """Enabled pools serving the run's GPU type (only its pinned pool when it has one), pools this run has not
-    tried yet first: a retry goes elsewhere when there is elsewhere."""
-    pools = GpuPool.objects.serving(run.gpu_type)
-    if run.pool_id:
-        pools = pools.filter(pk=run.pool_id)
+    """Enabled pools serving the run's GPU type that are not failing their health check, pools this run has not
+    tried yet first: a retry goes elsewhere when there is elsewhere. A pinned run (a health check's) goes to its
+    pool whatever that pool's state: the check is how a failing or disabled pool proves itself."""
+    pools = GpuPool.objects.filter(pk=run.pool_id) if run.pool_id else GpuPool.objects.taking_runs(run.gpu_type)
     tried = list(RunAttempt.objects.filter(run=run, pool__isnull=False).values_list("pool_id", flat=True))
     return sorted(pools, key=lambda pool: (tried.count(pool.pk), pool.pk))
 
@@ -73,6 +72,8 @@ def dispatch_run(run_id: int) -> None:
         if run is None or run.status != RunStatus.QUEUED:
             return
         pools = candidate_pools(run)
+        if not pools and not run.pool_id and GpuPool.objects.serving(run.gpu_type).exists():
+            return  # every pool of its type fails its health check: it waits queued; one passing sends it again
         if not pools:
             pinned = f" on pool #{run.pool_id}" if run.pool_id else ""
             run.update_status(RunStatus.ERROR, error=f"no enabled GPU pool serves {run.gpu_type}{pinned}")
@@ -233,22 +234,13 @@ def _news(run: Run) -> None:
 
 def gpu_mismatch(gpu_type: GpuType, system: dict) -> str:
     """Why a result's system info contradicts the run's GPU type ("" when it does not): a result computed on the
-    wrong hardware is no result for this GPU type."""
-    if gpu_type.is_cpu:
-        return ""  # CPU tasks run on a CPU whatever accelerators the node also has
+    wrong hardware is no result for this GPU type. The same check as a node's (`runners.harness.probe.device_is`)."""
     device = str((system or {}).get("device") or "").strip()
+    if device_is(gpu_type.name, gpu_type.vendor, device):
+        return ""
     if not device or device.lower() == "cpu":
         return f"the runner has no {gpu_type.name} (it reported device {device or 'none'!r}); not a {gpu_type} result"
-    vendors = {GpuVendor.NVIDIA: ("nvidia", "tesla", "geforce", "quadro"), GpuVendor.AMD: ("amd", "radeon",
-               "instinct"), GpuVendor.INTEL: ("intel",)}
-    words = set(re.findall(r"[a-z]+", device.lower()))
-    others = [v for v, names in vendors.items() if v != gpu_type.vendor and words & set(names)]
-    if others and not words & set(vendors.get(gpu_type.vendor, ())):
-        return f"the runner's device {device!r} is not a {gpu_type.get_vendor_display()} {gpu_type.name}"
-    name = r"[\s_-]*".join(re.escape(part) for part in re.split(r"[\s_-]+", gpu_type.name.lower().strip()))
-    if not re.search(rf"(?<![a-z0-9]){name}(?![0-9])", device.lower()):
-        return f"the runner's device {device!r} is not a {gpu_type.name}"
-    return ""
+    return f"the runner's device {device!r} is not a {gpu_type.get_vendor_display()} {gpu_type.name}"
 
 
 def scrub(value):

@@ -93,9 +93,9 @@ class LeaderboardQuerySet(models.QuerySet):
 
     def visible_to(self, user) -> "LeaderboardQuerySet":
         """What `user` may see (see leaderboards.access.authority): staff everything, members their closed
-        leaderboards, everyone the public and unlisted ones."""
+        leaderboards, everyone the public and unlisted ones; nobody the internal ones (pool health checks)."""
         if user.is_staff:
-            return self
+            return self.filter(internal=False)
         if not user.is_authenticated:
             return self.exclude(visibility=Visibility.CLOSED)
         return self.filter(~Q(visibility=Visibility.CLOSED)
@@ -124,6 +124,8 @@ class Leaderboard(models.Model):
     secret_seed = models.BigIntegerField(default=new_secret_seed, editable=False)
     code_public_after_deadline = models.BooleanField(
         default=False, help_text="After the deadline, everyone may read every submission's code.")
+    internal = models.BooleanField(default=False, editable=False, help_text="Kept by the platform for pool health "
+                                   "checks: never shown, listed, ranked or counted on the site or the APIs.")
     created = models.DateTimeField(auto_now_add=True)
 
     objects = LeaderboardQuerySet.as_manager()
@@ -172,7 +174,7 @@ class SubmissionQuerySet(models.QuerySet):
     def visible_to(self, user) -> "SubmissionQuerySet":
         """Staff see every submission, owners their own, others the ranked ones of leaderboards they see."""
         if user.is_staff:
-            return self
+            return self.filter(leaderboard__internal=False)
         others = Q(mode=SubmissionMode.LEADERBOARD, leaderboard__in=Leaderboard.objects.visible_to(user))
         return self.filter(others | Q(user=user) if user.is_authenticated else others)
 

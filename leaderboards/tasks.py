@@ -1,6 +1,8 @@
 """django-q2 entry points for runs, rankings and housekeeping. Each is idempotent: safe to run twice or late."""
 
-from . import actions, lifecycle
+from runners.models import GpuPool
+
+from . import actions, health, lifecycle
 
 
 def dispatch_run(run_id: int) -> None:
@@ -32,3 +34,12 @@ def rank_run(run_id: int) -> bool:
 def recompute_ranks(leaderboard_id: int, gpu_type_id: int) -> bool:
     """The full rebuild of a board from all its runs (deletions, requeues, rescoring)."""
     return actions.do_recompute_ranks(leaderboard_id, gpu_type_id)
+
+
+def check_pools() -> int:
+    return health.tick()
+
+
+def check_pool(pool_id: int) -> int:
+    pool = GpuPool.objects.filter(pk=pool_id).first()
+    return len(health.do_start_pool_check(pool)) if pool else 0

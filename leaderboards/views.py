@@ -15,6 +15,8 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 
+from runners.actions import gpu_availability
+
 from . import actions
 from .access.authority import RunView, access_leaderboard, access_submission, may_see_run_details, run_view
 from .errors import AccessDenied, Refused
@@ -178,7 +180,9 @@ def user_page(request: HttpRequest, username: str) -> HttpResponse:
 @login_required
 def submit(request: HttpRequest) -> HttpResponse:
     choices = list(Leaderboard.objects.visible_to(request.user).open().prefetch_related("gpu_types"))
-    form = SubmitForm(request.POST or None, request.FILES or None, leaderboards=choices,
+    gpu_types = {g.pk: g.name for lb in choices for g in lb.gpu_types.all()}
+    unavailable = {gpu_types[pk]: why for pk, why in gpu_availability(list(gpu_types)).items() if why}
+    form = SubmitForm(request.POST or None, request.FILES or None, leaderboards=choices, unavailable=unavailable,
                       initial={"leaderboard": request.GET.get("leaderboard"), "gpu": request.GET.get("gpu")})
     status = 200
     if request.method == "POST" and form.is_valid():
@@ -195,4 +199,5 @@ def submit(request: HttpRequest) -> HttpResponse:
             return redirect("submission", pk=sub.pk)
     elif request.method == "POST":
         status = 400
-    return render(request, "leaderboards/submit.html", {"form": form, "leaderboards": choices}, status=status)
+    return render(request, "leaderboards/submit.html", {"form": form, "leaderboards": choices,
+                                                        "unavailable": sorted(unavailable.items())}, status=status)

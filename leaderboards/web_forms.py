@@ -15,11 +15,13 @@ class SubmitForm(forms.Form):
     file = forms.FileField(required=False, help_text="Upload a file, or paste the code below.")
     code = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 14, "spellcheck": "false"}))
 
-    def __init__(self, *args, leaderboards: list, **kwargs):
+    def __init__(self, *args, leaderboards: list, unavailable: dict[str, str] | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["leaderboard"].widget = forms.Select(choices=[(lb.name, lb.name) for lb in leaderboards])
         gpus = sorted({g.name for lb in leaderboards for g in lb.gpu_types.all()})
-        self.fields["gpu"].widget = forms.Select(choices=[(g, g) for g in gpus])
+        unavailable = unavailable or {}
+        self.fields["gpu"].widget = forms.Select(choices=[(g, f"{g} (unavailable)" if g in unavailable else g)
+                                                          for g in gpus])
 
     def clean(self):
         data = super().clean()

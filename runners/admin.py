@@ -1,6 +1,29 @@
-from django.contrib import admin
+"""GPU inventory admin: one page per pool with its backend settings, its devices (nodes created as needed by
+hostname), its health and the checks that keep it honest."""
 
-from .models import Gpu, GpuPool, GpuType, Node
+from __future__ import annotations
+
+import json
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.checks import InlineModelAdminChecks
+from django.core.exceptions import PermissionDenied
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db.models import Count, Q
+from django.forms.models import BaseModelFormSet, modelformset_factory
+from django.http import HttpRequest, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.urls import path, reverse
+from django.utils.html import escape, format_html, format_html_join
+from django.views.decorators.http import require_POST
+
+from .actions import NodeRejected, check_local_devices, claim_mismatch, probe_this_machine
+from .models import CheckOutcome, Gpu, GpuPool, GpuType, Node, PoolCheck, PoolHealth
+from .pools import BackendChoice, backend_choices, env_state, secret_envs
+from .queue import enqueue_on_commit
+
+HEALTH_MARK = {PoolHealth.OK: ("#2e7d32", "✔"), PoolHealth.FAILING: ("#c62828", "✖"), PoolHealth.UNKNOWN: ("#666", "–")}
 
 
 @admin.register(GpuType)
@@ -11,34 +34,324 @@ class GpuTypeAdmin(admin.ModelAdmin):
 
 @admin.register(Gpu)
 class GpuAdmin(admin.ModelAdmin):
-    list_display = ["__str__", "gpu_type", "node", "index", "enabled"]
+    list_display = ["__str__", "gpu_type", "node", "index", "device_name", "checked_at", "enabled"]
     list_filter = ["gpu_type", "node__pool", "enabled"]
-
-
-class GpuInline(admin.TabularInline):
-    model = Gpu
-    extra = 1
+    readonly_fields = ["uuid", "device_name", "memory_mib", "checked_at"]
 
 
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
-    list_display = ["hostname", "pool", "enabled"]
+    list_display = ["hostname", "pool", "enabled", "devices"]
+    list_editable = ["enabled"]
     list_filter = ["pool", "enabled"]
-    inlines = [GpuInline]
+
+    def get_queryset(self, request: HttpRequest):
+        return super().get_queryset(request).select_related("pool").annotate(device_count=Count("gpus"))
+
+    @admin.display(description="devices")
+    def devices(self, node: Node) -> int:
+        return node.device_count
 
 
-class NodeInline(admin.TabularInline):
-    model = Node
+# --- the pool page ---------------------------------------------------------------------------------------------
+def settings_field(backend: str, name: str) -> str:
+    return f"{backend}-{name}"
+
+
+def configurable_backends(choices=None) -> list[BackendChoice]:
+    """The usable backends that have settings."""
+    return [c for c in (choices or backend_choices()) if c.unavailable is None and c.options is not None]
+
+
+class GpuPoolForm(forms.ModelForm):
+    """The pool's own fields, plus every usable backend's settings fields (`<backend>-<name>`); the chosen backend's
+    are validated by its `options` form and stored in `settings`."""
+
+    class Meta:
+        model = GpuPool
+        fields = ["name", "backend", "enabled", "memory_limit_mib"]
+        labels = {"backend": "Runs on"}
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.choices = {c.name: c for c in backend_choices()}
+        current = self.instance.backend if self.instance.pk else None
+        self.settings_fields: set[str] = set()
+        self.fields["backend"].choices = [
+            (c.name, c.label if c.unavailable is None else f"{c.label} (unavailable here: {c.unavailable})")
+            for c in self.choices.values() if c.unavailable is None or c.name == current]
+        self.fields["backend"].help_text = "Only the backends usable on this deployment are offered." + "".join(
+            escape(f" {c.label}: {c.unavailable}.") for c in self.choices.values() if c.unavailable)
+        for choice in configurable_backends(self.choices.values()):
+            stored = self.instance.settings if choice.name == current else {}
+            for name, field in choice.options().fields.items():
+                field.required = False  # the backend's own form decides, and only when it is the chosen one
+                field.initial = stored.get(name, field.initial)
+                if name.endswith("_env") and field.initial:
+                    field.help_text += escape(f" ({field.initial} is {env_state(str(field.initial))} here.)")
+                self.fields[settings_field(choice.name, name)] = field
+                self.settings_fields.add(settings_field(choice.name, name))
+
+    def clean(self):
+        data = super().clean()
+        for name in [n for n in self._errors if n in self.settings_fields]:
+            del self._errors[name]  # only the chosen backend's own form judges its settings, once
+        choice = self.choices.get(data.get("backend"))
+        if choice is None or choice.options is None:
+            self.settings = {}
+            return data
+        options = choice.options(data=self.data, files=self.files, prefix=choice.name)
+        if not options.is_valid():
+            for name, errors in options.errors.items():
+                self.add_error(settings_field(choice.name, name) if name in options.fields else None, errors)
+            return data
+        given = {k: v for k, v in options.cleaned_data.items() if v not in (None, "")}  # empty: the default
+        self.settings = json.loads(json.dumps(given, cls=DjangoJSONEncoder))
+        return data
+
+    def save(self, commit: bool = True) -> GpuPool:
+        self.instance.settings = self.settings
+        return super().save(commit)
+
+
+class DeviceForm(forms.ModelForm):
+    hostname = forms.CharField(label="machine", max_length=120, help_text="Its hostname; a new one adds the machine.")
+
+    class Meta:
+        model = Gpu
+        fields = ["hostname", "index", "gpu_type", "enabled"]
+        labels = {"index": "device #", "gpu_type": "GPU type"}
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.instance.node_id:
+            self.fields["hostname"].initial = self.instance.node.hostname
+
+
+class DeviceFormSet(BaseModelFormSet):
+    """Every device of a pool, each naming its machine; machines are created as needed and removed once empty. On a
+    pool that runs on this machine, a claimed GPU type must match what this machine's probe finds."""
+
+    def __init__(self, data=None, files=None, instance=None, save_as_new=False, prefix=None, queryset=None, **kw):
+        self.instance = instance
+        queryset = (Gpu.objects.filter(node__pool=instance).select_related("node", "gpu_type")
+                    if instance is not None and instance.pk else Gpu.objects.none())
+        super().__init__(data, files, prefix=prefix, queryset=queryset, **kw)
+
+    @classmethod
+    def get_default_prefix(cls) -> str:
+        return "devices"
+
+    def clean(self):
+        super().clean()
+        rows = [f for f in self.forms if f.has_changed() or f.instance.pk]
+        rows = [f for f in rows if f.cleaned_data and not f.cleaned_data.get("DELETE")]
+        seen: dict[tuple[str, int], forms.Form] = {}
+        for form in rows:
+            key = (form.cleaned_data.get("hostname", "").strip(), form.cleaned_data.get("index"))
+            if key in seen:
+                form.add_error("index", f"device #{key[1]} of {key[0]} is listed twice")
+            seen[key] = form
+        claims = [f for f in rows if f.cleaned_data.get("enabled") and f.cleaned_data.get("gpu_type")
+                  and not f.cleaned_data["gpu_type"].is_cpu]
+        if self.instance is None or not self.instance.is_local or not claims:
+            return
+        try:
+            report = probe_this_machine()
+        except (NodeRejected, OSError, ValueError) as exc:
+            raise forms.ValidationError(f"Could not check this machine's devices: {exc}") from exc
+        for form in claims:
+            if why := claim_mismatch(form.cleaned_data["gpu_type"], form.cleaned_data["index"], report):
+                form.add_error("gpu_type", f"Refused: {why}. A pool that runs on this machine can only claim what "
+                                           "this machine has; attach other machines through a remote backend.")
+
+    def save_new(self, form, commit: bool = True):
+        return self._save_device(form, commit)
+
+    def save_existing(self, form, obj, commit: bool = True):
+        return self._save_device(form, commit)
+
+    def _save_device(self, form, commit: bool):
+        hostname = form.cleaned_data["hostname"].strip()
+        node = form.instance.node if form.instance.node_id and form.instance.node.hostname == hostname else None
+        form.instance.node = node or Node.objects.get_or_create(pool=self.instance, hostname=hostname)[0]
+        return form.save(commit=commit)
+
+    def save(self, commit: bool = True):
+        saved = super().save(commit)
+        if commit:
+            Node.objects.filter(pool=self.instance).annotate(n=Count("gpus")).filter(n=0).delete()
+        return saved
+
+
+class DeviceInlineChecks(InlineModelAdminChecks):
+    """Devices belong to the pool through their machine, not by a foreign key of their own."""
+
+    def _check_relation(self, obj, parent_model):
+        return []
+
+    def _check_exclude_of_parent_model(self, obj, parent_model):
+        return []
+
+
+class DeviceInline(admin.TabularInline):
+    model = Gpu
+    form = DeviceForm
+    formset = DeviceFormSet
+    checks_class = DeviceInlineChecks
     extra = 1
-    show_change_link = True
+    verbose_name, verbose_name_plural = "device", "devices (one row per GPU; a CPU machine is one CPU row)"
+    fields = ["hostname", "index", "gpu_type", "enabled", "device_name", "memory_mib", "checked_at"]
+    readonly_fields = ["device_name", "memory_mib", "checked_at"]
+
+    def get_formset(self, request, obj=None, **kwargs):
+        return modelformset_factory(Gpu, form=self.form, formset=self.formset, fields=["hostname", "index",
+                                    "gpu_type", "enabled"], extra=self.extra, can_delete=True,
+                                    formfield_callback=lambda f, **kw: self.formfield_for_dbfield(f, request, **kw))
 
 
 @admin.register(GpuPool)
 class GpuPoolAdmin(admin.ModelAdmin):
-    list_display = ["name", "backend", "enabled", "memory_limit_mib", "device_count"]
-    list_filter = ["backend", "enabled"]
-    inlines = [NodeInline]
+    form = GpuPoolForm
+    inlines = [DeviceInline]
+    list_display = ["name", "backend_name", "enabled", "health_mark", "last_ok_at", "gpu_types_served",
+                    "runs_at_once", "history"]
+    list_filter = ["backend", "enabled", "health"]
+    readonly_fields = ["health_mark", "health_detail", "last_checked_at", "last_ok_at", "history", "gpu_types_served",
+                       "runs_at_once", "secrets"]
+    actions = ["check_health", "check_devices"]
+    change_form_template = "admin/runners/gpupool/change_form.html"
 
-    @admin.display(description="devices")
-    def device_count(self, pool: GpuPool) -> int:
-        return Gpu.objects.filter(node__pool=pool).count()
+    def get_queryset(self, request: HttpRequest):
+        enabled = Q(nodes__enabled=True, nodes__gpus__enabled=True)
+        return super().get_queryset(request).annotate(device_count=Count("nodes__gpus", filter=enabled))
+
+    def get_fieldsets(self, request: HttpRequest, obj: GpuPool | None = None):
+        fieldsets = [(None, {"fields": ["name", "backend", "enabled", "memory_limit_mib"]})]
+        for choice in configurable_backends():
+            names = [settings_field(choice.name, n) for n in choice.options.base_fields]
+            fieldsets.append((f"{choice.label} settings", {
+                "fields": names, "classes": ["backend-settings", f"backend-{choice.name}"],
+                "description": f"Used when the pool runs on {choice.label}. Secrets are never stored here: a field "
+                               "ending in “env” names the environment variable that holds one."}))
+        fieldsets.append(("Health and capacity", {"fields": ["health_mark", "health_detail", "last_checked_at",
+                                                             "last_ok_at", "history", "gpu_types_served",
+                                                             "runs_at_once", "secrets"]}))
+        return fieldsets
+
+    def get_form(self, request: HttpRequest, obj=None, change=False, **kwargs):
+        kwargs["fields"] = None  # the form's own: the settings fields are added per backend, not model fields
+        return super().get_form(request, obj, change, **kwargs)
+
+    @admin.display(description="runs on", ordering="backend")
+    def backend_name(self, pool: GpuPool) -> str:
+        return pool.get_backend_display()
+
+    @admin.display(description="health", ordering="health")
+    def health_mark(self, pool: GpuPool) -> str:
+        colour, mark = HEALTH_MARK[pool.health]
+        since = f" since {pool.last_checked_at:%Y-%m-%d %H:%M} UTC" if pool.last_checked_at else ""
+        detail = pool.health_detail if pool.health == PoolHealth.FAILING else ""
+        return format_html('<span style="color:{}" title="{}">{} {}{}</span>', colour, detail, mark,
+                           pool.get_health_display(), since if pool.health == PoolHealth.FAILING else "")
+
+    @admin.display(description="health history")
+    def history(self, pool: GpuPool) -> str:
+        url = reverse("admin:runners_poolcheck_changelist") + f"?pool__id__exact={pool.pk}"
+        return format_html('<a href="{}">checks</a>', url) if pool.pk else "–"
+
+    @admin.display(description="GPU types served")
+    def gpu_types_served(self, pool: GpuPool) -> str:
+        if not pool.pk:
+            return "–"
+        names = GpuType.objects.filter(gpus__node__pool=pool, gpus__enabled=True, gpus__node__enabled=True)
+        return ", ".join(sorted(set(names.values_list("name", flat=True)))) or "none"
+
+    @admin.display(description="runs at once")
+    def runs_at_once(self, pool: GpuPool) -> str:
+        count = getattr(pool, "device_count", None)
+        if count is None:
+            count = Gpu.objects.filter(node__pool=pool, node__enabled=True, enabled=True).count() if pool.pk else 0
+        return f"{count} (one per enabled device)"
+
+    @admin.display(description="secrets (from the environment)")
+    def secrets(self, pool: GpuPool) -> str:
+        choice = next((c for c in backend_choices() if c.name == pool.backend), None)
+        found = secret_envs(choice, pool.settings) if choice else []
+        if not found:
+            return "none needed"
+        return format_html("<ul>{}</ul>", format_html_join(
+            "", "<li>{}: <code>{}</code> is {}</li>", ((what, env, env_state(env)) for what, env in found)))
+
+    # --- checks: list actions and the buttons on the pool's page ---------------------------------------------------
+    @admin.action(description="Check health now (a tiny known run on each GPU type)")
+    def check_health(self, request: HttpRequest, queryset) -> None:
+        started, busy = [], []
+        for pool in queryset:
+            if pool.checks.filter(outcome=CheckOutcome.PENDING).exists():
+                busy.append(pool.name)
+            else:
+                enqueue_on_commit("leaderboards.tasks.check_pool", pool.pk)  # leaderboards owns runs; runners
+                started.append(pool.name)                                    # never imports it
+        if started:
+            self.message_user(request, f"Health check started for {', '.join(started)}; its outcome shows here and in "
+                              "the pool's health history within a minute or two.", messages.SUCCESS)
+        if busy:
+            self.message_user(request, f"Already being checked: {', '.join(busy)}.", messages.WARNING)
+
+    @admin.action(description="Check the devices of pools that run on this machine")
+    def check_devices(self, request: HttpRequest, queryset) -> None:
+        for pool in queryset:
+            if not pool.is_local:
+                self.message_user(request, f"{pool.name} runs on {pool.get_backend_display()}: its machines are "
+                                  "checked by its health check, or register them with `manage.py register_node`.",
+                                  messages.INFO)
+                continue
+            try:
+                problems = check_local_devices(pool)
+            except (NodeRejected, OSError, ValueError) as exc:
+                self.message_user(request, f"{pool.name}: could not check this machine: {exc}", messages.ERROR)
+                continue
+            if problems:
+                self.message_user(request, f"{pool.name}: {'; '.join(problems.values())}. Those devices are now "
+                                  "disabled: fix or delete them.", messages.ERROR)
+            else:
+                self.message_user(request, f"{pool.name}: every enabled device is as claimed.", messages.SUCCESS)
+
+    def get_urls(self):
+        def one(action):
+            @require_POST
+            def view(request: HttpRequest, pk: int):
+                if not self.has_change_permission(request):
+                    raise PermissionDenied
+                getattr(self, action)(request, GpuPool.objects.filter(pk=get_object_or_404(GpuPool, pk=pk).pk))
+                return HttpResponseRedirect(reverse("admin:runners_gpupool_change", args=[pk]))
+            return self.admin_site.admin_view(view)
+
+        return [path("<int:pk>/check-health/", one("check_health"), name="runners_gpupool_check_health"),
+                path("<int:pk>/check-devices/", one("check_devices"), name="runners_gpupool_check_devices"),
+                *super().get_urls()]
+
+
+@admin.register(PoolCheck)
+class PoolCheckAdmin(admin.ModelAdmin):
+    list_display = ["started_at", "pool", "what", "outcome", "finished_at", "detail", "run"]
+    list_filter = ["pool", "outcome"]
+    list_select_related = ["pool", "gpu_type"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    @admin.display(description="checked")
+    def what(self, check: PoolCheck) -> str:
+        return f"a {check.gpu_type} run" if check.gpu_type_id else "devices" if check.run_id is None else "a run"
+
+    @admin.display(description="run")
+    def run(self, check: PoolCheck) -> str:
+        if check.run_id is None:
+            return "–"
+        return format_html('<a href="{}">run {}</a>', reverse("admin:leaderboards_run_change", args=[check.run_id]),
+                           check.run_id)

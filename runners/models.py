@@ -2,6 +2,7 @@
 
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
+from django.utils import timezone
 
 
 class GpuVendor(models.TextChoices):
@@ -35,10 +36,20 @@ class RunnerBackendName(models.TextChoices):
     SLURM = "slurm", "Slurm"
 
 
+class PoolHealth(models.TextChoices):
+    UNKNOWN = "unknown", "Not checked yet"
+    OK = "ok", "OK"
+    FAILING = "failing", "Failing"
+
+
 class GpuPoolQuerySet(models.QuerySet):
     def serving(self, gpu_type: GpuType) -> "GpuPoolQuerySet":
         return self.filter(enabled=True, nodes__enabled=True, nodes__gpus__enabled=True,
                            nodes__gpus__gpu_type=gpu_type).distinct()
+
+    def taking_runs(self, gpu_type: GpuType) -> "GpuPoolQuerySet":
+        """Serving `gpu_type` and not failing its health check (a pool not checked yet takes runs)."""
+        return self.serving(gpu_type).exclude(health=PoolHealth.FAILING)
 
 
 class GpuPool(models.Model):
@@ -46,7 +57,14 @@ class GpuPool(models.Model):
     backend = models.CharField(max_length=16, choices=RunnerBackendName.choices, default=RunnerBackendName.LOCAL)
     settings = models.JSONField(default=dict, blank=True, help_text="Backend settings (no secrets: those come "
                                 "from the environment).")
-    enabled = models.BooleanField(default=True)
+    enabled = models.BooleanField(default=True, help_text="A disabled pool takes no runs (a health check may still "
+                                  "run on it, to try it before enabling it).")
+    health = models.CharField(max_length=8, choices=PoolHealth.choices, default=PoolHealth.UNKNOWN, editable=False,
+                              help_text="The last health check's outcome; a failing pool takes no runs until a "
+                              "check passes.")
+    health_detail = models.TextField(blank=True, editable=False)
+    last_checked_at = models.DateTimeField("last checked", null=True, blank=True, editable=False)
+    last_ok_at = models.DateTimeField("last passed", null=True, blank=True, editable=False)
     memory_limit_mib = models.PositiveIntegerField(
         "memory limit (MiB)", null=True, blank=True,
         validators=[MinValueValidator(1024, "At least 1024 MiB: importing torch alone takes several hundred."),
@@ -63,6 +81,10 @@ class GpuPool(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.get_backend_display()})"
+
+    @property
+    def is_local(self) -> bool:
+        return self.backend == RunnerBackendName.LOCAL
 
 
 class Node(models.Model):
@@ -84,7 +106,13 @@ class Gpu(models.Model):
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
     gpu_type = models.ForeignKey(GpuType, on_delete=models.PROTECT, related_name="gpus")
     index = models.PositiveSmallIntegerField(help_text="Device index on the node (CUDA_VISIBLE_DEVICES).")
-    uuid = models.CharField(max_length=64, blank=True)
+    uuid = models.CharField("UUID", max_length=64, blank=True, help_text="As the node reports it (filled in by a "
+                            "device check).")
+    device_name = models.CharField("device", max_length=120, blank=True,
+                                   help_text="The device's own name, e.g. NVIDIA H100 80GB HBM3 (from a device check).")
+    memory_mib = models.PositiveIntegerField("memory (MiB)", null=True, blank=True)
+    checked_at = models.DateTimeField("checked", null=True, blank=True,
+                                      help_text="When a device check last found this device as claimed.")
     enabled = models.BooleanField(default=True)
 
     class Meta:
@@ -94,3 +122,30 @@ class Gpu(models.Model):
 
     def __str__(self) -> str:
         return f"{self.gpu_type} #{self.index} on {self.node}"
+
+
+class CheckOutcome(models.TextChoices):
+    PENDING = "pending", "Running"
+    OK = "ok", "Passed"
+    FAILING = "failing", "Failed"
+
+
+class PoolCheck(models.Model):
+    """One health check of a pool: a device check of its nodes, or a tiny known run of one GPU type pinned to it.
+    Checks started together are one round; the pool's health is its latest round's outcome."""
+
+    pool = models.ForeignKey(GpuPool, on_delete=models.CASCADE, related_name="checks")
+    gpu_type = models.ForeignKey(GpuType, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    run_id = models.PositiveBigIntegerField(null=True, blank=True, unique=True,
+                                            help_text="The check's run (an internal, hidden leaderboard's).")
+    started_at = models.DateTimeField(default=timezone.now, db_index=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=8, choices=CheckOutcome.choices, default=CheckOutcome.PENDING)
+    detail = models.TextField(blank=True)
+
+    class Meta:
+        verbose_name = "pool health check"
+        ordering = ["-started_at", "-pk"]
+
+    def __str__(self) -> str:
+        return f"{self.pool.name} {self.gpu_type or 'devices'} {self.get_outcome_display()}"

@@ -4,5 +4,7 @@ inherits through the environment. pytest-django still runs the tests themselves 
 import os
 
 os.environ.setdefault("DEBUG", "1")
+# no scheduled pool health checks in the workers tests start (their runs would join the tests' queues)
+os.environ.setdefault("KERNELBOT_POOL_CHECK_INTERVAL", "0")
 
 from kernelbot.settings import *  # noqa: E402,F403

@@ -3,7 +3,7 @@ the websockets, and the Discord bot to come). Like zulip's `access_message`, eac
 raises `AccessDenied`, which each front-end maps once to its own answer; `Leaderboard.objects.visible_to(user)`
 and `Submission.objects.visible_to(user)` are the same rules as querysets.
 
-- Staff see everything.
+- Staff see everything but the internal leaderboards of pool health checks (nobody sees those outside the admin).
 - A leaderboard is visible unless it is closed; a closed one to its members (invite codes).
 - A submission is visible to its owner, and when ranked (mode `leaderboard`) to whoever sees its leaderboard.
 - Its code, and its public runs' details (error, logs, checker messages), are the owner's; everyone who sees the
@@ -35,6 +35,8 @@ def is_owner(user, submission: Submission) -> bool:
 
 
 def may_see_leaderboard(user, leaderboard: Leaderboard) -> bool:
+    if leaderboard.internal:
+        return False
     if leaderboard.visibility != Visibility.CLOSED or user.is_staff:
         return True
     return user.is_authenticated and Membership.objects.filter(leaderboard=leaderboard, user=user).exists()

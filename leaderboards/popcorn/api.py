@@ -227,10 +227,12 @@ def admin_stop(request):
 @admin.get("/stats")
 def admin_stats(request, last_day_only: bool = False):
     since = timezone.now() - timedelta(days=1) if last_day_only else None
-    subs = Submission.objects.filter(created__gte=since) if since else Submission.objects.all()
+    subs = Submission.objects.filter(leaderboard__internal=False)  # not the pool health checks
+    subs = subs.filter(created__gte=since) if since else subs
     runs = Run.objects.filter(submission__in=subs)
     return {"accepting_jobs": access.accepting_jobs().accepting, "num_submissions": subs.count(),
-            "num_users": subs.values("user").distinct().count(), "num_leaderboards": Leaderboard.objects.count(),
+            "num_users": subs.values("user").distinct().count(),
+            "num_leaderboards": Leaderboard.objects.filter(internal=False).count(),
             "runs_by_status": dict(runs.values_list("status").annotate(n=Count("pk")).order_by()),
             "num_unique_codes": subs.values("code").distinct().count()}
 

@@ -87,6 +87,9 @@ class PoolOptions(forms.Form):
 class RunnerBackend(ABC):
     remote: ClassVar[bool] = True  # False only for the local backend (runs inside the worker)
     options: ClassVar[type[forms.Form] | None] = None  # the pool's settings, validated; the admin renders its fields
+    # secrets read from fixed environment variables, label → variable (the pool page says whether each is set); a
+    # settings field ending in `_env` names a variable of its own
+    secrets: ClassVar[dict[str, str]] = {}
 
     def __init__(self, pool: GpuPool):
         self.pool = pool

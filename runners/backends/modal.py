@@ -102,6 +102,7 @@ def _client() -> modal.Client:
 
 class ModalBackend(RunnerBackend):
     options: ClassVar[type[forms.Form]] = ModalOptions
+    secrets = {"Modal token id": "MODAL_TOKEN_ID", "Modal token secret": "MODAL_TOKEN_SECRET"}
 
     @classmethod
     def available(cls) -> str | None:

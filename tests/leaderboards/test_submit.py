@@ -85,7 +85,7 @@ def test_gpu_without_an_enabled_pool_is_unavailable(leaderboard, cpu_pool):
     cpu_pool.save()
     with pytest.raises(SubmissionRejected) as info:
         submit(leaderboard)
-    assert info.value.status == 503 and "No runner currently serves GPU 'CPU'" in info.value.message
+    assert info.value.status == 503 and "GPU 'CPU' is unavailable: no runner currently serves it" in info.value.message
 
 
 @pytest.mark.django_db

@@ -22,7 +22,7 @@ def test_admin_index_groups_models_by_task_with_a_start_here_path(admin_client):
     shown = groups(page)
     assert list(shown) == ["Competitions", "GPUs and runners", "People and access", "Discord", "Internals"]
     assert shown["Competitions"] == ["Competitions", "Problems", "Leaderboards", "Submissions", "Runs"]
-    assert shown["GPUs and runners"] == ["GPU types", "GPU pools", "Nodes", "GPUs"]
+    assert shown["GPUs and runners"] == ["GPU types", "GPU pools", "Nodes", "GPUs", "Pool health checks"]
     assert shown["People and access"][:3] == ["Users", "Groups", "API tokens"]
     assert "Jobs switch" in shown["People and access"] and "Submission quotas" in shown["People and access"]
     internals = shown["Internals"]

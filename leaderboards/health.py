@@ -1,0 +1,199 @@
+"""Pool health checks: a tiny known problem (`health_check/`) submitted through the normal run path, one run per GPU
+type a pool serves, each pinned to that pool (`Run.pool`, read by dispatch) and recorded the moment it ends (its
+`on_finish` hook is `do_finish_pool_checks`). Local pools also
+have their devices compared with this machine's probe. A pool whose latest round failed takes no runs until a round
+passes. The check's leaderboard is internal: never shown, listed, ranked or counted (`Leaderboard.internal`).
+
+`tick` (scheduled every minute) settles finished checks and starts a round for every enabled pool not checked for
+`POOL_CHECK_INTERVAL`; the admin starts one at once with `do_start_pool_check`."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from pathlib import Path
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import IntegrityError, transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from runners.actions import NodeRejected, check_local_devices
+from runners.models import CheckOutcome, GpuPool, GpuType, PoolCheck, PoolHealth
+
+from . import actions, lifecycle
+from .models import Leaderboard, Problem, Run, RunAttempt, RunStatus, Submission, SubmissionMode, Visibility
+from .taskfile import load_task
+
+log = logging.getLogger(__name__)
+CHECK_DIR = Path(__file__).resolve().parent / "health_check"
+CHECK_BOARD = "_pool-health-check"
+CHECK_USER = "kernelbot-health-check"
+CHECK_HOOK = "leaderboards.health.do_finish_pool_checks"  # a check's run calls it with its id when it ends
+
+
+def check_user():
+    user, created = get_user_model().objects.get_or_create(username=CHECK_USER, defaults={"is_active": False})
+    if created:
+        user.set_unusable_password()
+        user.save(update_fields=["password"])
+    return user
+
+
+def check_leaderboard(gpu_types: list[GpuType]) -> Leaderboard:
+    """The internal leaderboard of the checks, on the current version of the check problem, created on demand."""
+    task = load_task(CHECK_DIR)
+    problem = Problem.objects.filter(name=task.name, content_hash=task.content_hash).first()
+    if problem is None:
+        version = (Problem.objects.filter(name=task.name).aggregate(v=Max("version"))["v"] or 0) + 1
+        problem = Problem.objects.create(name=task.name, version=version, content_hash=task.content_hash,
+                                         lang=task.lang, description=task.description, definition=task.to_json())
+    board, _ = Leaderboard.objects.get_or_create(name=CHECK_BOARD, defaults={
+        "problem": problem, "deadline": timezone.now() + timedelta(days=365 * 100), "internal": True,
+        "visibility": Visibility.CLOSED, "description": "Pool health checks (internal)."})
+    if not board.internal:
+        raise RuntimeError(f"a leaderboard named {CHECK_BOARD} exists that is not the internal check board")
+    if board.problem_id != problem.pk:
+        board.problem = problem
+        board.save(update_fields=["problem"])
+    board.gpu_types.add(*gpu_types)
+    return board
+
+
+def do_start_pool_check(pool: GpuPool) -> list[PoolCheck]:
+    """Start a round of checks of `pool` unless one is running; returns the new checks (none when one was)."""
+    try:
+        with transaction.atomic():
+            return _start_round(GpuPool.objects.select_for_update().get(pk=pool.pk))
+    except IntegrityError:  # another process created the check problem or board at the same moment: try once more
+        with transaction.atomic():
+            return _start_round(GpuPool.objects.select_for_update().get(pk=pool.pk))
+
+
+def _start_round(pool: GpuPool) -> list[PoolCheck]:
+    if pool.checks.filter(outcome=CheckOutcome.PENDING).exists():
+        return []
+    now = timezone.now()
+    checks = []
+    if pool.is_local:
+        try:
+            problems = check_local_devices(pool)
+            detail = "; ".join(problems.values())
+            if detail:
+                detail += " (disabled: fix or delete the device rows, then check again)"
+        except (NodeRejected, OSError, ValueError) as exc:
+            detail = f"device check failed: {exc}"
+        checks.append(PoolCheck.objects.create(
+            pool=pool, started_at=now, finished_at=now, outcome=CheckOutcome.FAILING if detail else CheckOutcome.OK,
+            detail=detail or "this machine's devices are as claimed"))
+    gpu_types = list(GpuType.objects.filter(gpus__node__pool=pool, gpus__enabled=True, gpus__node__enabled=True)
+                     .distinct().order_by("name"))
+    if not gpu_types:
+        checks.append(PoolCheck.objects.create(pool=pool, started_at=now, finished_at=now,
+                                               outcome=CheckOutcome.FAILING, detail="no enabled device to check"))
+    else:
+        request = actions.SubmissionRequest(check_leaderboard(gpu_types), gpu_types, SubmissionMode.TEST,
+                                            "submission.py", (CHECK_DIR / "submission.py").read_text())
+        submission = actions.do_submit(check_user(), request)  # its runs are dispatched after commit
+        Run.objects.filter(pk__in=[run.pk for run in submission.new_runs]).update(pool=pool, on_finish=CHECK_HOOK)
+        checks += [PoolCheck.objects.create(pool=pool, gpu_type=run.gpu_type, run_id=run.pk, started_at=now,
+                                            detail=f"run {run.pk} queued")
+                   for run in submission.new_runs]
+    _settle(pool)
+    return checks
+
+
+def do_finish_pool_checks(run_id: int | None = None, *, now=None) -> int:
+    """Record the outcome of every running check (only run `run_id`'s: the check run's `on_finish` hook) whose run
+    finished, failed an attempt or ran past POOL_CHECK_TIMEOUT; settle each pool's health. Idempotent."""
+    now = now or timezone.now()
+    finished = 0
+    pending = PoolCheck.objects.filter(outcome=CheckOutcome.PENDING)
+    if run_id is not None:
+        pending = pending.filter(run_id=run_id)
+    for check_id in pending.values_list("pk", flat=True):
+        with transaction.atomic():
+            check = PoolCheck.objects.select_for_update(of=("self",)).select_related("pool", "gpu_type").filter(
+                pk=check_id, outcome=CheckOutcome.PENDING).first()
+            if check is None:
+                continue
+            outcome, detail = _verdict(check, now)
+            if outcome is None:
+                continue
+            check.outcome, check.detail, check.finished_at = outcome, detail, now
+            check.save(update_fields=["outcome", "detail", "finished_at"])
+            _settle(GpuPool.objects.select_for_update().get(pk=check.pool_id))
+            finished += 1
+    return finished
+
+
+def _verdict(check: PoolCheck, now) -> tuple[str | None, str]:
+    run = Run.objects.select_related("gpu_type").filter(pk=check.run_id).first()
+    if run is None:
+        return CheckOutcome.FAILING, "its run was deleted"
+    if run.status == RunStatus.SUCCEEDED:
+        device = str(run.system_info.get("device", ""))
+        if mismatch := lifecycle.gpu_mismatch(run.gpu_type, run.system_info):
+            return CheckOutcome.FAILING, f"run {run.pk} passed, but {mismatch}"
+        return CheckOutcome.OK, f"run {run.pk} passed on {device or 'the CPU'}"
+    if run.is_terminal:
+        return CheckOutcome.FAILING, f"run {run.pk} ended {run.get_status_display()}: {run.error or run.verdict}"
+    failed = RunAttempt.objects.filter(run=run, outcome="retried").order_by("number").first()
+    timeout = settings.POOL_CHECK_TIMEOUT
+    if failed is None and now - check.started_at < timedelta(seconds=timeout):
+        return None, ""
+    why = (f"attempt {failed.number} failed: {failed.reason}" if failed else
+           f"no result within {timeout} s (the run was {run.get_status_display()})")
+    lifecycle.do_cancel_run(run, f"pool health check failed: {why}")
+    return CheckOutcome.FAILING, f"run {run.pk}: {why}"
+
+
+def _settle(pool: GpuPool) -> None:
+    """The pool's health is its latest round's: failing when any check of it failed, OK when all passed, unchanged
+    while some still run. A pool that recovers gets the queued runs sent again at once."""
+    started = pool.checks.aggregate(latest=Max("started_at"))["latest"]
+    if started is None:
+        return
+    latest = list(pool.checks.filter(started_at=started).select_related("gpu_type"))
+    failing = [c for c in latest if c.outcome == CheckOutcome.FAILING]
+    done = [c.finished_at for c in latest if c.finished_at is not None]
+    if failing:
+        health = PoolHealth.FAILING
+        pool.health_detail = "; ".join(f"{c.gpu_type or 'devices'}: {c.detail}" for c in failing)
+    elif all(c.outcome == CheckOutcome.OK for c in latest):
+        health, pool.health_detail, pool.last_ok_at = PoolHealth.OK, "", max(done)
+    else:
+        return
+    recovered = pool.health == PoolHealth.FAILING and health == PoolHealth.OK
+    pool.health, pool.last_checked_at = health, max(done)
+    pool.save(update_fields=["health", "health_detail", "last_checked_at", "last_ok_at"])
+    if recovered:
+        lifecycle.do_resend_queued_runs()
+
+
+def do_prune_pool_checks(now=None) -> int:
+    """Forget checks (and their internal submissions) older than POOL_CHECK_KEEP_DAYS."""
+    before = (now or timezone.now()) - timedelta(days=settings.POOL_CHECK_KEEP_DAYS)
+    old = PoolCheck.objects.filter(started_at__lt=before).exclude(outcome=CheckOutcome.PENDING)
+    run_ids = [r for r in old.values_list("run_id", flat=True) if r is not None]
+    Submission.objects.filter(leaderboard__internal=True, runs__in=run_ids).delete()
+    return old.delete()[0]
+
+
+def tick(now=None) -> int:
+    """Scheduled every minute: settle finished checks, then start a round for each enabled pool whose last check is
+    older than POOL_CHECK_INTERVAL (0: none); returns the rounds started."""
+    now = now or timezone.now()
+    do_finish_pool_checks(now=now)
+    do_prune_pool_checks(now)
+    if not settings.POOL_CHECK_INTERVAL:  # 0: scheduled checks are off
+        return 0
+    due = now - timedelta(seconds=settings.POOL_CHECK_INTERVAL)
+    started = 0
+    for pool in GpuPool.objects.filter(enabled=True).exclude(last_checked_at__gte=due):
+        try:
+            started += bool(do_start_pool_check(pool))
+        except Exception:  # one broken pool must not stop the others' checks
+            log.exception("could not start the health check of pool %s", pool.name)
+    return started

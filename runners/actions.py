@@ -1,0 +1,143 @@
+"""Service layer for GPU inventory: what a node really has (device checks, registration) and which GPU types are
+taking runs. The admin, `manage.py register_node` and the health check call these."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from .harness.probe import device_is, device_mismatch
+from .models import Gpu, GpuPool, GpuType, GpuVendor, Node, PoolHealth
+
+
+class NodeRejected(Exception):
+    """A claim about a node's devices that its probe contradicts; the message says what the node has."""
+
+
+def probe_this_machine() -> dict:
+    """The probe's report for the machine this process runs on, from the interpreter that runs the harness (so the
+    torch it would use is the one asked)."""
+    python = settings.HARNESS_PYTHON or sys.executable
+    done = subprocess.run([python, "-m", "runners.harness.probe"], cwd=settings.BASE_DIR, capture_output=True,
+                          text=True, timeout=120, check=False)
+    if done.returncode != 0:
+        raise NodeRejected(f"the device probe ({python} -m runners.harness.probe) exited with code {done.returncode} "
+                           f"on this machine {done.stderr.strip()[-500:]}".rstrip())
+    return json.loads(done.stdout)
+
+
+def claim_mismatch(gpu_type: GpuType, index: int, report: dict) -> str | None:
+    return device_mismatch(gpu_type.name, gpu_type.vendor, index, report)
+
+
+def check_local_devices(pool: GpuPool, report: dict | None = None) -> dict[Gpu, str]:
+    """Compare every device row of a local pool with this machine's probe; record what matched (device name, uuid,
+    memory, checked time) and disable what did not. Returns each mismatching row with why."""
+    report = report if report is not None else probe_this_machine()
+    devices = {d["index"]: d for d in report.get("devices", [])}
+    problems: dict[Gpu, str] = {}
+    now = timezone.now()
+    with transaction.atomic():
+        for gpu in Gpu.objects.select_for_update().select_related("gpu_type", "node").filter(node__pool=pool):
+            if why := claim_mismatch(gpu.gpu_type, gpu.index, report):
+                problems[gpu] = why
+                gpu.enabled = False
+                gpu.save(update_fields=["enabled"])
+                continue
+            device = devices.get(gpu.index, {}) if not gpu.gpu_type.is_cpu else {}
+            gpu.device_name = device.get("name") or (f"CPU: {report.get('cpu', '')}"[:120] if gpu.gpu_type.is_cpu
+                                                      else "")
+            gpu.uuid, gpu.memory_mib, gpu.checked_at = device.get("uuid", ""), device.get("memory_mib"), now
+            gpu.save(update_fields=["device_name", "uuid", "memory_mib", "checked_at"])
+    return problems
+
+
+def guess_gpu_type(device: dict) -> GpuType:
+    """The one GPU type whose name is this device's model (the longest name wins: L40S before L40)."""
+    found = [t for t in GpuType.objects.filter(vendor=device.get("vendor"))
+             if device_is(t.name, t.vendor, device["name"], device.get("vendor", ""))]
+    if not found:
+        raise NodeRejected(f"no GPU type matches device #{device['index']} ({device['name']}); add one in the admin "
+                           "(GPU types) or name it with --gpu-type")
+    return max(found, key=lambda t: len(t.name))
+
+
+@dataclass(frozen=True)
+class Registration:
+    node: Node
+    created: list[Gpu]
+    updated: list[Gpu]
+    disabled: list[Gpu]
+
+
+def do_register_node(pool: GpuPool, report: dict, *, hostname: str = "",
+                     gpu_type: GpuType | None = None) -> Registration:
+    """Create or update a node's device rows from its probe `report`. `gpu_type`: what the organiser claims the
+    devices are, refused when the probe says otherwise; else each device's type is recognised by name. A node
+    without GPUs becomes one device of the CPU type. Devices the probe no longer finds are disabled."""
+    hostname = hostname or report.get("hostname") or ""
+    if not hostname:
+        raise NodeRejected("the probe report names no hostname; pass one")
+    devices = report.get("devices", [])
+    if not devices:
+        if gpu_type is not None and not gpu_type.is_cpu:
+            raise NodeRejected(f"{claim_mismatch(gpu_type, 0, {**report, 'hostname': hostname})}")
+        if gpu_type is None:
+            gpu_type = GpuType.objects.filter(vendor=GpuVendor.CPU).order_by("pk").first()
+            if gpu_type is None:
+                raise NodeRejected(f"{hostname} has no GPU and there is no CPU GPU type to register it as; add one in "
+                                   "the admin (GPU types, vendor CPU)")
+        devices = [{"index": 0, "name": f"CPU: {report.get('cpu', '')}"[:120], "uuid": "", "memory_mib": None}]
+        types = {0: gpu_type}
+    elif gpu_type is not None:
+        refused = [why for d in devices if (why := claim_mismatch(gpu_type, d["index"], {**report,
+                                                                                        "hostname": hostname}))]
+        if refused:
+            raise NodeRejected("; ".join(refused))
+        types = {d["index"]: gpu_type for d in devices}
+    else:
+        types = {d["index"]: guess_gpu_type(d) for d in devices}
+    now = timezone.now()
+    created, updated = [], []
+    with transaction.atomic():
+        node, _ = Node.objects.get_or_create(pool=pool, hostname=hostname)
+        for device in devices:
+            gpu, new = Gpu.objects.update_or_create(node=node, index=device["index"], defaults={
+                "gpu_type": types[device["index"]], "uuid": device.get("uuid", ""),
+                "device_name": device.get("name", "")[:120], "memory_mib": device.get("memory_mib"),
+                "checked_at": now})
+            (created if new else updated).append(gpu)
+        gone = list(node.gpus.exclude(index__in=[d["index"] for d in devices]).filter(enabled=True))
+        Gpu.objects.filter(pk__in=[g.pk for g in gone]).update(enabled=False)
+    return Registration(node, created, updated, gone)
+
+
+def gpu_availability(gpu_type_ids) -> dict[int, str | None]:
+    """For each GPU type id: None when a pool takes its runs, else why not, as a user should read it. One query."""
+    rows = (Gpu.objects.filter(gpu_type_id__in=list(gpu_type_ids), enabled=True, node__enabled=True,
+                               node__pool__enabled=True)
+            .values_list("gpu_type_id", "node__pool__health", "node__pool__last_checked_at")
+            .distinct())
+    pools: dict[int, list[tuple[str, datetime | None]]] = defaultdict(list)
+    for type_id, health, checked in rows:
+        pools[type_id].append((health, checked))
+    answer: dict[int, str | None] = {}
+    for type_id in gpu_type_ids:
+        found = pools.get(type_id)
+        if not found:
+            answer[type_id] = "no runner currently serves it"
+        elif all(health == PoolHealth.FAILING for health, _ in found):
+            checked = max((c for _, c in found if c is not None), default=None)
+            when = f" at {checked:%Y-%m-%d %H:%M} UTC" if checked else ""
+            answer[type_id] = f"its runners failed their health check{when} and take no runs until they pass one"
+        else:
+            answer[type_id] = None
+    return answer
