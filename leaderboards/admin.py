@@ -1,11 +1,15 @@
 from django.contrib import admin, messages
+from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.shortcuts import redirect, render
-from django.urls import path
+from django.urls import path, reverse
 from django.utils.html import format_html
+
+from kernelbot.admin_actions import ObjectAction, ObjectActionsMixin, confirmed_list_action
 
 from . import actions, lifecycle
 from .access.models import ApiToken, Ban, Invite, JobSwitch, Membership, PendingLogin, SubmissionQuota
+from .admin_tables import info_table, ratio_text, raw_json, seconds_text, tests_table, timings_table
 from .forms import ProblemUploadForm
 from .importing import ImportRejected, do_import_task
 from .models import (
@@ -22,6 +26,26 @@ from .models import (
     Submission,
 )
 from .taskfile import TaskFileError, load_task_from_zip
+
+
+def public_url(obj: Leaderboard | Submission | Run) -> str:
+    """The page the site shows for a leaderboard, a submission or a run (its card on the submission's page)."""
+    if isinstance(obj, Leaderboard):
+        return reverse("leaderboard", args=[obj.name])
+    if isinstance(obj, Run):
+        return reverse("submission", args=[obj.submission_id]) + f"#run-{obj.pk}"
+    return reverse("submission", args=[obj.pk])
+
+
+@admin.display(description="public page")
+def public_link(self, obj) -> str:
+    return format_html('<a href="{}" target="_blank" rel="noopener">open ↗</a>', public_url(obj))
+
+
+def admin_link(obj, text: str | None = None) -> str:
+    opts = obj._meta
+    return format_html('<a href="{}">{}</a>', reverse(f"admin:{opts.app_label}_{opts.model_name}_change",
+                                                      args=[obj.pk]), text or str(obj))
 
 
 class NoAddAdmin(admin.ModelAdmin):
@@ -63,31 +87,59 @@ class ProblemAdmin(NoAddAdmin):  # problems come from "Import problem (zip)" or 
         form = ProblemUploadForm(request.POST or None, request.FILES or None)
         if request.method == "POST" and form.is_valid():
             data = form.cleaned_data
+            name = data["leaderboard"] or None
             try:
                 task = load_task_from_zip(data["archive"].read())
-                report = do_import_task(task, leaderboard=data["leaderboard"] or None, deadline=data["deadline"],
+                report = do_import_task(task, leaderboard=name, deadline=data["deadline"],
                                         gpus=data["gpu_names"] or None, harness=data["harness"],
                                         force=data["force"])
             except TaskFileError as exc:
-                form.add_error("archive", str(exc))
+                form.add_error("archive", exc.errors)
             except ImportRejected as exc:
-                form.add_error(None, "; ".join(exc.errors))
+                form.add_error(None, exc.errors)
             else:
-                self.message_user(request, f"Imported {task.name}: {'; '.join(report.lines)}", messages.SUCCESS)
+                for line in report.lines:
+                    self.message_user(request, self._imported(line, name), messages.SUCCESS)
+                if name:
+                    return redirect("admin:leaderboards_leaderboard_change", Leaderboard.objects.get(name=name).pk)
                 return redirect("admin:leaderboards_problem_changelist")
+        if form.is_bound:
+            form.ask_for_the_file_again()
         context = {**self.admin_site.each_context(request), "form": form, "title": "Import a problem",
                    "opts": self.model._meta}
         return render(request, "admin/leaderboards/problem/upload.html", context,
                       status=400 if request.method == "POST" else 200)
 
+    @staticmethod
+    def _imported(line: str, leaderboard: str | None) -> str:
+        """One line of the import report, with the leaderboard's public page to open next."""
+        if not leaderboard:
+            return line[:1].upper() + line[1:] + "."
+        return format_html('{}. <a href="{}" target="_blank" rel="noopener">Open {} on the site ↗</a>',
+                           line[:1].upper() + line[1:], reverse("leaderboard", args=[leaderboard]), leaderboard)
+
+
+def _rescore(leaderboard: Leaderboard) -> str:
+    changed = actions.do_rescore_leaderboard(leaderboard)
+    return f"{leaderboard}: {changed} scores changed; ranks are being recomputed."
+
+
+RESCORE_CONSEQUENCE = ("Every passing ranked run's score is recomputed from its stored results with the leaderboard's "
+                       "current ranking rule, and every ranking of it is rebuilt. Nothing is run again.")
+
 
 @admin.register(Leaderboard)
-class LeaderboardAdmin(admin.ModelAdmin):
-    list_display = ["name", "problem", "deadline", "ranking_by", "visibility", "gpus"]
+class LeaderboardAdmin(ObjectActionsMixin, admin.ModelAdmin):
+    list_display = ["name", "problem", "deadline", "ranking_by", "visibility", "gpus", "public_link"]
     list_filter = ["visibility", "ranking_by", "competition"]
     search_fields = ["name"]
     filter_horizontal = ["gpu_types"]
     actions = ["rescore"]
+    object_actions = (ObjectAction("rescore", "Rescore", "Rescore {obj}?", RESCORE_CONSEQUENCE, _rescore),)
+    public_link = public_link
+
+    def view_on_site(self, leaderboard: Leaderboard) -> str:
+        return public_url(leaderboard)
 
     @admin.display(description="GPU types")
     def gpus(self, leaderboard: Leaderboard) -> str:
@@ -96,11 +148,9 @@ class LeaderboardAdmin(admin.ModelAdmin):
     def get_queryset(self, request):
         return super().get_queryset(request).select_related("problem").prefetch_related("gpu_types")
 
-    @admin.action(description="Rescore with the current ranking rule")
-    def rescore(self, request, queryset):
-        for leaderboard in queryset:
-            changed = actions.do_rescore_leaderboard(leaderboard)
-            self.message_user(request, f"{leaderboard}: {changed} scores changed; ranks are being recomputed.")
+    rescore = admin.action(description="Rescore with the current ranking rule")(confirmed_list_action(
+        "Rescore", "Rescore the selected leaderboards?", RESCORE_CONSEQUENCE,
+        lambda queryset: " ".join(_rescore(leaderboard) for leaderboard in queryset)))
 
 
 def stamp(field: str, label: str):
@@ -117,29 +167,36 @@ class RunInline(admin.TabularInline):
     extra = 0
     can_delete = False
     show_change_link = True
-    fields = ["gpu_type", "secret", "status", "attempt", "verdict", "score_us", "queued", "dispatched", "started",
-              "finished", "error"]
+    fields = ["gpu_type", "kind", "status", "attempt", "verdict", "score_text", "queued", "finished", "public_link"]
     readonly_fields = fields
 
     def has_add_permission(self, request, obj=None) -> bool:
         return False
 
-    @admin.display(description="score (µs)")
-    def score_us(self, run: Run) -> str:
-        return "-" if run.score is None else f"{run.score * 1e6:.3f}"
+    @admin.display(description="inputs")
+    def kind(self, run: Run) -> str:
+        return "secret" if run.secret else "public"
 
-    queued, dispatched, started, finished = (
-        stamp(f"{step}_at", step) for step in ("queued", "dispatched", "started", "finished"))
+    @admin.display(description="score")
+    def score_text(self, run: Run) -> str:
+        return seconds_text(run.score)
+
+    queued, finished = stamp("queued_at", "queued"), stamp("finished_at", "finished")
+    public_link = public_link
 
 
 @admin.register(Submission)
 class SubmissionAdmin(NoAddAdmin):
-    list_display = ["id", "user", "leaderboard", "mode", "file_name", "created"]
+    list_display = ["id", "user", "leaderboard", "mode", "file_name", "created", "public_link"]
     list_filter = ["mode", "leaderboard"]
     search_fields = ["user__username", "file_name"]
     readonly_fields = ["user", "leaderboard", "problem", "file_name", "mode", "created", "source"]
     exclude = ["code"]
     inlines = [RunInline]
+    public_link = public_link
+
+    def view_on_site(self, submission: Submission) -> str:
+        return public_url(submission)
 
     @admin.display(description="code")
     def source(self, submission: Submission) -> str:
@@ -161,34 +218,145 @@ class RunAttemptInline(admin.TabularInline):
     dispatched, finished = stamp("dispatched_at", "dispatched"), stamp("finished_at", "finished")
 
 
+def _requeue(run: Run) -> str:
+    lifecycle.do_requeue_run(run)
+    return f"Requeued run {run.pk}: it runs again from the start."
+
+
+def _cancel(run: Run) -> str:
+    return f"Cancelled run {run.pk}." if lifecycle.do_cancel_run(run) else f"Run {run.pk} had already finished."
+
+
+def _requeue_all(queryset: QuerySet) -> str:
+    for run in queryset:
+        lifecycle.do_requeue_run(run)
+    return f"Requeued {len(queryset)} runs."
+
+
+def _cancel_all(queryset: QuerySet) -> str:
+    cancelled = sum(lifecycle.do_cancel_run(run) for run in queryset)
+    return f"Cancelled {cancelled} runs; finished runs were left alone."
+
+
+REQUEUE_CONSEQUENCE = ("The run's verdict, score, timings and output are discarded and it is queued to run again "
+                       "from the start; its ranking is recomputed. Earlier attempts stay listed with their reasons.")
+CANCEL_CONSEQUENCE = "The run stops where it is and is never scored; its submission stays, and can be requeued."
+
+
 @admin.register(Run)
-class RunAdmin(NoAddAdmin):
-    list_display = ["id", "submission", "gpu_type", "secret", "status", "attempt", "verdict", "score",
-                    "queued_at", "finished_at"]
+class RunAdmin(ObjectActionsMixin, NoAddAdmin):
+    list_display = ["id", "submission", "gpu_type", "kind", "status", "verdict", "score_text", "queued_at",
+                    "public_link"]
     list_filter = ["status", "secret", "gpu_type", "submission__mode"]
     search_fields = ["submission__user__username", "submission__leaderboard__name"]
-    readonly_fields = [f.name for f in Run._meta.fields]
+    fieldsets = [
+        (None, {"fields": ["submission_link", "gpu", "kind", "status", "attempt", "runner", "verdict",
+                           "score_text", "ratio_text", "error_text"]}),
+        ("Times (UTC)", {"fields": ["queued", "dispatched", "started", "finished", "deadline"]}),
+        ("Results", {"fields": ["tests", "benchmarks", "ranked"]}),
+        ("System", {"fields": ["system"]}),
+        ("Output", {"fields": ["stdout_text", "stderr_text"]}),
+        ("Stored data", {"fields": ["result_json", "system_json", "progress"], "classes": ["collapse"]}),
+    ]
+    readonly_fields = [name for _, options in fieldsets for name in options["fields"]]
     inlines = [RunAttemptInline]
     actions = ["requeue", "cancel"]
+    object_actions = (
+        ObjectAction("requeue", "Requeue", "Requeue run {obj.pk}?", REQUEUE_CONSEQUENCE, _requeue),
+        ObjectAction("cancel", "Cancel run", "Cancel run {obj.pk}?", CANCEL_CONSEQUENCE, _cancel,
+                     shown=lambda run: not run.is_terminal),
+    )
+    public_link = public_link
 
     def get_queryset(self, request):
         return super().get_queryset(request).select_related("submission__leaderboard", "gpu_type")
 
-    @admin.action(description="Requeue (run again)")
-    def requeue(self, request, queryset):
-        for run in queryset:
-            lifecycle.do_requeue_run(run)
-        self.message_user(request, f"Requeued {queryset.count()} runs.")
+    def view_on_site(self, run: Run) -> str:
+        return public_url(run)
 
-    @admin.action(description="Cancel")
-    def cancel(self, request, queryset):
-        cancelled = sum(lifecycle.do_cancel_run(run) for run in queryset)
-        self.message_user(request, f"Cancelled {cancelled} runs; finished runs were left alone.")
+    @admin.display(description="submission")
+    def submission_link(self, run: Run) -> str:
+        sub = run.submission
+        return format_html("{} by {} · {}", admin_link(sub), sub.user, format_html(
+            '<a href="{}">public page ↗</a>', public_url(run)))
+
+    @admin.display(description="inputs")
+    def kind(self, run: Run) -> str:
+        return "secret" if run.secret else "public"
+
+    @admin.display(description="GPU type")
+    def gpu(self, run: Run) -> str:
+        return run.gpu_type.name
+
+    @admin.display(description="score", ordering="score")
+    def score_text(self, run: Run) -> str:
+        return seconds_text(run.score)
+
+    @admin.display(description="× reference")
+    def ratio_text(self, run: Run) -> str:
+        return ratio_text(run.ratio, run.ratio_low, run.ratio_high)
+
+    @admin.display(description="error")
+    def error_text(self, run: Run) -> str:
+        return format_html("<pre>{}</pre>", run.error) if run.error else "–"
+
+    @admin.display(description="tests")
+    def tests(self, run: Run) -> str:
+        return tests_table(run.result.get("tests") or [])
+
+    @admin.display(description="benchmarks")
+    def benchmarks(self, run: Run) -> str:
+        return timings_table(run.result.get("benchmarks") or [])
+
+    @admin.display(description="ranked benchmarks")
+    def ranked(self, run: Run) -> str:
+        return timings_table(run.result.get("ranked") or [])
+
+    @admin.display(description="system info")
+    def system(self, run: Run) -> str:
+        return info_table(run.system_info)
+
+    @admin.display(description="stdout")
+    def stdout_text(self, run: Run) -> str:
+        return format_html("<pre>{}</pre>", run.stdout) if run.stdout else "–"
+
+    @admin.display(description="stderr")
+    def stderr_text(self, run: Run) -> str:
+        return format_html("<pre>{}</pre>", run.stderr) if run.stderr else "–"
+
+    @admin.display(description="result")
+    def result_json(self, run: Run) -> str:
+        return raw_json(run.result)
+
+    @admin.display(description="system info")
+    def system_json(self, run: Run) -> str:
+        return raw_json(run.system_info)
+
+    queued, dispatched, started, finished = (
+        stamp(f"{step}_at", step) for step in ("queued", "dispatched", "started", "finished"))
+    deadline = stamp("status_deadline", "state deadline")
+
+    requeue = admin.action(description="Requeue (run again)")(confirmed_list_action(
+        "Requeue", "Requeue the selected runs?", REQUEUE_CONSEQUENCE, _requeue_all))
+    cancel = admin.action(description="Cancel")(confirmed_list_action(
+        "Cancel runs", "Cancel the selected runs?", CANCEL_CONSEQUENCE, _cancel_all))
 
 
 @admin.register(BoardEntry)
 class BoardEntryAdmin(NoAddAdmin):
-    list_display = ["leaderboard", "gpu_type", "rank", "user", "score", "submission", "submitted_at"]
+    list_display = ["leaderboard", "gpu_type", "rank", "user", "score_text", "submission", "submitted_at",
+                    "public_link"]
+    list_select_related = ["leaderboard", "gpu_type", "user", "submission__leaderboard"]
+
+    @admin.display(description="score", ordering="score")
+    def score_text(self, entry: BoardEntry) -> str:
+        return seconds_text(entry.score)
+
+    @admin.display(description="public page")
+    def public_link(self, entry: BoardEntry) -> str:
+        return format_html('<a href="{}?gpu={}" target="_blank" rel="noopener">open ↗</a>',
+                           public_url(entry.leaderboard), entry.gpu_type.name)
+
     list_filter = ["leaderboard", "gpu_type"]
     ordering = ["leaderboard", "gpu_type", "rank"]
 

@@ -95,7 +95,9 @@ class LeaderboardConsumer(LiveConsumer):
         names = event.get("names", {})
         entries = [{**e, "name": names.get(str(e["user"]), str(e["user"]))} for e in event["entries"]]
         await self.send_json({"type": "delta", "version": event["version"], "entries": entries,
-                              "removed": event.get("removed", []), "shift": event.get("shift")})
+                              "removed": event.get("removed", []), "shift": event.get("shift"),
+                              **{k: event[k] for k in ("rows", "entrants", "pager", "records", "record_names",
+                                                       "records_html") if k in event}})
 
 
 class SubmissionConsumer(LiveConsumer):

@@ -12,6 +12,8 @@ from channels.layers import get_channel_layer
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
+from runners.models import GpuType
+
 from . import live
 
 log = logging.getLogger(__name__)
@@ -51,5 +53,17 @@ def board_changed(leaderboard_id: int, gpu_type_id: int, version: int, entries: 
         pk__in=ids).values_list("pk", "username", "profile__display_name")} if ids else {}
     send(f"leaderboard.{leaderboard_id}", "leaderboard.ranks", {
         "gpu_type": gpu_type_id, "version": version, "entries": entries, "removed": removed or [],
-        "names": names, "shift": shift,
+        "names": names, "shift": shift, **_rendered(leaderboard_id, gpu_type_id, ids),
     })
+
+
+def _rendered(leaderboard_id: int, gpu_type_id: int, user_ids: list[int]) -> dict[str, Any]:
+    """The rows, pager and records as a reload shows them; without them (a failure here) clients fetch the page."""
+    from .board_rows import live_board  # imported here like live_run: it reaches the models
+
+    try:
+        gpu_name = GpuType.objects.filter(pk=gpu_type_id).values_list("name", flat=True).first() or ""
+        return live_board(leaderboard_id, gpu_type_id, gpu_name, user_ids)
+    except Exception:
+        log.exception("could not render the rows of board %s/%s", leaderboard_id, gpu_type_id)
+        return {}

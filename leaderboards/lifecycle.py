@@ -472,8 +472,9 @@ def do_requeue_run(run: Run, reason: str = "requeued by an organiser") -> None:
         run = _locked_run(run.pk)
         if run.status in (RunStatus.DISPATCHED, RunStatus.RUNNING):
             _cancel_attempt_after_commit(_attempt(run))
+        # the previous attempt's results go (its reason stays in RunAttempt): no page shows them as this run's
         run.update_status(RunStatus.QUEUED, infra_failures=0, error=reason, verdict="", passed=None, score=None,
-                          **ratio_fields(None), progress={})
+                          **ratio_fields(None), progress={}, result={}, system_info={}, stdout="", stderr="")
         enqueue_on_commit(DISPATCH_TASK, run.pk)
 
 

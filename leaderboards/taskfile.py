@@ -247,7 +247,13 @@ def load_task_from_zip(data: bytes, *, name: str | None = None) -> TaskDefinitio
             report.check()
         task_dir = found[0].parent
         problem = name or (task_dir.name if task_dir != top else "upload")
-        hint = "files must come from inside the archive (zip the whole problem collection)"
+        if task_dir == top:  # a flat zip: nothing can sit above task.yml
+            hint = ("task.yml is at the top of this archive, so ../ leads out of it: put the problem in a folder "
+                    "(vectoradd/task.yml) and each shared file where its ../ path then points (../utils.py: "
+                    "utils.py beside that folder), and zip both")
+        else:
+            hint = ("files must come from inside the archive: zip the folder that holds both the problem and its "
+                    "shared files")
         return _load_task(task_dir, top, problem, lambda p: label / p.relative_to(top), hint)
 
 
@@ -391,10 +397,8 @@ class _Loader(yaml.SafeLoader):
         seen = set()
         for key_node, _ in node.value:
             if (key_node.tag, key_node.value) in seen:
-                raise yaml.constructor.ConstructorError(
-                    "while constructing a mapping", node.start_mark,
-                    f"found duplicate key {key_node.value!r}", key_node.start_mark,
-                )
+                raise yaml.constructor.ConstructorError(  # located at the duplicate, not the mapping's start
+                    None, None, f"found duplicate key {key_node.value!r}", key_node.start_mark)
             seen.add((key_node.tag, key_node.value))
         return super().construct_mapping(node, deep)
 
@@ -406,12 +410,25 @@ def _read_yaml(path: Path, report: _Report) -> Any:
     try:
         return yaml.load(text, Loader=_Loader)
     except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        report.add(None, f"invalid YAML at {where}{exc.problem or exc.context}")
+        report.add(None, f"invalid YAML {_yaml_error_text(exc)}")
     except yaml.YAMLError as exc:
         report.add(None, f"invalid YAML: {exc}")
     return None
+
+
+def _yaml_error_text(exc: yaml.MarkedYAMLError) -> str:
+    """Located where the mistake starts: an unclosed bracket or quote is only noticed lines later (often at the end
+    of the file), so those are reported at their opening; anything else where the parser stopped."""
+    def at(mark) -> str:
+        return f"line {mark.line + 1}, column {mark.column + 1}"
+    start, found = exc.context_mark, exc.problem_mark
+    context = re.sub(r"^while (parsing|scanning) ", "", exc.context or "")
+    if start is not None and found is not None and (start.line, start.column) != (found.line, found.column):
+        if "flow" in context or "quoted" in context:
+            return f"at {at(start)}: {context} that is never closed ({exc.problem} at {at(found)})"
+        return f"at {at(found)}: {exc.problem} ({context} that starts at {at(start)})"
+    mark = found or start
+    return (f"at {at(mark)}: " if mark else ": ") + str(exc.problem or exc.context)
 
 
 def _read_text(report: _Report, key: str | None, path: Path, shown: str) -> str | None:

@@ -19,13 +19,13 @@ from runners.actions import gpu_availability
 
 from . import actions
 from .access.authority import RunView, access_leaderboard, access_submission, may_see_run_details, run_view
+from .board_rows import PAGE_ROWS, attach_breakdown
 from .errors import AccessDenied, Refused
 from .history import board_history
 from .models import Board, BoardEntry, Leaderboard, Run, Submission
 from .serializers import Outcome, run_out, score_rule, submission_scores
 from .web_forms import SubmitForm
 
-PAGE_ROWS = 50
 LOG_PREVIEW = 8 * 1024
 
 
@@ -69,11 +69,7 @@ def leaderboard(request: HttpRequest, name: str) -> HttpResponse:
     page = Paginator(BoardEntry.objects.for_board(lb, gpu).select_related("user__profile"),
                      PAGE_ROWS).get_page(request.GET.get("page"))
     entries = list(page.object_list)
-    breakdown = dict(Run.objects.filter(submission__in=[e.submission_id for e in entries], gpu_type=gpu,
-                                        secret=False).values_list("submission_id", "result__ranked"))
-    for entry in entries:
-        entry.benchmarks = breakdown.get(entry.submission_id) or []
-        entry.ci = _score_interval(entry.benchmarks)
+    attach_breakdown(entries, gpu.pk)
     history = board_history(lb.pk, gpu.pk, [e.user_id for e in entries])
     chart = {"records": history["records"], "names": {str(k): v for k, v in history["names"].items()},
              "users": {str(e.user_id): history["users"].get(e.user_id, []) for e in entries},
@@ -85,14 +81,6 @@ def leaderboard(request: HttpRequest, name: str) -> HttpResponse:
         "chart": chart, "templates": sorted((definition.get("templates") or {}).keys()),
         "files": sorted((definition.get("files") or {}).keys()), "live": page.number == 1,
     })
-
-
-def _score_interval(benchmarks: list[dict]) -> tuple[float, float] | None:
-    """The last ranked benchmark's 95 % interval in ns, shown next to the score."""
-    last = benchmarks[-1] if benchmarks else None
-    if not last or last.get("ci_low") is None or last.get("ci_high") is None:
-        return None
-    return last["ci_low"], last["ci_high"]
 
 
 @refusals_as_pages
@@ -195,7 +183,7 @@ def submit(request: HttpRequest) -> HttpResponse:
             status = exc.status
         else:
             sub = actions.do_submit(request.user, checked)
-            messages.success(request, f"Submission #{sub.pk} is queued.")
+            messages.success(request, f"Submission #{sub.pk} is queued.", extra_tags="queued-note")
             return redirect("submission", pk=sub.pk)
     elif request.method == "POST":
         status = 400

@@ -130,10 +130,11 @@ def status_table(sub: dict[str, Any]) -> Table:
     for run in sub["runs"]:
         tests = run["tests"]
         passed = sum(t["status"] == "pass" for t in tests)
-        progress = run["progress"]
-        detail = run["error"][:80] or (f"{progress.get('phase', '')} {progress.get('done', '')}/"
-                                       f"{progress.get('total', '')}" if progress else "")
-        if not detail and run.get("outcome") not in (None, "passed"):  # a secret run: its outcome class only
+        progress, finished = run["progress"], run.get("outcome") is not None
+        # a finished run shows its result, never the last progress it reported on the way
+        detail = run["error"][:80] or ("" if finished or not progress.get("phase") else
+                                       f"{progress['phase']} {progress.get('done', '')}/{progress.get('total', '')}")
+        if not detail and finished and run["outcome"] != "passed":  # a secret run: its outcome class only
             detail = run["outcome"].replace("_", " ")
         table.add_row(run["gpu"], "secret" if run["secret"] else "public", run["status"],
                       f"{passed}/{len(tests)}" if tests else "-", fmt_seconds(run["score"]), detail)

@@ -43,6 +43,18 @@ def seconds(value: object) -> str:
     return format_ns(None if number is None else number * 1e9)
 
 
+PHASES = {"test": "tests", "benchmark": "benchmarks", "ranked": "ranked benchmarks"}  # as site.js names them
+
+
+@register.filter
+def progress_text(progress: dict | None) -> str:
+    """A running run's progress, "benchmarks 3/12"; site.js writes the live updates the same way."""
+    if not progress or not progress.get("phase"):
+        return ""
+    phase = PHASES.get(progress["phase"], progress["phase"])
+    return f"{phase} {progress.get('done', 0)}/{progress.get('total', '?')}"
+
+
 @register.filter
 def markdown(text: str) -> SafeString:
     """CommonMark with raw HTML disabled, then sanitised again by nh3 (links get rel=noopener)."""

@@ -61,7 +61,8 @@ def run_harness(job: dict, *, python: str, pythonpath: str, timeout: float, on_p
     proc.stdin.write(json.dumps(job).encode())
     proc.stdin.close()
 
-    started = last_check = last_progress = time.monotonic()
+    started = last_check = time.monotonic()
+    last_progress, pending = 0.0, None  # the latest progress not yet passed on: kept, never dropped
     result, failure = None, ""
     while True:
         try:
@@ -80,9 +81,11 @@ def run_harness(job: dict, *, python: str, pythonpath: str, timeout: float, on_p
                     break
                 result = {**event, "runner_timing": {"harness_s": round(now - started, 4)}}
                 break  # the verdict is final; don't wait for the interpreter's teardown
-            if event.get("event") == "progress" and now - last_progress >= PROGRESS_INTERVAL:
-                last_progress = now
-                on_progress(event)
+            if event.get("event") == "progress":
+                pending = event
+        if pending is not None and now - last_progress >= PROGRESS_INTERVAL:
+            last_progress, event, pending = now, pending, None
+            on_progress(event)
         if now - started > timeout:
             failure = f"harness exceeded the run's total time limit of {timeout:.0f} s"
             break

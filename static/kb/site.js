@@ -44,82 +44,117 @@
     return () => ws;
   }
 
-  // Live leaderboard: snapshot on connect, versioned deltas after; a gap asks for a fresh snapshot.
+  // The page as a reload would render it; `selectors` are swapped in place (rows, pager, records, run cards).
+  async function swapFromServer(selectors) {
+    const response = await fetch(location.pathname + location.search, { credentials: "same-origin" });
+    if (!response.ok) return null;
+    const doc = new DOMParser().parseFromString(await response.text(), "text/html");
+    for (const sel of selectors) {
+      const fresh = $(sel, doc), old = $(sel);
+      if (fresh && old) old.replaceWith(document.adoptNode(fresh));
+    }
+    return doc;
+  }
+
+  // Live leaderboard: a delta carries the changed rows, the pager and the records rendered by the server as a
+  // reload renders them; a snapshot that differs from the page, a version gap or a delta without rows fetches
+  // the page's ranking instead.
   const live = $("#live-status[data-ws^='/ws/leaderboard/']");
   if (live && !live.hasAttribute("data-off")) {
-    let version = -1; let rows = new Map();
-    const tbody = $("#ranking tbody");
-    const render = (fresh) => {
-      const sorted = Array.from(rows.values()).sort((a, b) => a.rank - b.rank || a.score - b.score).slice(0, 50);
-      if (!sorted.length) return;
-      const old = new Map($$("tr[data-user]", tbody).map((tr) => [tr.dataset.user, tr]));
-      tbody.innerHTML = "";
-      for (const e of sorted) {
-        const prev = old.get(String(e.user));
-        const same = prev && prev.dataset.sub === String(e.submission) && prev.dataset.rank === String(e.rank);
-        const tr = same ? prev : document.createElement("tr");
-        if (!same) {
-          const ratio = e.ratio ? `${Number(e.ratio).toFixed(3)}×` : "–";
-          const kept = prev ? Array.from(prev.children).slice(3).map((td) => td.outerHTML).join("") : `<td class='muted'>${ratio}</td><td class='muted'>just now</td><td></td>`;
-          tr.innerHTML = `<td class="num">${e.rank}</td><td><a href="/u/${encodeURIComponent(e.name)}/">${esc(e.name)}</a></td>` +
-            `<td class="num" data-score="${e.score}"><a href="/s/${e.submission}/">${formatNs(e.score * 1e9)}</a></td>` + (prev && prev.dataset.sub === String(e.submission) ? kept : `<td class='muted'>${ratio}</td><td class='muted'>just now</td><td></td>`);
-          tr.dataset.user = e.user; tr.dataset.sub = e.submission; tr.dataset.rank = e.rank;
-          if (fresh) tr.classList.add("fresh");
-        }
-        tr.classList.toggle("tied", !!e.tied);
-        if (e.tied) tr.title = "statistically tied with the entry above"; else tr.removeAttribute("title");
-        tbody.appendChild(tr);
-      }
+    let version = Number(live.dataset.version), fetching = null;
+    const refetch = () => {
+      fetching = fetching || swapFromServer(["#ranking tbody", "#pager", "#records", "#chart-data"]).then((doc) => {
+        const fresh = doc && $("#live-status", doc);
+        if (fresh) version = Number(fresh.dataset.version), (live.dataset.version = version);
+        if (window.kbChartReload) window.kbChartReload();
+      }).finally(() => { fetching = null; });
     };
-    for (const tr of $$("tr[data-user]", tbody)) {
-      tr.dataset.rank = tr.children[0].textContent.trim();
-      tr.dataset.sub = (tr.children[2].querySelector("a").getAttribute("href").match(/\d+/) || [""])[0];
-    }
-    socket(live.dataset.ws, (msg, ws) => {
+    const swapOuter = (sel, html) => {
+      const old = $(sel); if (!old || !html) return;
+      const box = document.createElement("div"); box.innerHTML = html;
+      const fresh = box.firstElementChild;
+      if (old.tagName === "DETAILS" && old.open) fresh.open = true;
+      old.replaceWith(fresh);
+    };
+    const applyDelta = (msg) => {
+      const tbody = $("#ranking tbody");
+      for (const u of msg.removed) { const tr = $(`tr[data-user="${u}"]`, tbody); if (tr) tr.remove(); }
+      if (msg.shift) { // the other rows ranked first..last (null: to the end) moved by `by`
+        const [first, last, by] = msg.shift, moved = new Set(msg.entries.map((e) => String(e.user)));
+        for (const tr of $$("tr[data-user]", tbody)) {
+          const rank = Number(tr.dataset.rank);
+          if (moved.has(tr.dataset.user) || rank < first || (last !== null && rank > last)) continue;
+          tr.dataset.rank = rank + by; tr.children[0].textContent = rank + by;
+        }
+      }
+      for (const e of msg.entries) {
+        const holder = document.createElement("tbody"); holder.innerHTML = msg.rows[String(e.user)];
+        const tr = holder.firstElementChild; tr.classList.add("fresh");
+        const old = $(`tr[data-user="${e.user}"]`, tbody);
+        if (old) old.replaceWith(tr); else tbody.appendChild(tr);
+      }
+      const rows = $$("tr[data-user]", tbody).sort((a, b) => a.dataset.rank - b.dataset.rank);
+      if (!rows.length) return refetch();  // the last entry left: the page's empty row
+      if (rows.length < Math.min(50, msg.entrants || 0)) return refetch();  // rows moved up from the next page
+      for (const tr of $$(":scope > tr:not([data-user])", tbody)) tr.remove();
+      rows.forEach((tr, i) => (i < 50 ? tbody.appendChild(tr) : tr.remove()));
+      swapOuter("#pager", msg.pager);
+      swapOuter("#records", msg.records_html);
+      if (window.kbChartRecords) window.kbChartRecords(msg.records, msg.record_names);
+    };
+    socket(live.dataset.ws, (msg) => {
       if (msg.type === "snapshot") {
-        const changed = msg.version !== version && version !== -1;
-        rows = new Map(msg.entries.map((e) => [e.user, e])); version = msg.version;
-        if (changed || msg.version !== Number(live.dataset.version)) render(true);
-        live.dataset.version = version;
+        if (msg.version !== version) refetch();
       } else if (msg.type === "delta") {
         if (msg.version <= version) return; // duplicate
-        if (msg.version !== version + 1) { ws.send(JSON.stringify({ type: "resync" })); return; }
-        for (const u of msg.removed) rows.delete(u);
-        if (msg.shift) { // the other rows ranked first..last (null: to the end) moved by `by`
-          const [first, last, by] = msg.shift, moved = new Set(msg.entries.map((e) => e.user));
-          for (const [u, e] of rows) if (!moved.has(u) && e.rank >= first && (last === null || e.rank <= last)) rows.set(u, { ...e, rank: e.rank + by });
-        }
-        for (const e of msg.entries) rows.set(e.user, e);
-        version = msg.version; live.dataset.version = version; render(true);
-        if (window.kbChartRecord) for (const e of msg.entries) window.kbChartRecord(e);
+        const complete = msg.rows && msg.entries.every((e) => msg.rows[String(e.user)]);
+        if (msg.version !== version + 1 || !complete || fetching) { refetch(); return; }
+        version = msg.version; live.dataset.version = version;
+        applyDelta(msg);
       }
     }, live);
   }
 
-  // Live submission: timeline and status per run; reload once everything finished for full results.
+  // Live submission: badge, timeline and progress per run from the websocket; when a run finishes (or is
+  // requeued), its card and the score are fetched as a reload renders them, so each run's results appear as
+  // soon as it ends and a requeued run shows no earlier attempt's.
   const subLive = $("#live-status[data-ws^='/ws/submission/']");
   if (subLive) {
     const order = ["queued", "dispatched", "running"];
+    const isTerminal = (status) => !order.includes(status);
+    const phases = { test: "tests", benchmark: "benchmarks", ranked: "ranked benchmarks" };  // as kb.progress_text
+    const hhmmss = (iso) => new Date(iso).toISOString().slice(11, 19);  // UTC, as the page renders it
     const apply = (r) => {
       const card = $(`section[data-run="${r.run}"]`); if (!card) return;
+      const was = card.dataset.status;
       card.dataset.status = r.status;
-      const badge = $("[data-field=status]", card); badge.textContent = r.status.replace("_", " "); badge.className = "badge s-" + r.status;
-      const terminal = !order.includes(r.status);
+      const badge = $("[data-field=status]", card);
+      badge.textContent = r.status.split("_").map((w) => w[0].toUpperCase() + w.slice(1)).join(" ");  // as Django labels it
+      badge.className = "badge s-" + r.status;
+      const terminal = isTerminal(r.status);
       for (const li of $$(".timeline li", card)) {
         const step = li.dataset.step, idx = order.indexOf(step), cur = order.indexOf(r.status);
         li.classList.toggle("done", terminal ? (step !== "done" || r.passed) : idx <= cur && idx >= 0 && (idx < cur || step === "queued"));
         li.classList.toggle("now", !terminal && step === r.status);
         li.classList.toggle("bad", terminal && step === "done" && !r.passed);
         const stamp = { queued: r.queued_at, dispatched: r.dispatched_at, running: r.started_at, done: r.finished_at }[step];
-        const span = $("span", li);
-        if (step === "running" && r.status === "running" && r.progress && r.progress.phase) span.textContent = `${r.progress.phase} ${r.progress.done}/${r.progress.total}`;
-        else if (stamp) span.textContent = new Date(stamp).toLocaleTimeString();
+        $("span", li).textContent = stamp ? hhmmss(stamp) : "";
+      }
+      const line = $("[data-field=progress]", card), p = r.progress || {};
+      line.hidden = terminal || !p.phase;
+      if (p.phase) {
+        $("progress", line).max = p.total || 1; $("progress", line).value = p.done || 0;
+        $("span", line).textContent = `${phases[p.phase] || p.phase} ${p.done}/${p.total}`;
+      }
+      if (r.status !== "queued") for (const note of $$(".flash.queued-note")) note.remove();
+      if (was && was !== r.status && (terminal || isTerminal(was))) {
+        swapFromServer([`section[data-run="${r.run}"]`, "#scores"]).then(() => {
+          if ($$("section[data-run]").every((c) => isTerminal(c.dataset.status))) subLive.textContent = "finished";
+        });
       }
     };
     socket(subLive.dataset.ws, (msg) => {
-      const runs = msg.type === "snapshot" ? msg.runs : [msg];
-      runs.forEach(apply);
-      if ($$("section[data-run]").every((c) => !order.includes(c.dataset.status))) setTimeout(() => location.reload(), 300);
+      (msg.type === "snapshot" ? msg.runs : [msg]).forEach(apply);
     }, subLive);
   }
 
@@ -145,21 +180,23 @@
   }
   const chartData = $("#chart-data");
   if (chartData) {
-    const data = JSON.parse(chartData.textContent), el = $("#chart");
-    const base = { label: "record", cls: "record", points: data.records, names: data.names };
-    const draw = (uid) => chart(el, uid && data.users[uid] ? [base, { label: data.userNames[uid], cls: "user", points: data.users[uid] }] : [base]);
-    let pinned = null;
-    draw(null);
-    // a live delta that beats the record extends the progression without a reload
-    window.kbChartRecord = (e) => {
-      const best = data.records.length ? data.records[data.records.length - 1][1] : Infinity;
-      if (e.score < best) { data.records.push([new Date().toISOString(), e.score, e.user]); data.names[e.user] = e.name; draw(pinned); }
+    let data = JSON.parse(chartData.textContent), pinned = null;
+    const el = $("#chart");
+    const draw = (uid) => {
+      const base = { label: "record", cls: "record", points: data.records, names: data.names };
+      chart(el, uid && data.users[uid] ? [base, { label: data.userNames[uid], cls: "user", points: data.users[uid] }] : [base]);
     };
-    for (const tr of $$("#ranking tr[data-user]")) {
-      tr.addEventListener("mouseenter", () => draw(pinned || tr.dataset.user));
-      tr.addEventListener("mouseleave", () => draw(pinned));
-      tr.addEventListener("click", (e) => { if (e.target.closest("a,summary")) return; pinned = pinned === tr.dataset.user ? null : tr.dataset.user; draw(pinned); });
-    }
+    draw(null);
+    // live deltas carry the record progression as the server computes it for a reload
+    window.kbChartRecords = (records, names) => { if (records) { data.records = records; Object.assign(data.names, names || {}); draw(pinned); } };
+    window.kbChartReload = () => { data = JSON.parse($("#chart-data").textContent); draw(pinned); };
+    const ranking = $("#ranking"), rowOf = (e) => e.target.closest("tr[data-user]");
+    ranking.addEventListener("mouseover", (e) => { const tr = rowOf(e); if (tr) draw(pinned || tr.dataset.user); });
+    ranking.addEventListener("mouseleave", () => draw(pinned));
+    ranking.addEventListener("click", (e) => {
+      const tr = rowOf(e); if (!tr || e.target.closest("a,summary")) return;
+      pinned = pinned === tr.dataset.user ? null : tr.dataset.user; draw(pinned);
+    });
   }
   const history = $("#history-data");
   if (history) {

@@ -380,7 +380,7 @@ def test_admin_zip_upload_says_which_deadline_and_harness_it_chose(admin_client,
     text = response.content.decode()
     deadline = Leaderboard.objects.get(name="va-eval").deadline
     assert abs(deadline - timezone.now() - timedelta(days=365)) < timedelta(hours=1)
-    assert "created leaderboard va-eval: problem vectoradd_eval_py v1, popcorn protocol (eval.py), deadline " \
+    assert "Created leaderboard va-eval: problem vectoradd_eval_py v1, popcorn protocol (eval.py), deadline " \
            f"{deadline:%Y-%m-%d %H:%M} UTC (none given: 365 days from now)" in text
 
 

@@ -85,7 +85,8 @@ def multi_gpu(case: dict) -> dict:
 
 
 BAD_TASKS = [
-    ("files:\n  - [oops\nlang: py\n", None, "invalid YAML at line 3, column 5"),
+    ("files:\n  - [oops\nlang: py\n", None, "invalid YAML at line 2, column 5: a flow sequence that is never closed"),
+    ("lang: py\ndescription: 'unclosed\nfiles: []\n\n", None, "invalid YAML at line 2, column 14: a quoted scalar"),
     ("- a\n- list\n", None, "expected a mapping at the top level, got list"),
     ("lang: py\nlang: cu\n", None, "found duplicate key 'lang'"),
     ("", None, "expected a mapping at the top level, got null"),
@@ -452,7 +453,7 @@ def test_competition_collects_errors_across_problems(tmp_path):
 
 
 @pytest.mark.parametrize(("text", "key", "fragment"), [
-    ("name: [x\n", None, "invalid YAML at line 2"),
+    ("name: [x\n", None, "invalid YAML at line 1, column 7"),
     ("[]\n", None, "expected a mapping at the top level, got list"),
     ("name: x\ndescription: y\ndeadline: soon\nproblems: []\n", "deadline",
      "'soon' is not a date and time; use \"2025-06-30\" (00:00 UTC), \"2025-06-30 23:59\" or ISO 8601"),
