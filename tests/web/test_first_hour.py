@@ -80,6 +80,9 @@ def test_organiser_first_hour_and_competitor_views(browser, platform, tmp_path):
     admin.wait_for_selector(".messagelist .success")
     pool = GpuPool.objects.get(name="lab")
     assert Gpu.objects.filter(node__pool=pool, node__hostname="localhost", gpu_type__name="CPU", index=0).exists()
+    admin.goto(f"{base}/admin/runners/gpupool/{pool.pk}/change/")
+    admin.wait_for_selector("input[name='devices-0-hostname']")
+    shot(admin, "admin-pool")
 
     # the zip import, its shared ../utils.py beside the problem's folder, lands on the new leaderboard
     admin.goto(f"{base}/admin/")
