@@ -25,7 +25,7 @@ from django.utils import timezone
 from leaderboards import live
 from leaderboards.models import TERMINAL_STATUSES
 
-from . import announce, service
+from . import announce, gpus, service
 from .service import BotError, Member
 
 log = logging.getLogger(__name__)
@@ -384,6 +384,38 @@ async def status_command(interaction: discord.Interaction, submission_id: int) -
     await answer(interaction, service.submission_status, submission_id)
 
 
+gpus_group = app_commands.Group(name="gpus", description="Reserve shared GPUs", guild_only=True)
+
+
+@gpus_group.command(name="availability", description="Free GPUs, the queue and when a request would start")
+async def gpus_availability_command(interaction: discord.Interaction) -> None:
+    await answer(interaction, gpus.availability)
+
+
+@gpus_group.command(name="reserve", description="Reserve GPUs of one node; waits in the queue when none are free")
+@app_commands.describe(gpu_type="e.g. H100", count="GPUs on one node", minutes="How long", project="For reports")
+async def gpus_reserve_command(interaction: discord.Interaction, gpu_type: str,
+                               count: app_commands.Range[int, 1, 64], minutes: app_commands.Range[int, 1, 100_000],
+                               project: str = "") -> None:
+    await answer(interaction, gpus.reserve, gpu_type, count, minutes, project)
+
+
+@gpus_group.command(name="list", description="Your open reservations")
+async def gpus_list_command(interaction: discord.Interaction) -> None:
+    await answer(interaction, gpus.mine)
+
+
+@gpus_group.command(name="cancel", description="Cancel a queued reservation or end an active one")
+async def gpus_cancel_command(interaction: discord.Interaction, reservation_id: int) -> None:
+    await answer(interaction, gpus.cancel, reservation_id)
+
+
+@gpus_group.command(name="extend", description="Extend a reservation (when no one queued would wait longer)")
+async def gpus_extend_command(interaction: discord.Interaction, reservation_id: int,
+                              minutes: app_commands.Range[int, 1, 100_000]) -> None:
+    await answer(interaction, gpus.extend, reservation_id, minutes)
+
+
 admin_group = app_commands.Group(name="admin", description="Organiser commands", guild_only=True)
 
 
@@ -486,7 +518,7 @@ class KernelBot(discord.Client):
         intents.guilds = True  # roles for the organiser check; slash commands need no privileged intent
         super().__init__(intents=intents, **options)
         self.tree = CommandTree(self)
-        for group in (leaderboard_group, submission_group, admin_group):
+        for group in (leaderboard_group, submission_group, gpus_group, admin_group):
             self.tree.add_command(group)
         self.live = Live(self)
 

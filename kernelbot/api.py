@@ -5,6 +5,7 @@ from ninja import NinjaAPI
 
 from leaderboards.access.api import router as access_router
 from leaderboards.api import router as leaderboards_router
+from runners.reservations.api import router as reservations_router
 
 from .api_errors import install_error_handlers
 
@@ -12,6 +13,7 @@ api = NinjaAPI(title="kernelbot", version="1", urls_namespace="api")
 install_error_handlers(api)
 api.add_router("/", leaderboards_router)
 api.add_router("/", access_router)
+api.add_router("/", reservations_router)
 
 
 @api.get("/health", tags=["meta"])

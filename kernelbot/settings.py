@@ -53,6 +53,7 @@ INSTALLED_APPS = [
     "allauth.socialaccount.providers.github",
     "leaderboards",
     "runners",
+    "runners.reservations",
     "discordbot",
 ]
 
@@ -304,6 +305,13 @@ SUBMISSION_QUOTAS = {"test": env_quota("KERNELBOT_QUOTA_TEST", "60/3600"),
 POPCORN_OAUTH = {provider: {"client_id": os.environ.get(f"{provider.upper()}_CLIENT_ID", ""),
                             "client_secret": os.environ.get(f"{provider.upper()}_CLIENT_SECRET", "")}
                  for provider in ("discord", "github")}
+
+# GPU reservations and usage reports (runners/reservations, docs/operations.md)
+NODE_AGENT_TOKEN = os.environ.get("KERNELBOT_NODE_AGENT_TOKEN", "")  # the node agent's bearer token
+USAGE_REPORT_HOUR = int(os.environ.get("KERNELBOT_USAGE_REPORT_HOUR", "9"))  # UTC hour of the daily post
+USAGE_DISCORD_WEBHOOK = os.environ.get("KERNELBOT_USAGE_DISCORD_WEBHOOK", "")
+USAGE_SLACK_WEBHOOK = os.environ.get("KERNELBOT_USAGE_SLACK_WEBHOOK", "")
+SLACK_SIGNING_SECRET = os.environ.get("SLACK_SIGNING_SECRET", "")
 
 # --- Discord bot (issue 13; docs/operations.md) ------------------------------------------------------
 # The bot's token (Developer Portal → Bot → Reset Token): `manage.py discordbot` needs it, `manage.py serve` starts the

@@ -13,6 +13,7 @@ urlpatterns = [
     path("api/runner/v1/", include("leaderboards.runner_api")),
     path("api/runner/v1/", include("runners.urls")),  # service webhooks (GitHub); no route overlaps the runner API
     path("api/docs", RedirectView.as_view(url="/api/v1/docs", permanent=False)),
+    path("gpus/", include("runners.reservations.urls")),
     path("favicon.ico", RedirectView.as_view(url=static("kb/favicon.svg"), permanent=True)),
     path("popcorn/", include("leaderboards.popcorn.urls")),
     path("tokens/", include("leaderboards.access.urls")),

@@ -91,7 +91,8 @@ def dispatch_run(run_id: int) -> None:
         nonce = _attempt(run).nonce
         job = Dispatch(run_id=run.pk, attempt=attempt, nonce=nonce, platform_url=platform_url(pool),
                        gpu_type=run.gpu_type, gpu_count=gpu_count(_with_definition(run)),
-                       timeout_s=total_timeout(run), label=f"kernelbot run {run.pk} attempt {attempt}")
+                       timeout_s=total_timeout(run), label=f"kernelbot run {run.pk} attempt {attempt}",
+                       user_id=run.submission.user_id, project=run.submission.leaderboard.name)
     reporter = AttemptReporter(run_id, attempt, remote=backend.remote)
     try:
         external_id = backend.dispatch(job, reporter)

@@ -220,5 +220,9 @@ def delete(submission_id: int, yes: bool = typer.Option(False, "--yes", "-y")) -
     console.print(f"Deleted submission {submission_id}.")
 
 
+from .gpus import app as gpus_app  # noqa: E402 - it imports this module's helpers
+
+app.add_typer(gpus_app, name="gpus")
+
 if __name__ == "__main__":
     app()

@@ -41,6 +41,8 @@ class Dispatch:
     gpu_count: int  # world_size for multi_gpu problems, else 1 (0 on a CPU type)
     timeout_s: int  # the run's total wall-clock budget
     label: str  # short human string for job names, e.g. "kernelbot run 42 attempt 1"
+    user_id: int | None = None  # whose run: usage reports count the devices it holds for them
+    project: str = ""  # what the usage is for (the run's leaderboard)
 
 
 class RemoteState(StrEnum):

@@ -1,9 +1,9 @@
-"""Runs the harness on this machine, one run per device at a time (a file lock per `Gpu` row)."""
+"""Runs the harness on this machine, one run per device at a time (a device hold from the allocator that runs and
+reservations share)."""
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import shutil
 import sys
@@ -15,7 +15,8 @@ from django.conf import settings
 
 from runners.harness.runner import run_harness, write_workdir
 from runners.jobs import run_limits, sandbox_uid
-from runners.models import Gpu, GpuType
+from runners.models import Gpu
+from runners.reservations import allocator
 
 from .base import Dispatch, Reporter, RunnerBackend
 
@@ -34,7 +35,7 @@ class LocalBackend(RunnerBackend):
     remote = False
 
     def dispatch(self, job: Dispatch, reporter: Reporter) -> str:
-        with self.device(job.gpu_type, reporter) as gpu:
+        with self.device(job, reporter) as gpu:
             if gpu is None or not reporter.running():
                 return ""
             payload = reporter.job()
@@ -60,32 +61,22 @@ class LocalBackend(RunnerBackend):
         return ""
 
     @contextlib.contextmanager
-    def device(self, gpu_type: GpuType, reporter: Reporter) -> Iterator[Gpu | None]:
-        """Hold an exclusive lock on one free device of the run's type, waiting for one if all are busy (with
-        heartbeats); None when the run moved on meanwhile."""
-        gpus = list(Gpu.objects.filter(node__pool=self.pool, node__enabled=True, enabled=True,
-                                       gpu_type=gpu_type))
-        if not gpus:
-            raise RuntimeError(f"pool '{self.pool.name}' has no enabled {gpu_type} device")
-        lock_dir = Path(settings.RUNS_DIR) / "locks"
-        lock_dir.mkdir(parents=True, exist_ok=True)
+    def device(self, job: Dispatch, reporter: Reporter) -> Iterator[Gpu | None]:
+        """One device of the run's type from the allocator, which runs and reservations share, waiting for one while
+        all are held (with heartbeats); None when the run moved on meanwhile."""
+        if not Gpu.objects.filter(node__pool=self.pool, node__enabled=True, enabled=True,
+                                  gpu_type=job.gpu_type).exists():
+            raise RuntimeError(f"pool '{self.pool.name}' has no enabled {job.gpu_type} device")
         last_beat = time.monotonic()
-        while True:
-            for gpu in gpus:
-                handle = open(lock_dir / f"gpu-{gpu.pk}.lock", "w")  # noqa: SIM115 - held for the run
-                try:
-                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    handle.close()
-                    continue
-                try:
-                    yield gpu
-                finally:
-                    handle.close()
-                return
-            time.sleep(0.02)
+        while (hold := allocator.acquire_for_run(
+                self.pool, job.gpu_type, run_id=job.run_id, attempt=job.attempt, user_id=job.user_id,
+                leaderboard=job.project, seconds=job.timeout_s,
+                lease_seconds=allocator.run_lease_seconds())) is None:
+            time.sleep(0.05)
             if time.monotonic() - last_beat > heartbeat_interval():
                 last_beat = time.monotonic()
                 if not reporter.heartbeat():
                     yield None
                     return
+        with allocator.leased(hold, allocator.run_lease_seconds()):
+            yield hold.gpu

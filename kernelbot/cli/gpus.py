@@ -1,0 +1,143 @@
+"""`kernelbot gpus …`: availability, reserve (a live status line until active), list, show, cancel, extend."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import typer
+from rich.table import Table
+
+app = typer.Typer(help="Reserve shared GPUs.", no_args_is_help=True)
+
+# main.py adds `app` at its end: defined before this import, so `python -m kernelbot.cli.main` (which loads main twice)
+# finds it too
+from .main import check, client, console  # noqa: E402
+
+
+def when(value: str | None) -> str:
+    if not value:
+        return "-"
+    moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    left = (moment - datetime.now(UTC)).total_seconds()
+    rel = f"in {left / 60:.0f} min" if left > 0 else "now"
+    return f"{moment:%Y-%m-%d %H:%M} UTC ({rel})"
+
+
+def parse_duration(text: str) -> int:
+    """Minutes from `90`, `90m`, `2h`, `1h30m`."""
+    raw, total, number = text.strip().lower(), 0, ""
+    try:
+        if raw.lstrip("-").isdigit():
+            return int(raw)
+        for ch in raw:
+            if ch.isdigit():
+                number += ch
+            elif ch in "hm" and number:
+                total += int(number) * (60 if ch == "h" else 1)
+                number = ""
+            else:
+                raise ValueError
+        if number:
+            raise ValueError
+        return total
+    except ValueError:
+        raise typer.BadParameter(f"'{text}' is not a duration (e.g. 90, 90m, 2h, 1h30m)") from None
+
+
+def status_line(r: dict[str, Any]) -> str:
+    base = f"#{r['id']} {r['gpu_count']}× {r['gpu_type']} on {r['pool']} ({r['project']}): {r['status']}"
+    if r["status"] == "pending":
+        return f"{base}, starts {when(r['planned_start'])}"
+    if r["status"] == "active":
+        return f"{base} on {r['hostname']} GPUs {','.join(map(str, r['gpus']))} until {when(r['ends_at'])}"
+    return base + (f": {r['failure']}" if r["failure"] else "")
+
+
+def show_access(r: dict[str, Any]) -> None:
+    if r["status"] == "active" and r["access"].get("note"):
+        console.print(f"[bold]Access:[/bold] {r['access']['note']}")
+    warnings = [e for e in r["events"] if e["kind"] == "warning"]
+    if warnings and r["status"] == "active":
+        console.print(f"[yellow]{warnings[-1]['message']}[/yellow]")
+
+
+@app.command()
+def availability(minutes: int = typer.Option(60, help="Duration the ETAs assume.")) -> None:
+    """Free devices, queued requests and the ETA for 1/2/4/8 GPUs, per pool and GPU type."""
+    with client() as c:
+        rows = check(c.get("/gpus/availability", params={"minutes": minutes}))
+    table = Table("GPU", "pool", "devices", "reservable", "free now", "queued", "ETA 1", "ETA 2", "ETA 4", "ETA 8")
+    for a in rows:
+        table.add_row(a["gpu_type"], a["pool"], str(a["devices"]), str(a["reservable"]), str(a["free_now"]),
+                      str(a["queued"]), *(when(a["eta"].get(k)) if a["eta"].get(k) else "never"
+                                          for k in ("1", "2", "4", "8")))
+    console.print(table)
+
+
+@app.command()
+def reserve(gpus: int = typer.Option(1, "--gpus", "-n", help="GPUs on one node."),
+            gpu_type: str = typer.Option(..., "--gpu", "-g", help="GPU type, e.g. H100."),
+            duration: str = typer.Option("1h", "--duration", "-d", help="e.g. 90m, 2h, 1h30m."),
+            project: str = typer.Option("", "--project", "-p", help="Label for usage reports."),
+            pool: str = typer.Option("", help="A pool (default: the one that starts it first)."),
+            wait: bool = typer.Option(True, help="Wait with a live status line until it is active.")) -> None:
+    """Reserve GPUs; queued when none are free."""
+    body = {"gpu_type": gpu_type, "gpu_count": gpus, "minutes": parse_duration(duration), "project": project,
+            "pool": pool}
+    with client() as c:
+        r = check(c.post("/gpus/reservations", json=body))
+        if r["status"] == "pending":
+            console.print(f"Queued: reservation #{r['id']}, expected start {when(r['planned_start'])}.")
+        if wait and r["status"] == "pending":
+            with console.status(status_line(r)) as line:
+                while r["status"] == "pending":
+                    time.sleep(2)
+                    r = check(c.get(f"/gpus/reservations/{r['id']}"))
+                    line.update(status_line(r))
+    console.print(status_line(r))
+    show_access(r)
+    if r["status"] not in ("active", "pending"):
+        raise typer.Exit(2)
+
+
+@app.command("list")
+def list_(all: bool = typer.Option(False, "--all", help="Finished ones too.")) -> None:
+    """Your reservations."""
+    with client() as c:
+        rows = check(c.get("/gpus/reservations", params={"all": all}))
+    table = Table("id", "GPUs", "pool", "project", "status", "host", "starts", "ends")
+    for r in rows:
+        table.add_row(str(r["id"]), f"{r['gpu_count']}× {r['gpu_type']}", r["pool"], r["project"], r["status"],
+                      r["hostname"] or "-", when(r["started_at"] or r["planned_start"]), when(r["ends_at"]))
+    console.print(table)
+    for r in rows:
+        show_access(r)
+
+
+@app.command()
+def show(reservation_id: int) -> None:
+    """One reservation with its events."""
+    with client() as c:
+        r = check(c.get(f"/gpus/reservations/{reservation_id}"))
+    console.print(status_line(r))
+    show_access(r)
+    for e in r["events"]:
+        console.print(f"  {e['created'][:16].replace('T', ' ')} {e['kind']}: {e['message']}")
+
+
+@app.command()
+def cancel(reservation_id: int) -> None:
+    """Cancel a queued request or end an active reservation now."""
+    with client() as c:
+        r = check(c.post(f"/gpus/reservations/{reservation_id}/cancel"))
+    console.print(status_line(r))
+
+
+@app.command()
+def extend(reservation_id: int, duration: str = typer.Argument(..., help="More time, e.g. 30m, 1h.")) -> None:
+    """Add time (refused when it would delay someone queued past the pool's policy)."""
+    with client() as c:
+        r = check(c.post(f"/gpus/reservations/{reservation_id}/extend", json={"minutes": parse_duration(duration)}))
+    console.print(status_line(r))

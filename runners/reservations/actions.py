@@ -1,0 +1,292 @@
+"""The service layer for reservations: every front-end (web, /api/v1, CLI through the API, Discord) calls these.
+`check_*` validates and refuses with a precise `Refused`; `do_*` writes. A pool's reservation changes are serialised
+on its policy row (`SELECT … FOR UPDATE`), so its limits hold under concurrency; devices are granted by the
+allocator alone."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db import transaction
+from django.utils import timezone
+
+from leaderboards.errors import AccessDenied, Refused
+from runners.models import GpuPool, GpuType
+from runners.queue import enqueue_on_commit
+
+from . import allocator, planner
+from .access import access_for
+from .models import OPEN, PoolPolicy, Reservation, ReservationEvent, ReservationStatus
+
+ETA_COUNTS = (1, 2, 4, 8)
+DEFAULT_ETA_MINUTES = 60
+# Callables (user, message) that deliver a notice elsewhere (the Discord bot registers its DM sender here).
+NOTIFIERS: list[Callable[[object, str], None]] = []
+
+
+@dataclass
+class ReserveRequest:
+    gpu_type: str
+    gpu_count: int
+    minutes: int
+    project: str = ""
+    pool: str = ""
+
+
+def find_gpu_type(name: str) -> GpuType:
+    found = GpuType.objects.filter(name__iexact=name.strip()).first()
+    if found is None:
+        known = ", ".join(GpuType.objects.values_list("name", flat=True)) or "none"
+        raise Refused(f"Unknown GPU type '{name}'. Known types: {known}.", 400)
+    return found
+
+
+def reservable_pools(gpu_type: GpuType) -> list[GpuPool]:
+    return list(GpuPool.objects.serving(gpu_type).filter(reservation_policy__reservable=True).order_by("pk"))
+
+
+def node_size(pool: GpuPool, gpu_type: GpuType) -> int:
+    """The most devices of the type reservations may take on one node of the pool."""
+    gpus = allocator.devices(pool, gpu_type)
+    kept = allocator.kept_for_competitions(PoolPolicy.objects.filter(pool=pool).first(), gpus)
+    per_node: dict[int, int] = {}
+    for g in gpus:
+        if g.pk not in kept:
+            per_node[g.node_id] = per_node.get(g.node_id, 0) + 1
+    return max(per_node.values(), default=0)
+
+
+def check_reserve(user, req: ReserveRequest) -> tuple[GpuPool, GpuType]:
+    gpu_type = find_gpu_type(req.gpu_type)
+    if req.gpu_count < 1:
+        raise Refused(f"gpu_count must be at least 1; got {req.gpu_count}.", 400)
+    if req.minutes < 1:
+        raise Refused(f"The duration must be at least 1 minute; got {req.minutes}.", 400)
+    if len(req.project) > 60:
+        raise Refused("project is at most 60 characters.", 400)
+    pools = reservable_pools(gpu_type)
+    if req.pool:
+        pools = [p for p in pools if p.name.lower() == req.pool.strip().lower()]
+        if not pools:
+            raise Refused(f"No reservable pool '{req.pool}' serves {gpu_type}.", 400)
+    if not pools:
+        raise Refused(f"No pool lends {gpu_type} GPUs for reservations.", 400)
+    sizes = {p.pk: node_size(p, gpu_type) for p in pools}
+    fitting = [p for p in pools if sizes[p.pk] >= req.gpu_count]
+    if not fitting:
+        raise Refused(f"{req.gpu_count} {gpu_type} GPUs do not fit on one node: a node lends at most "
+                      f"{max(sizes.values())}.", 400)
+    fitting = [p for p in fitting if req.minutes <= p.reservation_policy.max_duration_minutes]
+    if not fitting:
+        longest = max(p.reservation_policy.max_duration_minutes for p in pools)
+        raise Refused(f"{req.minutes} minutes is longer than the longest allowed reservation ({longest} minutes).",
+                      400)
+    if len(fitting) == 1:
+        return fitting[0], gpu_type
+    now = timezone.now()  # several pools: the one whose queue starts it first
+    probe = planner.Request("probe", req.gpu_count, req.minutes * 60)
+    starts = {p.pk: allocator.plan_queue(p, gpu_type, now, [probe])[0]["probe"] for p in fitting}
+    return min(fitting, key=lambda p: (starts[p.pk].start if starts[p.pk] else float("inf"), p.pk)), gpu_type
+
+
+def check_policy(user, policy: PoolPolicy, gpu_count: int, minutes: int, exclude: int | None = None) -> None:
+    mine = Reservation.objects.open().filter(user=user, pool=policy.pool).exclude(pk=exclude)
+    gpus = sum(r.gpu_count for r in mine) + gpu_count
+    if gpus > policy.max_gpus_per_user:
+        raise Refused(f"Pool {policy.pool.name} lends at most {policy.max_gpus_per_user} GPUs per user at once; "
+                      f"this would make {gpus}.", 409)
+    hours = sum(r.gpu_count * r.minutes for r in mine) / 60 + gpu_count * minutes / 60
+    if hours > policy.max_gpu_hours_per_user + 1e-9:
+        raise Refused(f"Pool {policy.pool.name} lends at most {policy.max_gpu_hours_per_user:g} GPU-hours per user "
+                      f"at once; this would make {hours:g}.", 409)
+
+
+def note(reservation: Reservation, kind: str, message: str, *, notify: bool = False) -> None:
+    ReservationEvent.objects.create(reservation=reservation, kind=kind, message=message)
+    if notify and NOTIFIERS:
+        enqueue_on_commit("runners.reservations.tasks.notify", reservation.pk, message)
+
+
+def do_reserve(user, req: ReserveRequest) -> Reservation:
+    """Queue a request, then plan its pool: it is active on return when devices were free, else pending with its
+    planned start."""
+    pool, gpu_type = check_reserve(user, req)
+    with transaction.atomic():
+        policy = PoolPolicy.objects.select_for_update().get(pool=pool)
+        check_policy(user, policy, req.gpu_count, req.minutes)
+        allocator.lock_devices(pool, gpu_type)  # policy row, then device rows: the one lock order
+        now = timezone.now()
+        reservation = Reservation.objects.create(
+            user=user, project=req.project or user.get_username(), pool=pool, gpu_type=gpu_type,
+            gpu_count=req.gpu_count, minutes=req.minutes, created=now,
+            status_deadline=now + timedelta(minutes=policy.max_queue_minutes))
+        note(reservation, "queued", f"Requested {req.gpu_count}× {gpu_type} for {req.minutes} min on {pool.name}.")
+        plan_locked(policy, gpu_type, now)
+    reservation.refresh_from_db()
+    return reservation
+
+
+def plan_locked(policy: PoolPolicy, gpu_type: GpuType, now: datetime) -> list[Reservation]:
+    """One planning pass (the caller holds the policy row and the device rows): start every queued request whose
+    devices are free now, store the others' planned starts. Returns those it activated."""
+    pool = policy.pool
+    queue = list(Reservation.objects.queue(pool, gpu_type).select_for_update())
+    placements, queue, gpus, _ = allocator.plan_queue(pool, gpu_type, now, policy=policy, queue=queue)
+    by_pk = {g.pk: g for g in gpus}
+    started, waiting = [], []
+    for r in queue:
+        placed = placements[r.pk]
+        if placed is not None and placed.start <= now.timestamp():
+            allocator.activate(r, [by_pk[i] for i in placed.devices], now)
+            started.append(r)
+        else:
+            start = datetime.fromtimestamp(placed.start, tz=now.tzinfo) if placed else None
+            gpus = list(placed.devices) if placed else []
+            if (start, gpus) != (r.planned_start, r.planned_gpus):
+                r.planned_start, r.planned_gpus = start, gpus
+                waiting.append(r)
+    Reservation.objects.bulk_update(waiting, ["planned_start", "planned_gpus"], batch_size=200)
+    for r in started:
+        r.access = access_info(r, policy)
+        r.save(update_fields=["access"])
+        note(r, "active", f"Active on {r.node.hostname} until {r.ends_at:%Y-%m-%d %H:%M} UTC.", notify=True)
+        enqueue_on_commit("runners.reservations.tasks.run_hook", r.pk, "start")
+    return started
+
+
+def access_info(r: Reservation, policy: PoolPolicy) -> dict:
+    return access_for(policy).describe(r)
+
+
+def do_plan(pool_id: int, gpu_type_id: int) -> int:
+    with transaction.atomic():
+        policy = PoolPolicy.objects.select_for_update().select_related("pool").filter(pool_id=pool_id).first()
+        if policy is None:
+            return 0
+        gpu_type = GpuType.objects.get(pk=gpu_type_id)
+        allocator.lock_devices(policy.pool, gpu_type)
+        return len(plan_locked(policy, gpu_type, timezone.now()))
+
+
+def access_reservation(user, reservation_id: int, *, lock: bool = False) -> Reservation:
+    """The one rule: a reservation is its holder's (and staff's) to see and change; others get a 404."""
+    qs = Reservation.objects.select_related("pool", "gpu_type", "node", "user")
+    if lock:
+        qs = qs.select_for_update(of=("self",))
+    found = qs.filter(pk=reservation_id).first()
+    if found is None or not (found.user_id == user.pk or user.is_staff):
+        raise AccessDenied(f"Reservation {reservation_id} not found.", 404)
+    return found
+
+
+def visible_to(user):
+    qs = Reservation.objects.select_related("pool", "gpu_type", "node", "user")
+    return qs if user.is_staff else qs.filter(user=user)
+
+
+def do_cancel(user, reservation_id: int) -> Reservation:
+    """Pending → cancelled, active → ended (devices freed now, once). A finished one is a 409."""
+    access_reservation(user, reservation_id)
+    with transaction.atomic():
+        r = access_reservation(user, reservation_id)
+        PoolPolicy.objects.select_for_update().get(pool_id=r.pool_id)
+        r = access_reservation(user, reservation_id, lock=True)
+        if r.status not in OPEN:
+            raise Refused(f"Reservation {r.pk} is already {r.status}.", 409)
+        was_active = r.status == ReservationStatus.ACTIVE
+        if was_active:
+            allocator.release_reservation(r)
+        r.update_status(ReservationStatus.ENDED if was_active else ReservationStatus.CANCELLED)
+        if was_active:
+            enqueue_on_commit("runners.reservations.tasks.run_hook", r.pk, "end")
+        note(r, r.status, "Ended by its holder; devices freed." if was_active else "Cancelled while queued.")
+        enqueue_on_commit("runners.reservations.tasks.plan_pool", r.pool_id, r.gpu_type_id)
+    return r
+
+
+def do_extend(user, reservation_id: int, minutes: int) -> Reservation:
+    """More time for an open reservation, within policy and only when no queued request starts later by more than
+    the pool allows."""
+    if minutes < 1:
+        raise Refused(f"An extension must be at least 1 minute; got {minutes}.", 400)
+    access_reservation(user, reservation_id)
+    with transaction.atomic():
+        r = access_reservation(user, reservation_id)
+        policy = PoolPolicy.objects.select_for_update().select_related("pool").get(pool_id=r.pool_id)
+        r = access_reservation(user, reservation_id, lock=True)
+        if r.user_id != user.pk:
+            raise AccessDenied(f"Reservation {r.pk} is {r.user.get_username()}'s; only its holder extends it.", 403)
+        if r.status not in OPEN:
+            raise Refused(f"Reservation {r.pk} is {r.status}; only a pending or active one can be extended.", 409)
+        total = r.minutes + minutes
+        if total > policy.max_duration_minutes:
+            raise Refused(f"{total} minutes in all is past pool {policy.pool.name}'s maximum of "
+                          f"{policy.max_duration_minutes} minutes.", 409)
+        check_policy(user, policy, r.gpu_count, total, exclude=r.pk)
+        allocator.lock_devices(policy.pool, r.gpu_type)
+        now = timezone.now()
+        delayed = delays_if_extended(r, minutes, now)
+        if delayed and max(delayed.values()) > policy.extend_max_delay_minutes * 60:
+            worst = max(delayed.values())
+            raise Refused(f"Extending by {minutes} minutes would delay {len(delayed)} queued request(s), one by "
+                          f"{worst / 60:.0f} minutes (the pool allows {policy.extend_max_delay_minutes}).", 409)
+        if r.status == ReservationStatus.ACTIVE:
+            r.ends_at += timedelta(minutes=minutes)
+            r.status_deadline = r.ends_at
+            r.warned_30_at = r.warned_5_at = None
+            r.holds.filter(ended__isnull=True).update(ends=r.ends_at)
+        r.minutes = total
+        r.save()
+        note(r, "extended", f"Extended by {minutes} min" + (f"; now ends {r.ends_at:%Y-%m-%d %H:%M} UTC."
+                                                            if r.ends_at else "."))
+        plan_locked(policy, r.gpu_type, now)
+    return r
+
+
+def delays_if_extended(r: Reservation, minutes: int, now: datetime) -> dict[int, float]:
+    """Seconds each other queued request would start later if `r` ran `minutes` longer: the same planner, run with
+    the holds and the queue as they are and as they would be."""
+    before, queue, gpus, kept = allocator.plan_queue(r.pool, r.gpu_type, now)
+    holds = allocator.open_holds(g.pk for g in gpus)
+    for hold in holds.values():
+        if hold.reservation_id == r.pk:
+            hold.ends = hold.ends + timedelta(minutes=minutes)
+    longer = [planner.Request(q.key, q.count, q.seconds + minutes * 60 if q.key == r.pk else q.seconds)
+              for q in allocator.requests(queue)]
+    after = planner.plan(now.timestamp(), allocator.planner_devices(gpus, kept, holds, now), longer)
+    return {k: after[k].start - before[k].start for k in before
+            if k != r.pk and before[k] and after[k] and after[k].start > before[k].start + 1e-6}
+
+
+@dataclass
+class Availability:
+    gpu_type: str
+    pool: str
+    devices: int
+    reservable: int
+    free_now: int
+    queued: int
+    eta: dict[int, datetime | None]  # GPUs → planned start of such a request at the end of the queue
+
+
+def availability(minutes: int = DEFAULT_ETA_MINUTES) -> list[Availability]:
+    """Per pool × GPU type: devices, free now, queued requests, and the planner's start for 1/2/4/8 GPUs."""
+    now = timezone.now()
+    out = []
+    for policy in PoolPolicy.objects.filter(reservable=True, pool__enabled=True).select_related("pool"):
+        for gpu_type in GpuType.objects.filter(gpus__node__pool=policy.pool).distinct():
+            gpus = allocator.devices(policy.pool, gpu_type)
+            kept = allocator.kept_for_competitions(policy, gpus)
+            holds = allocator.open_holds(g.pk for g in gpus)
+            devices = allocator.planner_devices(gpus, kept, holds, now)
+            queue = allocator.requests(Reservation.objects.queue(policy.pool, gpu_type))
+            etas = {}
+            for n in ETA_COUNTS:  # each probe planned alone behind the queue: what reserve would get now
+                found = planner.plan(now.timestamp(), devices, [*queue, planner.Request("probe", n, minutes * 60)])
+                etas[n] = datetime.fromtimestamp(found["probe"].start, tz=now.tzinfo) if found["probe"] else None
+            reservable = [g for g in gpus if g.pk not in kept]
+            out.append(Availability(gpu_type.name, policy.pool.name, len(gpus), len(reservable),
+                                    sum(g.pk not in holds for g in reservable), len(queue), etas))
+    return out

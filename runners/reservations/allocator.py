@@ -1,0 +1,190 @@
+"""The one allocator: which `Gpu` rows a run attempt or a reservation gets. Every decision is taken with the pool ×
+GPU type's device rows locked (`SELECT … FOR UPDATE`, in primary-key order, so runs and planning passes queue behind
+each other and never deadlock), and every grant is a `DeviceHold` row; the partial unique index on open holds is the
+last word on double booking."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+from collections.abc import Iterable, Iterator
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from runners.models import Gpu, GpuPool, GpuType
+from runners.queue import enqueue_on_commit
+
+from . import planner
+from .models import DeviceHold, HoldKind, PoolPolicy, Reservation, ReservationStatus
+
+
+def run_lease_seconds() -> float:
+    """A run's hold lapses as fast as its heartbeat deadline, so a dead worker's device is back when its run is."""
+    return float(settings.RUN_HEARTBEAT_DEADLINE)
+
+
+def devices(pool: GpuPool, gpu_type: GpuType, *, lock: bool = False) -> list[Gpu]:
+    qs = Gpu.objects.filter(node__pool=pool, node__enabled=True, enabled=True, gpu_type=gpu_type)
+    if lock:
+        qs = qs.select_for_update(of=("self",))
+    return list(qs.select_related("node").order_by("pk"))
+
+
+def lock_devices(pool: GpuPool, gpu_type: GpuType) -> None:
+    """Lock the pool × type's device rows (primary-key order) without loading them."""
+    list(Gpu.objects.select_for_update(of=("self",)).filter(node__pool=pool, gpu_type=gpu_type).order_by("pk")
+         .values_list("pk", flat=True))
+
+
+def kept_for_competitions(policy: PoolPolicy | None, gpus: list[Gpu]) -> set[int]:
+    """The devices reservations never take: the pool's share, from the end of the node order (whole nodes first)."""
+    share = policy.competition_share if policy else 1.0
+    keep = math.ceil(round(share * len(gpus), 9))
+    ordered = sorted(gpus, key=lambda g: (g.node.hostname, g.node_id, g.index), reverse=True)
+    return {g.pk for g in ordered[:keep]}
+
+
+def open_holds(gpu_ids: Iterable[int]) -> dict[int, DeviceHold]:
+    return {h.gpu_id: h for h in DeviceHold.objects.held().filter(gpu_id__in=list(gpu_ids))
+            .only("gpu_id", "ends", "reservation_id", "kind")}
+
+
+def to_seconds(moment: datetime) -> float:
+    return moment.timestamp()
+
+
+def planner_devices(gpus: list[Gpu], kept: set[int], holds: dict[int, DeviceHold], now: datetime
+                    ) -> list[planner.Device]:
+    """What the planner may place reservations on, each busy until its open hold's planned end."""
+    return [planner.Device(g.pk, g.node_id, to_seconds(max(holds[g.pk].ends, now)) if g.pk in holds else 0.0)
+            for g in gpus if g.pk not in kept]
+
+
+def requests(queue: Iterable[Reservation]) -> list[planner.Request]:
+    return [planner.Request(r.pk, r.gpu_count, r.minutes * 60) for r in queue]
+
+
+def plan_queue(pool: GpuPool, gpu_type: GpuType, now: datetime, extra: Iterable[planner.Request] = (),
+               *, lock: bool = False, policy: PoolPolicy | None = None,
+               queue: list[Reservation] | None = None) -> tuple[dict, list[Reservation], list[Gpu], set[int]]:
+    """Plan the pool × type's queue (plus hypothetical `extra` requests at its end) from the devices' current holds."""
+    gpus = devices(pool, gpu_type, lock=lock)
+    if policy is None:
+        policy = PoolPolicy.objects.filter(pool=pool).first()
+    kept = kept_for_competitions(policy, gpus)
+    holds = open_holds(g.pk for g in gpus)
+    if queue is None:
+        queue = list(Reservation.objects.queue(pool, gpu_type))
+    placements = planner.plan(to_seconds(now), planner_devices(gpus, kept, holds, now),
+                              [*requests(queue), *extra])
+    return placements, queue, gpus, kept
+
+
+def activate(reservation: Reservation, gpus: list[Gpu], now: datetime) -> list[DeviceHold]:
+    """PENDING → ACTIVE with holds on `gpus` (the caller holds their row locks and the reservation's)."""
+    reservation.update_status(ReservationStatus.ACTIVE, now=now, node_id=gpus[0].node_id, planned_start=None,
+                              planned_gpus=[g.pk for g in gpus])
+    return DeviceHold.objects.bulk_create(
+        DeviceHold(gpu=g, node_id=g.node_id, pool_id=reservation.pool_id, gpu_type_id=g.gpu_type_id,
+                   kind=HoldKind.RESERVATION, reservation=reservation, user_id=reservation.user_id,
+                   project=reservation.project, started=now, ends=reservation.ends_at) for g in gpus)
+
+
+def lock_gpus(ids: Iterable[int]) -> None:
+    list(Gpu.objects.select_for_update().filter(pk__in=list(ids)).order_by("pk").values_list("pk", flat=True))
+
+
+def release_reservation(reservation: Reservation, at: datetime | None = None) -> int:
+    """End the reservation's open holds at `at` (default: now, stamped under the devices' locks, so no later hold on
+    them starts before it); the count of holds ended (0 the second time: exactly once)."""
+    held = DeviceHold.objects.held().filter(reservation=reservation)
+    lock_gpus(held.values_list("gpu_id", flat=True))
+    return held.update(ended=at or timezone.now())
+
+
+# ---- runs --------------------------------------------------------------------------------------------------------
+
+def acquire_for_run(pool: GpuPool, gpu_type: GpuType, *, run_id: int, attempt: int, user_id: int | None,
+                    leaderboard: str, seconds: float, lease_seconds: float) -> DeviceHold | None:
+    """A device for one run attempt, or None when every one is held or promised to a reservation about to start.
+    Devices kept for competitions come first, then those no queued reservation is planned on."""
+    with transaction.atomic():
+        gpus = devices(pool, gpu_type, lock=True)
+        now = timezone.now()
+        holds = open_holds(g.pk for g in gpus)
+        lapsed = DeviceHold.objects.held().filter(gpu__in=gpus, kind=HoldKind.RUN, lease_until__lt=now)
+        for hold in lapsed:  # a dead worker's: ended at its last renewal, not used after
+            DeviceHold.objects.filter(pk=hold.pk).update(ended=hold.lease_until)
+            holds.pop(hold.gpu_id, None)
+        existing = DeviceHold.objects.held().filter(kind=HoldKind.RUN, run_id=run_id, run_attempt=attempt).first()
+        if existing:
+            return existing
+        soon = now + timedelta(seconds=seconds)
+        promised = {pk for r in Reservation.objects.filter(
+                        pool=pool, gpu_type=gpu_type, status=ReservationStatus.PENDING, planned_start__lte=soon)
+                    for pk in r.planned_gpus}
+        kept = kept_for_competitions(PoolPolicy.objects.filter(pool=pool).first(), gpus)
+        free = [g for g in gpus if g.pk not in holds and g.pk not in promised]
+        if not free:
+            return None
+        gpu = min(free, key=lambda g: (g.pk not in kept, g.pk))
+        return DeviceHold.objects.create(
+            gpu=gpu, node_id=gpu.node_id, pool=pool, gpu_type=gpu_type, kind=HoldKind.RUN, run_id=run_id,
+            run_attempt=attempt, user_id=user_id, project=leaderboard, leaderboard=leaderboard, started=now,
+            ends=soon, lease_until=now + timedelta(seconds=lease_seconds))
+
+
+def renew_run_hold(hold_id: int, lease_seconds: float) -> bool:
+    return bool(DeviceHold.objects.held().filter(pk=hold_id).update(
+        lease_until=timezone.now() + timedelta(seconds=lease_seconds)))
+
+
+def release_run_hold(hold_id: int) -> bool:
+    """End a run's hold (once); tell the pool's queue when a reservation is waiting for its devices."""
+    with transaction.atomic():
+        lock_gpus(DeviceHold.objects.filter(pk=hold_id).values_list("gpu_id", flat=True))
+        hold = DeviceHold.objects.held().select_for_update().filter(pk=hold_id).first()
+        if hold is None:
+            return False
+        hold.ended = timezone.now()
+        hold.save(update_fields=["ended"])
+        if Reservation.objects.queue(hold.pool, hold.gpu_type).exists():
+            enqueue_on_commit("runners.reservations.tasks.plan_pool", hold.pool_id, hold.gpu_type_id)
+    return True
+
+
+def end_lapsed_run_holds(now: datetime | None = None) -> int:
+    """Holds of runs whose worker died: ended at their last renewed lease (their devices were not used after)."""
+    now = now or timezone.now()
+    ended = 0
+    for hold in DeviceHold.objects.held().filter(kind=HoldKind.RUN).filter(
+            Q(lease_until__lt=now) | Q(lease_until__isnull=True, ends__lt=now)):
+        ended += DeviceHold.objects.held().filter(pk=hold.pk).update(ended=hold.lease_until or hold.ends)
+    return ended
+
+
+@contextlib.contextmanager
+def leased(hold: DeviceHold, lease_seconds: float) -> Iterator[DeviceHold]:
+    """Keep a run's hold leased while the block runs (a thread renews it every lease/4), then release it."""
+    stop = threading.Event()
+
+    def renew() -> None:
+        try:
+            while not stop.wait(lease_seconds / 4):
+                renew_run_hold(hold.pk, lease_seconds)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=renew, name=f"lease-{hold.pk}", daemon=True)
+    thread.start()
+    try:
+        yield hold
+    finally:
+        stop.set()
+        thread.join()
+        release_run_hold(hold.pk)
