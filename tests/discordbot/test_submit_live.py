@@ -37,5 +37,5 @@ def test_ranked_submission_is_acked_edited_live_reported_and_announced(bot, clus
     assert len(posted) == 1 and "First place" in posted[0].content
     fake.wait_for(lambda: Announcement.objects.filter(message_id=posted[0].id).exists(), 10, "the claim's message id")
     assert Announcement.objects.count() == 1
-    assert StatusMessage.objects.get().finished
+    fake.wait_for(lambda: StatusMessage.objects.get().finished, 20, "the status row marked finished")
     assert fake.rate_limited == 0
