@@ -12,6 +12,7 @@ from django.core.exceptions import PermissionDenied
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db.models import Count, Q
 from django.forms.models import BaseModelFormSet, modelformset_factory
+from django.forms.utils import pretty_name
 from django.http import HttpRequest, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
@@ -86,6 +87,7 @@ class GpuPoolForm(forms.ModelForm):
             stored = self.instance.settings if choice.name == current else {}
             for name, field in choice.options().fields.items():
                 field.required = False  # the backend's own form decides, and only when it is the chosen one
+                field.label = field.label or pretty_name(name)  # "Partition" under Slurm, not "Slurm-partition"
                 field.initial = stored.get(name, field.initial)
                 if name.endswith("_env") and field.initial:
                     field.help_text += escape(f" ({field.initial} is {env_state(str(field.initial))} here.)")
@@ -105,7 +107,7 @@ class GpuPoolForm(forms.ModelForm):
             for name, errors in options.errors.items():
                 self.add_error(settings_field(choice.name, name) if name in options.fields else None, errors)
             return data
-        given = {k: v for k, v in options.cleaned_data.items() if v not in (None, "")}  # empty: the default
+        given = {k: v for k, v in options.cleaned_data.items() if v not in (None, "", [], {})}  # empty: the default
         self.settings = json.loads(json.dumps(given, cls=DjangoJSONEncoder))
         return data
 

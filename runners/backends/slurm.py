@@ -60,6 +60,16 @@ def _path_field(default: str, help_text: str) -> forms.RegexField:
                             error_messages={"invalid": "Letters, digits, _ . / - and a leading ~ only."})
 
 
+class OptionsField(forms.CharField):
+    """Command-line options typed as one string, stored as the list `clean_extra_args` splits them into."""
+
+    def prepare_value(self, value):
+        return shlex.join(value) if isinstance(value, list | tuple) else value
+
+    def to_python(self, value):  # the stored list, when the backend re-validates a pool's settings
+        return super().to_python(self.prepare_value(value))
+
+
 class SlurmOptions(PoolOptions):
     partition = forms.RegexField(regex=rf"^{NAME}(,{NAME})*$", required=False,
                                  help_text="sbatch --partition (empty: the cluster's default).")
@@ -67,7 +77,7 @@ class SlurmOptions(PoolOptions):
     qos = forms.RegexField(regex=rf"^{NAME}$", required=False, help_text="sbatch --qos.")
     gres = forms.JSONField(required=False, help_text='GPU type → gres name[:type] for --gres, e.g. {"H100": '
                            '"gpu:h100"}; a type not listed asks for "gpu". The count is the run\'s GPU count.')
-    extra_args = forms.CharField(required=False, help_text="More sbatch options, e.g. --constraint=a100 "
+    extra_args = OptionsField(required=False, help_text="More sbatch options, e.g. --constraint=a100 "
                                  "--mem=64G (long options only; the ones the platform sets are refused).")
     ssh = forms.RegexField(regex=rf"^{NAME}(@{NAME})?$", required=False,
                            help_text="user@login-node to run the Slurm commands on over SSH (key authentication, "

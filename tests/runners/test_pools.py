@@ -18,7 +18,8 @@ from leaderboards.actions import check_submission
 from leaderboards.errors import SubmissionRejected
 from leaderboards.lifecycle import candidate_pools, dispatch_run
 from leaderboards.models import Run, RunStatus
-from runners.backends.base import BACKENDS
+from runners.admin import GpuPoolForm
+from runners.backends.base import BACKENDS, backend_class, backend_for, validated_settings
 from runners.harness.probe import device_mismatch, name_matches, probe
 from runners.models import Gpu, GpuPool, GpuType, GpuVendor, Node, PoolHealth, RunnerBackendName
 
@@ -305,3 +306,38 @@ def test_a_failing_pool_is_refused_at_the_door_with_a_precise_message(leaderboar
                                               "file": SimpleUploadedFile("a.py", b"def custom_kernel(d): ...")},
                       headers={"Authorization": f"Bearer {do_create_token(user)[1]}"})
     assert api.status_code == 503 and "its runners failed their health check" in api.json()["detail"]
+
+
+@pytest.mark.parametrize(("backend", "stored"), [
+    (RunnerBackendName.SLURM, {"partition": "gpu", "gres": {"H100": "gpu:h100"}, "sandbox": "require",
+                               "extra_args": ["--constraint=sm90", "--mem=64G", "--comment=two words"]}),
+    (RunnerBackendName.GITHUB, {"repository": "org/gpu-runners", "runner_labels": {"H100": ["self-hosted", "h100"]},
+                                "queue_timeout": 600}),
+    (RunnerBackendName.MODAL, {"app_name": "kernelbot", "functions": {"H100": "run_h100"}})])
+def test_a_saved_pool_page_saves_again_unchanged_with_readable_labels(db, monkeypatch, backend, stored):
+    """What the change page shows for stored settings is what its form accepts: saving an untouched page keeps
+    them (an organiser once met "'[]': only long options" on re-saving a Slurm pool)."""
+    monkeypatch.setenv("MODAL_TOKEN_ID", "ak-x")
+    monkeypatch.setenv("MODAL_TOKEN_SECRET", "as-x")
+    pool = GpuPool.objects.create(name="p", backend=backend, settings=stored)
+    shown = GpuPoolForm(instance=pool)
+    assert shown[f"{backend}-queue_timeout"].label == "Queue timeout"
+    data = {}
+    for name in shown.fields:
+        value = shown[name].value()
+        if value is True:
+            data[name] = "on"
+        elif value not in (None, False):
+            data[name] = str(value)
+    if backend == RunnerBackendName.SLURM:
+        assert data["slurm-extra_args"] == "--constraint=sm90 --mem=64G '--comment=two words'"
+    again = GpuPoolForm(data=data, instance=pool)
+    assert again.is_valid(), again.errors
+    again.save()
+    pool.refresh_from_db()
+    options = backend_class(backend).options
+    assert {key: pool.settings.get(key) for key in stored} == stored  # and the defaults the page showed
+    shown_defaults = {k: f.initial for k, f in options.base_fields.items() if f.initial not in (None, "")}
+    assert validated_settings(pool, options) == validated_settings(GpuPool(settings={**shown_defaults, **stored}),
+                                                                   options)
+    assert backend_for(pool).settings.get("extra_args", []) == stored.get("extra_args", [])  # what dispatch reads
