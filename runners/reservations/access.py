@@ -1,16 +1,24 @@
-"""How a holder reaches reserved devices, per pool backend. Non-Slurm pools: the pool's access note and optional
-start/end hook commands (details as JSON on stdin and KB_RESERVATION_* variables). A Slurm pool will hold the GPUs
-with a Slurm job instead: add a `SlurmAccess` here (start: `sbatch --wrap 'sleep …' --gres=gpu:N`, describe:
-`srun --jobid … --pty bash`, end: `scancel`) and map it in `ACCESS`."""
+"""How a holder reaches reserved devices, per pool backend. Every pool: its access note and optional start/end hook
+commands (details as JSON on stdin and KB_RESERVATION_* variables). A Slurm pool also holds the GPUs with a Slurm
+job for the reservation's time (`SlurmAccess`), so Slurm itself keeps other jobs off them."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import subprocess
+import time
+from datetime import datetime
+from functools import cached_property
 
-from .models import PoolPolicy, Reservation
+from django.utils import timezone
+
+from runners.backends.slurm import SlurmBackend
+from runners.models import GpuVendor
+
+from .models import PoolPolicy, Reservation, ReservationStatus
 
 
 def details(r: Reservation) -> dict:
@@ -52,7 +60,109 @@ class HookAccess:
         return done.returncode == 0, tail if done.returncode == 0 else f"{phase} hook exited {done.returncode}: {tail}"
 
 
-ACCESS = {}  # backend name → access class; Slurm's goes here when its backend lands
+    def extend(self, r: Reservation) -> tuple[bool, str]:
+        """Make the access last until the reservation's (new) `ends_at`; (ok, why not)."""
+        return True, ""
+
+
+class SlurmAccess(HookAccess):
+    """The reservation is a Slurm job that holds its GPUs on its node (the pool's node names are Slurm's) until it
+    ends: start submits it and waits until it runs (a cluster that cannot start it within START_WAIT_S fails the
+    reservation with Slurm's reason), the holder attaches with `srun --jobid=… --overlap --pty bash`, extend raises
+    its time limit (the platform's Slurm user must be an operator for that), end cancels it. The job is found by its
+    name, so a start retried after a crash reuses it and an end cancels whatever was submitted."""
+
+    START_WAIT_S = 30.0
+    MARGIN_MIN = 2  # the job outlives the reservation's end by this much; the platform's expiry cancels it
+
+    @cached_property
+    def backend(self) -> SlurmBackend:  # only when Slurm is called: describing needs no sbatch here
+        return SlurmBackend(self.policy.pool)
+
+    @staticmethod
+    def job_name(r: Reservation) -> str:
+        return f"kernelbot reservation {r.pk}"
+
+    def describe(self, r: Reservation) -> dict:
+        info = super().describe(r)
+        if job := (r.access or {}).get("slurm_job"):
+            command = f"srun --jobid={job} --overlap --pty bash"
+            info.update(slurm_job=job, command=command, note=f"{info['note']}\n{command}".strip())
+        return info
+
+    def run(self, r: Reservation, phase: str) -> tuple[bool, str]:
+        ok, said = self.hold(r) if phase == "start" else self.release(r)
+        if not ok:
+            return False, said
+        ok, hook = super().run(r, phase)
+        return ok, "\n".join(filter(None, [said, hook]))
+
+    def hold(self, r: Reservation) -> tuple[bool, str]:
+        job, state, reason = self.find(r)
+        if not job:
+            args = ["sbatch", "--parsable", "--export=NIL", f"--job-name={self.job_name(r)}", "--no-requeue",
+                    "--nodes=1", "--ntasks=1", f"--nodelist={r.node.hostname}", f"--time={self.limit(r.ends_at)}",
+                    "--output=/dev/null", "--error=/dev/null"]
+            for option in ("partition", "account", "qos"):
+                if value := self.backend.settings.get(option):
+                    args.append(f"--{option}={value}")
+            if r.gpu_type.vendor != GpuVendor.CPU:
+                args.append(f"--gres={(self.backend.settings.get('gres') or {}).get(r.gpu_type.name, 'gpu')}:"
+                            f"{r.gpu_count}")
+            out = self.backend.call([*args, *self.backend.settings.get("extra_args", []), "--wrap", "sleep infinity"])
+            if out.returncode != 0:
+                return False, f"sbatch refused the job holding the GPUs: {_tail(out.stderr or out.stdout)}"
+        deadline = time.monotonic() + self.START_WAIT_S
+        while state != "RUNNING":
+            if time.monotonic() > deadline or state in ("CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "COMPLETED"):
+                self.release(r)
+                return False, (f"Slurm did not start the job holding the GPUs within {self.START_WAIT_S:.0f} s: "
+                               f"{state or 'gone'}" + (f" ({reason})" if reason not in ("", "None") else ""))
+            time.sleep(0.5)
+            job, state, reason = self.find(r)
+        if not Reservation.objects.filter(pk=r.pk, status=ReservationStatus.ACTIVE).exists():
+            self.release(r)  # ended while its job was starting
+            return False, "the reservation ended while its Slurm job started"
+        r.access = {**(r.access or {}), "slurm_job": job}
+        r.access = self.describe(r)
+        Reservation.objects.filter(pk=r.pk).update(access=r.access)
+        return True, f"Slurm job {job} holds the GPUs"
+
+    def release(self, r: Reservation) -> tuple[bool, str]:
+        out = self.backend.call(["scancel", f"--name={self.job_name(r)}"])
+        if out.returncode != 0:
+            return False, f"scancel failed: {_tail(out.stderr)}"
+        return True, ""
+
+    def extend(self, r: Reservation) -> tuple[bool, str]:
+        job = (r.access or {}).get("slurm_job")
+        if not job:
+            return True, ""
+        out = self.backend.call(["scontrol", "update", f"JobId={job}",
+                                 f"TimeLimit={self.limit(r.ends_at, since=r.started_at)}"])
+        if out.returncode != 0:
+            return False, f"Slurm refused to extend job {job}: {_tail(out.stderr or out.stdout)}"
+        return True, ""
+
+    def find(self, r: Reservation) -> tuple[str, str, str]:
+        """(job id, state, reason) of the reservation's live job, or empty strings."""
+        out = self.backend.call(["squeue", "-h", f"--name={self.job_name(r)}", "-o", "%i|%T|%r"])
+        if out.returncode != 0:
+            raise RuntimeError(f"squeue failed: {_tail(out.stderr)}")
+        line = out.stdout.strip().splitlines()[0] if out.stdout.strip() else ""
+        job, state, reason = (line.split("|") + ["", ""])[:3]
+        return job, state, reason
+
+    def limit(self, ends_at: datetime, since: datetime | None = None) -> int:
+        """Minutes from `since` (default now) to `ends_at`, plus the margin."""
+        return math.ceil(((ends_at - (since or timezone.now())).total_seconds()) / 60) + self.MARGIN_MIN
+
+
+def _tail(text: str, limit: int = 300) -> str:
+    return (text or "").strip()[-limit:] or "no output"
+
+
+ACCESS = {"slurm": SlurmAccess}  # backend name → access class; others: HookAccess
 
 
 def access_for(policy: PoolPolicy) -> HookAccess:

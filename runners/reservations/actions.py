@@ -237,6 +237,9 @@ def do_extend(user, reservation_id: int, minutes: int) -> Reservation:
             r.status_deadline = r.ends_at
             r.warned_30_at = r.warned_5_at = None
             r.holds.filter(ended__isnull=True).update(ends=r.ends_at)
+            ok, why = access_for(policy).extend(r)  # a Slurm pool's job must last as long
+            if not ok:
+                raise Refused(f"{why}; reservation {r.pk} was not extended.", 409)
         r.minutes = total
         r.save()
         note(r, "extended", f"Extended by {minutes} min" + (f"; now ends {r.ends_at:%Y-%m-%d %H:%M} UTC."
