@@ -108,7 +108,7 @@ def bench_usage(args) -> None:
 
     from runners.models import Gpu
     from runners.reservations import usage
-    from runners.reservations.models import DeviceHold, NodeSample
+    from runners.reservations.models import DeviceHold, NodeSample, UsageDay
     pool, gpu_type = inventory(100, 8)
     gpus = list(Gpu.objects.filter(node__pool=pool).values_list("pk", "node_id"))
     made = DeviceHold.objects.filter(pool=pool, kind="run").count()
@@ -118,10 +118,14 @@ def bench_usage(args) -> None:
         rng = random.Random(2)
         year = 366 * 86400
         buf = io.StringIO()
+        week = time.time() - 7 * 86400 - 3600
+        recent: dict[int, list] = {}  # gpu → holds overlapping the samples' week: (start, end, project, leaderboard)
         for k in range(args.runs):
             gpu, node = rng.choice(gpus)
             start = time.time() - rng.uniform(0, year)
             end = start + rng.uniform(20, 300)
+            if end > week:
+                recent.setdefault(gpu, []).append((start, end, f"lb{k % 40}", f"lb{k % 40}"))
             buf.write(f"{gpu}\t{node}\t{pool.pk}\t{gpu_type.pk}\trun\t\\N\t{k}\t1\t\\N\tlb{k % 40}\tlb{k % 40}\t"
                       f"{stamp(start)}\t{stamp(end)}\t\\N\t{stamp(end)}\n")
         for k in range(args.reservations):
@@ -129,6 +133,8 @@ def bench_usage(args) -> None:
             end = start + rng.uniform(1, 12) * 3600
             for _ in range(rng.choice((1, 2, 2, 4, 4))):
                 gpu, node = rng.choice(gpus)
+                if end > week:
+                    recent.setdefault(gpu, []).append((start, end, f"proj{k % 25}", ""))
                 buf.write(f"{gpu}\t{node}\t{pool.pk}\t{gpu_type.pk}\treservation\t\\N\t\\N\t\\N\t\\N\tproj{k % 25}\t\t"
                           f"{stamp(start)}\t{stamp(end)}\t\\N\t{stamp(end)}\n")
         buf.seek(0)
@@ -140,14 +146,24 @@ def bench_usage(args) -> None:
         samples = io.StringIO()
         for h in range(7 * 24):
             for gpu, node in gpus:
-                samples.write(f"{gpu}\t{node}\t{stamp(time.time() - h * 3600)}\t{rng.uniform(0, 100):.1f}\t0\n")
+                at = time.time() - h * 3600
+                # the holder then, as `usage.record_samples` stores it when the node agent posts
+                holder = next((r for r in recent.get(gpu, ()) if r[0] <= at < r[1]), None)
+                held = f"t\t{holder[2]}\t{holder[3]}" if holder else "f\t\t"
+                samples.write(f"{gpu}\t{node}\t{stamp(at)}\t{rng.uniform(0, 100):.1f}\t0\t{held}\t0\n")
         with connection.cursor() as cursor, cursor.copy(
-                "COPY reservations_nodesample (gpu_id, node_id, at, utilization, memory_used_mib) FROM STDIN") as copy:
+                "COPY reservations_nodesample (gpu_id, node_id, at, utilization, memory_used_mib, held, project, "
+                "leaderboard, user_id) FROM STDIN") as copy:
             copy.write(samples.getvalue())
+        t0 = time.perf_counter()
+        rows = usage.rebuild_rollup()  # what ending each hold writes as it happens (bypassed by COPY)
+        print(f"daily roll-up rebuilt from the holds: {rows} rows in {time.perf_counter() - t0:.1f} s")
         with connection.cursor() as cursor:
-            cursor.execute("ANALYZE reservations_devicehold; ANALYZE reservations_nodesample")
+            cursor.execute("ANALYZE reservations_devicehold; ANALYZE reservations_nodesample; "
+                           "ANALYZE reservations_usageday")
     holds = DeviceHold.objects.filter(pool=pool).count()
-    print(f"usage: {holds} device holds over a year, {NodeSample.objects.count()} node samples")
+    print(f"usage: {holds} device holds over a year, {NodeSample.objects.count()} node samples, "
+          f"{UsageDay.objects.count()} daily roll-up rows")
     for group, days in (("project", 366), ("user", 366), ("day", 366), ("project", 1)):
         f = usage.Filters.parse(group=group, days=days)
         p50, worst = timed(lambda f=f: usage.report(f), args.repeat)

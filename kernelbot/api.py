@@ -4,6 +4,7 @@ from django.db import connection
 from ninja import NinjaAPI
 
 from leaderboards.access.api import router as access_router
+from leaderboards.access.api import token_auth
 from leaderboards.api import router as leaderboards_router
 from runners.reservations.api import router as reservations_router
 
@@ -13,7 +14,7 @@ api = NinjaAPI(title="kernelbot", version="1", urls_namespace="api")
 install_error_handlers(api)
 api.add_router("/", leaderboards_router)
 api.add_router("/", access_router)
-api.add_router("/", reservations_router)
+api.add_router("/", reservations_router, auth=token_auth)  # the same API tokens
 
 
 @api.get("/health", tags=["meta"])

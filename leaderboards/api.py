@@ -15,6 +15,7 @@ from ninja.files import UploadedFile
 
 from kernelbot.api_errors import check_offset
 from kernelbot.cli.directives import parse_directives
+from kernelbot.errors import ErrorOut
 
 from . import actions
 from .access import actions as access
@@ -25,7 +26,6 @@ from .popcorn import wire
 from .progress import in_pool, run_snapshots, sse
 from .schemas import (
     DeletedOut,
-    ErrorOut,
     LeaderboardOut,
     RankingPageOut,
     SubmissionOut,

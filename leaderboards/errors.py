@@ -1,15 +1,7 @@
-class Refused(Exception):
-    """A request the service layer refuses; `status` is the HTTP status every front-end answers with (the API
-    and popcorn as {"detail": message}, the site as its error page or form error, websockets as a close code)."""
+from kernelbot.errors import AccessDenied, Refused
 
-    def __init__(self, message: str, status: int = 400, retry_after: int | None = None):
-        super().__init__(message)
-        self.message, self.status, self.retry_after = message, status, retry_after
+__all__ = ["AccessDenied", "Refused", "SubmissionRejected"]
 
 
 class SubmissionRejected(Refused):
     """A submission that cannot be accepted."""
-
-
-class AccessDenied(Refused):
-    """Not visible to this user (404), not theirs to change or read (403), or a refused access step."""

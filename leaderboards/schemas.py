@@ -8,10 +8,6 @@ from typing import Any
 from ninja import Field, Schema
 
 
-class ErrorOut(Schema):
-    detail: str
-
-
 class LeaderboardOut(Schema):
     id: int
     name: str

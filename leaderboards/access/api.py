@@ -8,7 +8,7 @@ from ninja import Router
 from ninja.errors import HttpError
 from ninja.security import HttpBearer
 
-from leaderboards.schemas import ErrorOut
+from kernelbot.errors import ErrorOut
 
 from . import actions
 from .models import ApiToken

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from django.db import transaction
 from django.utils import timezone
 
-from leaderboards.errors import AccessDenied, Refused
+from kernelbot.errors import AccessDenied, Refused
 from runners.models import GpuPool, GpuType
 from runners.queue import enqueue_on_commit
 

@@ -19,7 +19,7 @@ from django.utils import timezone
 from runners.models import Gpu, GpuPool, GpuType
 from runners.queue import enqueue_on_commit
 
-from . import planner
+from . import planner, usage
 from .models import DeviceHold, HoldKind, PoolPolicy, Reservation, ReservationStatus
 
 
@@ -99,12 +99,24 @@ def lock_gpus(ids: Iterable[int]) -> None:
     list(Gpu.objects.select_for_update().filter(pk__in=list(ids)).order_by("pk").values_list("pk", flat=True))
 
 
+def end_hold(hold: DeviceHold, at: datetime) -> bool:
+    """End an open hold at `at` and count it into the usage roll-up, in one transaction; False when it had already
+    ended (so each hold is counted exactly once)."""
+    with transaction.atomic():
+        if not DeviceHold.objects.held().filter(pk=hold.pk).update(ended=at):
+            return False
+        hold.ended = at
+        usage.add_hold(hold, at)
+    return True
+
+
 def release_reservation(reservation: Reservation, at: datetime | None = None) -> int:
     """End the reservation's open holds at `at` (default: now, stamped under the devices' locks, so no later hold on
     them starts before it); the count of holds ended (0 the second time: exactly once)."""
     held = DeviceHold.objects.held().filter(reservation=reservation)
     lock_gpus(held.values_list("gpu_id", flat=True))
-    return held.update(ended=at or timezone.now())
+    at = at or timezone.now()
+    return sum(end_hold(hold, at) for hold in held)
 
 
 # ---- runs --------------------------------------------------------------------------------------------------------
@@ -119,7 +131,7 @@ def acquire_for_run(pool: GpuPool, gpu_type: GpuType, *, run_id: int, attempt: i
         holds = open_holds(g.pk for g in gpus)
         lapsed = DeviceHold.objects.held().filter(gpu__in=gpus, kind=HoldKind.RUN, lease_until__lt=now)
         for hold in lapsed:  # a dead worker's: ended at its last renewal, not used after
-            DeviceHold.objects.filter(pk=hold.pk).update(ended=hold.lease_until)
+            end_hold(hold, hold.lease_until)
             holds.pop(hold.gpu_id, None)
         existing = DeviceHold.objects.held().filter(kind=HoldKind.RUN, run_id=run_id, run_attempt=attempt).first()
         if existing:
@@ -149,10 +161,8 @@ def release_run_hold(hold_id: int) -> bool:
     with transaction.atomic():
         lock_gpus(DeviceHold.objects.filter(pk=hold_id).values_list("gpu_id", flat=True))
         hold = DeviceHold.objects.held().select_for_update().filter(pk=hold_id).first()
-        if hold is None:
+        if hold is None or not end_hold(hold, timezone.now()):
             return False
-        hold.ended = timezone.now()
-        hold.save(update_fields=["ended"])
         if Reservation.objects.queue(hold.pool, hold.gpu_type).exists():
             enqueue_on_commit("runners.reservations.tasks.plan_pool", hold.pool_id, hold.gpu_type_id)
     return True
@@ -164,7 +174,7 @@ def end_lapsed_run_holds(now: datetime | None = None) -> int:
     ended = 0
     for hold in DeviceHold.objects.held().filter(kind=HoldKind.RUN).filter(
             Q(lease_until__lt=now) | Q(lease_until__isnull=True, ends__lt=now)):
-        ended += DeviceHold.objects.held().filter(pk=hold.pk).update(ended=hold.lease_until or hold.ends)
+        ended += end_hold(hold, hold.lease_until or hold.ends)
     return ended
 
 

@@ -11,13 +11,12 @@ from ninja.errors import HttpError
 from ninja.security import HttpBearer
 from pydantic import Field
 
-from leaderboards.access.api import token_auth
-from leaderboards.schemas import ErrorOut
+from kernelbot.errors import ErrorOut
 
 from . import actions, usage
 from .models import Reservation
 
-router = Router(tags=["gpus"], auth=token_auth)
+router = Router(tags=["gpus"])  # mounted with the API token auth by kernelbot.api
 ERRORS = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut}
 
 

@@ -204,14 +204,43 @@ class ReservationEvent(models.Model):
         return f"{self.kind}: {self.message}"
 
 
+class UsageDay(models.Model):
+    """GPU-seconds of ended holds per UTC day and holder, with the nodes used: added in the transaction that ends each
+    hold (`usage.add_hold`, exactly once, as the end itself), so a year's report reads a few rows per day and holder
+    instead of every hold. Open holds and the window's partial days are read from the holds themselves."""
+
+    day = models.DateField()
+    pool = models.ForeignKey(GpuPool, on_delete=models.CASCADE, related_name="+")
+    gpu_type = models.ForeignKey(GpuType, on_delete=models.CASCADE, related_name="+")
+    kind = models.CharField(max_length=12, choices=HoldKind.choices)
+    project = models.CharField(max_length=60, blank=True)
+    leaderboard = models.CharField(max_length=100, blank=True)
+    user_id = models.BigIntegerField(default=0, help_text="The holder (0: none); no foreign key, so a deleted "
+                                     "user's hours stay counted.")
+    gpu_seconds = models.FloatField(default=0)
+    nodes = models.JSONField(default=list, help_text="Ids of the nodes used that day.")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["day", "pool", "gpu_type", "kind", "project", "leaderboard",
+                                                       "user_id"], name="one_usage_row_per_day_and_holder")]
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.project or self.leaderboard}: {self.gpu_seconds / 3600:.2f} GPU-h"
+
+
 class NodeSample(models.Model):
-    """One device's utilisation as the node agent read it from nvidia-smi."""
+    """One device's utilisation as the node agent read it from nvidia-smi, with the holder of the device then (copied
+    when it is recorded, so utilisation per holder needs no join against a year of holds)."""
 
     gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="samples")
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="+")
     at = models.DateTimeField()
     utilization = models.FloatField(validators=[MinValueValidator(0), MaxValueValidator(100)])
     memory_used_mib = models.PositiveIntegerField(default=0)
+    held = models.BooleanField(default=False, help_text="A run or a reservation held the device.")
+    project = models.CharField(max_length=60, blank=True)
+    leaderboard = models.CharField(max_length=100, blank=True)
+    user_id = models.BigIntegerField(default=0)
 
     class Meta:
         indexes = [models.Index(fields=["at"])]

@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
+from datetime import time as dtime
 
+from django.contrib.auth import get_user_model
 from django.db import transaction
-from django.db.models import Count, DurationField, ExpressionWrapper, F, Max, Min, Q, Sum, Value
+from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, Sum, Value
 from django.db.models.functions import Coalesce, Greatest, Least, TruncDate
 from django.utils import timezone
 
-from leaderboards.errors import Refused
+from kernelbot.errors import Refused
 from runners.models import Gpu, GpuPool, GpuType, Node
 
-from .models import DeviceHold, NodeSample
+from .models import DeviceHold, NodeSample, UsageDay
 
 GROUPS = {"project": "project", "leaderboard": "leaderboard", "user": "user__username", "pool": "pool__name",
           "gpu_type": "gpu_type__name", "day": "day"}
@@ -57,44 +60,127 @@ def label(key) -> str:
 
 
 def report(f: Filters) -> dict:
-    """{"group", "start", "end", "rows": [{key, gpu_hours, usage_percent, nodes}]}, most GPU-hours first."""
-    holds = DeviceHold.objects.filter(Q(ended__isnull=True) | Q(ended__gt=f.start), started__lt=f.end)
-    samples = NodeSample.objects.filter(at__gte=f.start, at__lt=f.end)
+    """{"group", "start", "end", "rows": [{key, gpu_hours, usage_percent, nodes}]}, most GPU-hours first. The window's
+    whole UTC days come from the daily roll-up of ended holds; its partial first and last days and every open hold
+    from the holds themselves; utilisation from the samples, which carry their holder."""
+    totals: dict[str, list] = {}  # key → [seconds, node ids]
+
+    def add(key, seconds: float, nodes) -> None:
+        acc = totals.setdefault(label(key), [0.0, set()])
+        acc[0] += seconds
+        acc[1].update(nodes)
+
+    first, last = midnight_after(f.start), midnight_before(f.end)
+    if first <= last:  # whole days (maybe none): the roll-up, plus open holds over them
+        rolled = UsageDay.objects.filter(day__gte=first.date(), day__lt=last.date())
+        rolled = _filtered(rolled, f)
+        users = _usernames(rolled) if f.group == "user" else {}
+        field = {"user": "user_id", "day": "day"}.get(f.group, GROUPS[f.group])
+        for key, seconds, nodes in rolled.values_list(field, "gpu_seconds", "nodes").iterator(chunk_size=5000):
+            add(users.get(key) if f.group == "user" else key, seconds, nodes)
+        # open holds over the whole days (at most one per device), split by day
+        for key, node, started in _filtered(DeviceHold.objects.held().filter(started__lt=last), f).values_list(
+                GROUPS[f.group] if f.group != "day" else "pk", "node", "started"):
+            for day, seconds in day_spans(max(started, first), last):
+                add(day if f.group == "day" else key, seconds, [node])
+        segments = [(f.start, first), (last, f.end)]
+    else:
+        segments = [(f.start, f.end)]
+    for start, end in segments:  # each within one day
+        if start >= end:
+            continue
+        holds = _filtered(DeviceHold.objects.filter(started__lt=end), f).filter(Q(ended__isnull=True) |
+                                                                               Q(ended__gt=start))
+        span = ExpressionWrapper(Least(Coalesce("ended", Value(end)), Value(end)) - Greatest("started", Value(start)),
+                                 output_field=DurationField())
+        if f.group == "day":
+            holds = holds.annotate(day=TruncDate(Greatest("started", Value(start))))
+        for r in holds.annotate(key=F(GROUPS[f.group])).values("key", "node").annotate(time=Sum(span)):
+            add(r["key"], max(r["time"].total_seconds(), 0.0), [r["node"]])
+    rows = {key: {"key": key, "gpu_hours": seconds / 3600, "usage_percent": None, "nodes": len(nodes)}
+            for key, (seconds, nodes) in totals.items()}
+    samples = NodeSample.objects.filter(at__gte=f.start, at__lt=f.end, held=True)
     if f.pool:
-        holds, samples = holds.filter(pool=f.pool), samples.filter(node__pool=f.pool)
+        samples = samples.filter(node__pool=f.pool)
     if f.gpu_type:
-        holds, samples = holds.filter(gpu_type=f.gpu_type), samples.filter(gpu__gpu_type=f.gpu_type)
-    span = ExpressionWrapper(Least(Coalesce("ended", Value(f.end)), Value(f.end)) - Greatest("started", Value(f.start)),
-                             output_field=DurationField())
-    field = GROUPS[f.group]
-    if f.group == "day":
-        holds = holds.annotate(day=TruncDate(Greatest("started", Value(f.start))))
-    rows = {label(r["key"]): {"key": label(r["key"]), "gpu_hours": r["time"].total_seconds() / 3600,
-                            "usage_percent": None, "nodes": r["nodes"]}
-            for r in holds.annotate(key=F(field)).values("key").annotate(time=Sum(span),
-                                                                         nodes=Count("node", distinct=True))}
-    # utilisation: samples taken on a device while the group held it; closed and open holds apart, so each sample
-    # finds its hold by an index range on (gpu, ended)
-    found: dict[str, list[float]] = {}
-    sampled = samples.aggregate(first=Min("at"), last=Max("at"))
-    if sampled["first"] is None:
-        return finish(f, rows)
-    # bounding the holds by the samples' own span first keeps the range join small (a year of holds, a week of
-    # samples)
-    bounds = Q(gpu__holds__started__lte=sampled["last"])
-    for held in (Q(gpu__holds__started__lte=F("at"), gpu__holds__ended__gt=F("at"))
-                 & Q(gpu__holds__ended__gt=sampled["first"]) & bounds,
-                 Q(gpu__holds__started__lte=F("at"), gpu__holds__ended__isnull=True) & bounds):
-        matched = samples.filter(held)
-        matched = matched.annotate(key=TruncDate("at") if f.group == "day" else F(f"gpu__holds__{field}"))
-        for s in matched.values("key").annotate(total=Sum("utilization"), n=Count("pk")):
-            acc = found.setdefault(label(s["key"]), [0.0, 0])
-            acc[0] += s["total"]
-            acc[1] += s["n"]
-    for key, (total, n) in found.items():
-        if key in rows and n:
-            rows[key]["usage_percent"] = round(total / n, 1)
+        samples = samples.filter(gpu__gpu_type=f.gpu_type)
+    key = {"day": TruncDate("at"), "pool": F("node__pool__name"), "gpu_type": F("gpu__gpu_type__name"),
+           "user": F("user_id")}.get(f.group, F(f.group))
+    found = list(samples.annotate(key=key).values("key").annotate(total=Sum("utilization"), n=Count("pk")))
+    users = _usernames(samples) if f.group == "user" else {}
+    for s in found:
+        name = label(users.get(s["key"]) if f.group == "user" else s["key"])
+        if name in rows and s["n"]:
+            rows[name]["usage_percent"] = round(s["total"] / s["n"], 1)
     return finish(f, rows)
+
+
+def _filtered(qs, f: Filters):
+    if f.pool:
+        qs = qs.filter(pool=f.pool)
+    if f.gpu_type:
+        qs = qs.filter(gpu_type=f.gpu_type)
+    return qs
+
+
+def _usernames(qs) -> dict[int, str]:
+    ids = set(qs.values_list("user_id", flat=True).distinct()) - {0, None}
+    return dict(get_user_model().objects.filter(pk__in=ids).values_list("pk", "username"))
+
+
+def midnight_before(moment: datetime) -> datetime:
+    return datetime.combine(moment.astimezone(UTC).date(), dtime.min, tzinfo=UTC)
+
+
+def midnight_after(moment: datetime) -> datetime:
+    floor = midnight_before(moment)
+    return floor if floor == moment else floor + timedelta(days=1)
+
+
+def day_spans(start: datetime, end: datetime) -> Iterator[tuple[date, float]]:
+    """(UTC day, seconds) of the interval's part in each day it touches."""
+    while start < end:
+        stop = min(end, midnight_before(start) + timedelta(days=1))
+        yield start.astimezone(UTC).date(), (stop - start).total_seconds()
+        start = stop
+
+
+def add_hold(hold: DeviceHold, ended: datetime) -> None:
+    """Count an ended hold into the daily roll-up: once, in the transaction that sets its end."""
+    for day, seconds in day_spans(hold.started, ended):
+        row, _ = UsageDay.objects.select_for_update().get_or_create(
+            day=day, pool_id=hold.pool_id, gpu_type_id=hold.gpu_type_id, kind=hold.kind, project=hold.project,
+            leaderboard=hold.leaderboard, user_id=hold.user_id or 0)
+        row.gpu_seconds += seconds
+        if hold.node_id not in row.nodes:
+            row.nodes = [*row.nodes, hold.node_id]
+        row.save(update_fields=["gpu_seconds", "nodes"])
+
+
+def rebuild_rollup(holds=DeviceHold, days=UsageDay) -> int:
+    """The roll-up computed afresh from every ended hold (the migration that introduced it; data loaded around
+    `add_hold`, as the benchmark's). Model classes may be a migration's historical ones."""
+    acc: dict[tuple, list] = {}
+    columns = ("started", "ended", "pool_id", "gpu_type_id", "kind", "project", "leaderboard", "user_id", "node_id")
+    for started, ended, *holder, user_id, node_id in holds.objects.filter(ended__isnull=False).values_list(
+            *columns).iterator(chunk_size=20000):
+        for day, seconds in day_spans(started, ended):
+            entry = acc.setdefault((day, *holder, user_id or 0), [0.0, set()])
+            entry[0] += seconds
+            entry[1].add(node_id)
+    with transaction.atomic():
+        days.objects.all().delete()
+        days.objects.bulk_create((days(day=day, pool_id=pool, gpu_type_id=gpu_type, kind=kind, project=project,
+                                       leaderboard=leaderboard, user_id=user, gpu_seconds=seconds, nodes=sorted(nodes))
+                                  for (day, pool, gpu_type, kind, project, leaderboard, user), (seconds, nodes)
+                                  in acc.items()), batch_size=5000)
+    return len(acc)
+
+
+def holders_at(gpu_ids, at: datetime) -> dict[int, DeviceHold]:
+    """Each device's hold at `at`, if any."""
+    return {h.gpu_id: h for h in DeviceHold.objects.filter(gpu_id__in=list(gpu_ids), started__lte=at).filter(
+        Q(ended__isnull=True) | Q(ended__gt=at))}
 
 
 def finish(f: Filters, rows: dict[str, dict]) -> dict:
@@ -136,6 +222,14 @@ def record_samples(pool: str, hostname: str, samples: list[dict]) -> int:
         raise Refused(f"Node {hostname} has no device with index {unknown[0]}.", 400)
     now = timezone.now()
     with transaction.atomic():
+        holders = holders_at((g.pk for g in gpus.values()), now)
         return len(NodeSample.objects.bulk_create(
             NodeSample(gpu=gpus[s["index"]], node=node, at=now, utilization=s["utilization"],
-                       memory_used_mib=s["memory_used_mib"]) for s in samples))
+                       memory_used_mib=s["memory_used_mib"], **holder_fields(holders.get(gpus[s["index"]].pk)))
+            for s in samples))
+
+
+def holder_fields(hold: DeviceHold | None) -> dict:
+    if hold is None:
+        return {"held": False}
+    return {"held": True, "project": hold.project, "leaderboard": hold.leaderboard, "user_id": hold.user_id or 0}

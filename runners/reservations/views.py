@@ -17,7 +17,7 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from leaderboards.errors import Refused
+from kernelbot.errors import Refused
 
 from . import actions, allocator, planner, usage
 from .models import DeviceHold, PoolPolicy, Reservation

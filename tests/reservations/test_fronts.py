@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from leaderboards.access.actions import do_create_token
 from runners.models import Gpu
-from runners.reservations import agent, chat, usage
+from runners.reservations import agent, allocator, chat, usage
 from runners.reservations.models import DeviceHold, HoldKind, NodeSample, Reservation, UsagePost
 
 from .conftest import gpu_pool
@@ -90,10 +90,19 @@ def test_web_page_shows_eta_before_confirming(client, user, other):
 
 
 def hold(gpu, kind, project, hours_ago, hours, user=None, leaderboard=""):
+    """A hold that ended, through the allocator's one way to end holds (which also counts it into the roll-up)."""
     start = timezone.now() - timedelta(hours=hours_ago)
-    return DeviceHold.objects.create(gpu=gpu, node=gpu.node, pool=gpu.node.pool, gpu_type=gpu.gpu_type, kind=kind,
+    made = DeviceHold.objects.create(gpu=gpu, node=gpu.node, pool=gpu.node.pool, gpu_type=gpu.gpu_type, kind=kind,
                                      project=project, leaderboard=leaderboard, user=user, started=start,
-                                     ends=start + timedelta(hours=hours), ended=start + timedelta(hours=hours))
+                                     ends=start + timedelta(hours=hours))
+    assert allocator.end_hold(made, start + timedelta(hours=hours))
+    return made
+
+
+def sample(gpu, at, utilization):
+    """A node agent's reading at `at`, with the device's holder then, as `usage.record_samples` stores it."""
+    holder = usage.holder_fields(usage.holders_at([gpu.pk], at).get(gpu.pk))
+    return NodeSample.objects.create(gpu=gpu, node=gpu.node, at=at, utilization=utilization, **holder)
 
 
 @pytest.fixture
@@ -105,8 +114,8 @@ def recorded(user):
     hold(g[2], HoldKind.RUN, "vectoradd", 5, 0.5, leaderboard="vectoradd")
     hold(g[3], HoldKind.RESERVATION, "old", 50, 1, user)  # outside a 1-day window
     for gpu, util in ((g[0], 80), (g[1], 40)):
-        NodeSample.objects.create(gpu=gpu, node=gpu.node, at=timezone.now() - timedelta(hours=8), utilization=util)
-    NodeSample.objects.create(gpu=g[2], node=g[2].node, at=timezone.now() - timedelta(hours=1), utilization=99)
+        sample(gpu, timezone.now() - timedelta(hours=8), util)
+    sample(g[2], timezone.now() - timedelta(hours=1), 99)
     return pool
 
 
