@@ -252,7 +252,11 @@ def do_extend(user, reservation_id: int, minutes: int) -> Reservation:
         if r.status == ReservationStatus.ACTIVE:
             r.ends_at += timedelta(minutes=minutes)
             r.status_deadline = r.ends_at
-            r.warned_30_at = r.warned_5_at = None
+            left = r.ends_at - now
+            if left > timedelta(minutes=30):  # re-arm only the warnings that lie ahead again
+                r.warned_30_at = None
+            if left > timedelta(minutes=5):
+                r.warned_5_at = None
             r.holds.filter(ended__isnull=True).update(ends=r.ends_at)
             ok, why = access_for(policy).extend(r)  # a Slurm pool's job must last as long
             if not ok:

@@ -140,6 +140,25 @@ def test_tick_warns_twice_then_expires_exactly_once(user, other, monkeypatch, sy
 
 
 @pytest.mark.django_db
+def test_an_extension_re_arms_only_the_warnings_still_ahead(user, monkeypatch, sync_queue,
+                                                           django_capture_on_commit_callbacks):
+    gpu_pool(nodes=1, per_node=2)
+    mine = reserve(user, 1, 20)
+    later(monkeypatch, 1)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert tasks.tick()["warned"] == 1  # 19 minutes left: the 30-minute warning
+        actions.do_extend(user, mine.pk, 5)  # 24 minutes left: still inside 30, nothing new to say
+        assert tasks.tick()["warned"] == 0
+        actions.do_extend(user, mine.pk, 30)  # 54 minutes left: the 30-minute warning will come again
+        assert tasks.tick()["warned"] == 0
+    later(monkeypatch, 26)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert tasks.tick()["warned"] == 1
+    assert [e.message.split(" (")[0] for e in mine.events.filter(kind="warning")] == [
+        f"Reservation {mine.pk} ends in 19 min", f"Reservation {mine.pk} ends in 29 min"]
+
+
+@pytest.mark.django_db
 def test_start_and_end_hooks_get_the_details(user, tmp_path, sync_queue, django_capture_on_commit_callbacks):
     script = tmp_path / "hook.sh"
     out = tmp_path / "calls"
