@@ -191,14 +191,17 @@ class SlurmBackend(RunnerBackend):
 
     def sbatch_args(self, job: Dispatch) -> list[str]:
         limit = math.ceil((job.timeout_s + TIME_MARGIN_S) / 60)
-        args = ["sbatch", "--parsable", "--export=NIL", f"--job-name={job.label}", "--no-requeue", "--nodes=1",
-                "--ntasks=1", f"--time={limit}", "--output=/dev/null", "--error=/dev/null"]
-        for option in ("partition", "account", "qos"):
-            if value := self.settings.get(option):
-                args.append(f"--{option}={value}")
-        if job.gpu_count > 0:
-            gres = (self.settings.get("gres") or {}).get(job.gpu_type.name, "gpu")
-            args.append(f"--gres={gres}:{job.gpu_count}")
+        return ["sbatch", "--parsable", "--export=NIL", f"--job-name={job.label}", "--no-requeue", "--nodes=1",
+                "--ntasks=1", f"--time={limit}", "--output=/dev/null", "--error=/dev/null",
+                *self.placement_args(job.gpu_type.name, job.gpu_count)]
+
+    def placement_args(self, gpu_type: str, gpu_count: int) -> list[str]:
+        """Where a job of this pool goes and what it asks for: partition, account, qos, `gpu_count` GPUs of the
+        type's gres (none for 0), then the pool's extra options. Runs and reservations alike."""
+        args = [f"--{option}={value}" for option in ("partition", "account", "qos")
+                if (value := self.settings.get(option))]
+        if gpu_count > 0:
+            args.append(f"--gres={(self.settings.get('gres') or {}).get(gpu_type, 'gpu')}:{gpu_count}")
         return [*args, *self.settings.get("extra_args", [])]
 
     def batch_script(self, job: Dispatch, tag: str) -> str:

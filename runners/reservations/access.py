@@ -15,7 +15,7 @@ from functools import cached_property
 
 from django.utils import timezone
 
-from runners.backends.slurm import SlurmBackend
+from runners.backends.slurm import SlurmBackend, _tail
 from runners.models import GpuVendor
 
 from .models import PoolPolicy, Reservation, ReservationStatus
@@ -100,16 +100,12 @@ class SlurmAccess(HookAccess):
     def hold(self, r: Reservation) -> tuple[bool, str]:
         job, state, reason = self.find(r)
         if not job:
-            args = ["sbatch", "--parsable", "--export=NIL", f"--job-name={self.job_name(r)}", "--no-requeue",
-                    "--nodes=1", "--ntasks=1", f"--nodelist={r.node.hostname}", f"--time={self.limit(r.ends_at)}",
-                    "--output=/dev/null", "--error=/dev/null"]
-            for option in ("partition", "account", "qos"):
-                if value := self.backend.settings.get(option):
-                    args.append(f"--{option}={value}")
-            if r.gpu_type.vendor != GpuVendor.CPU:
-                args.append(f"--gres={(self.backend.settings.get('gres') or {}).get(r.gpu_type.name, 'gpu')}:"
-                            f"{r.gpu_count}")
-            out = self.backend.call([*args, *self.backend.settings.get("extra_args", []), "--wrap", "sleep infinity"])
+            gpus = r.gpu_count if r.gpu_type.vendor != GpuVendor.CPU else 0
+            out = self.backend.call([
+                "sbatch", "--parsable", "--export=NIL", f"--job-name={self.job_name(r)}", "--no-requeue", "--nodes=1",
+                "--ntasks=1", f"--nodelist={r.node.hostname}", f"--time={self.limit(r.ends_at)}",
+                "--output=/dev/null", "--error=/dev/null", *self.backend.placement_args(r.gpu_type.name, gpus),
+                "--wrap", "sleep infinity"])
             if out.returncode != 0:
                 return False, f"sbatch refused the job holding the GPUs: {_tail(out.stderr or out.stdout)}"
         deadline = time.monotonic() + self.START_WAIT_S
@@ -156,10 +152,6 @@ class SlurmAccess(HookAccess):
     def limit(self, ends_at: datetime, since: datetime | None = None) -> int:
         """Minutes from `since` (default now) to `ends_at`, plus the margin."""
         return math.ceil(((ends_at - (since or timezone.now())).total_seconds()) / 60) + self.MARGIN_MIN
-
-
-def _tail(text: str, limit: int = 300) -> str:
-    return (text or "").strip()[-limit:] or "no output"
 
 
 ACCESS = {"slurm": SlurmAccess}  # backend name → access class; others: HookAccess
