@@ -68,7 +68,7 @@ def claim(entries) -> list[Claimed]:
 
 
 def _entries():
-    return BoardEntry.objects.select_related("user__profile", "leaderboard", "gpu_type")
+    return BoardEntry.objects.with_rank().select_related("user__profile", "leaderboard", "gpu_type")
 
 
 def claim_for_event(leaderboard_id: int, gpu_type_id: int, submission_ids: list[int]) -> list[Claimed]:

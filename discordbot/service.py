@@ -256,7 +256,7 @@ def show(member: Member, leaderboard_name: str, gpu: str | None, page: int) -> s
     pages = max(1, -(-count // PAGE_SIZE))
     if not 1 <= page <= pages:
         raise BotError(f"Page {page} does not exist; '{board.name}' on {gpu_type.name} has {pages} page(s).")
-    rows = entries[(page - 1) * PAGE_SIZE: page * PAGE_SIZE]
+    rows = entries.page((page - 1) * PAGE_SIZE, page * PAGE_SIZE)
     return render.ranking(board, gpu_type, rows, page, pages, [g.name for g in gpu_types])
 
 

@@ -348,6 +348,13 @@ class BoardEntryAdmin(NoAddAdmin):
                     "public_link"]
     list_select_related = ["leaderboard", "gpu_type", "user", "submission__leaderboard"]
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).with_rank()
+
+    @admin.display(description="rank", ordering="rank_key")
+    def rank(self, entry: BoardEntry) -> int:
+        return entry.rank
+
     @admin.display(description="score", ordering="score")
     def score_text(self, entry: BoardEntry) -> str:
         return seconds_text(entry.score)
@@ -358,7 +365,7 @@ class BoardEntryAdmin(NoAddAdmin):
                            public_url(entry.leaderboard), entry.gpu_type.name)
 
     list_filter = ["leaderboard", "gpu_type"]
-    ordering = ["leaderboard", "gpu_type", "rank"]
+    ordering = ["leaderboard", "gpu_type", "rank_key", "submitted_at", "submission"]
 
 
 @admin.register(Board)

@@ -83,7 +83,7 @@ def rankings(request, name: str, gpu: str, page: int = 1, page_size: int = 50):
                 {"rank": e.rank, "user": e.user.get_username(), "score": e.score, "ratio": e.ratio,
                  "ratio_low": e.ratio_low, "ratio_high": e.ratio_high, "tied": e.tied,
                  "submission_id": e.submission_id, "submitted_at": e.submitted_at}
-                for e in entries[start:start + page_size]]}
+                for e in entries.page(start, start + page_size)]}
 
 
 def queue_out(submission: Submission, runs: list[Run] | None = None) -> dict[str, Any] | None:

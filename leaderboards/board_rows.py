@@ -31,21 +31,26 @@ def score_interval(benchmarks: list[dict]) -> tuple[float, float] | None:
     return last["ci_low"], last["ci_high"]
 
 
-def live_board(leaderboard_id: int, gpu_type_id: int, gpu_name: str, user_ids: list[int]) -> dict[str, Any]:
-    """What a delta carries besides the ranks: the changed rows' HTML, the pager and the records as page 1 of a
-    reload renders them."""
+def live_board(leaderboard_id: int, gpu_type_id: int, gpu_name: str, ranks: dict[int, int], *, entrants: bool = True,
+               records: bool = True) -> dict[str, Any]:
+    """What a delta carries besides the ranks: the changed rows' HTML (with the delta's `ranks` by user, so a row
+    sorts where the delta says) and, when they may have changed, the pager (`entrants`) and the records, as page 1
+    of a reload renders them."""
     entries = list(BoardEntry.objects.filter(leaderboard_id=leaderboard_id, gpu_type_id=gpu_type_id,
-                                             user_id__in=user_ids).select_related("user__profile"))
+                                             user_id__in=list(ranks)).select_related("user__profile"))
+    for entry in entries:
+        entry.rank = ranks[entry.user_id]
     attach_breakdown(entries, gpu_type_id)
-    count = BoardEntry.objects.filter(leaderboard_id=leaderboard_id, gpu_type_id=gpu_type_id).count()
-    history = board_history(leaderboard_id, gpu_type_id, user_ids)
-    records = history["records"]
-    return {
-        "rows": {str(e.user_id): render_to_string("leaderboards/_board_row.html", {"e": e}).strip()
-                 for e in entries},
-        "entrants": count,
-        "pager": render_to_string("leaderboards/_board_pager.html", {
-            "page": Paginator(range(count), PAGE_ROWS).get_page(1), "gpu": {"name": gpu_name}}).strip(),
-        "records": records, "record_names": {str(k): v for k, v in history["names"].items()},
-        "records_html": render_to_string("leaderboards/_board_records.html", {"records": records}).strip(),
-    }
+    out: dict[str, Any] = {"rows": {str(e.user_id): render_to_string("leaderboards/_board_row.html", {"e": e}).strip()
+                                    for e in entries}}
+    if entrants:
+        count = BoardEntry.objects.filter(leaderboard_id=leaderboard_id, gpu_type_id=gpu_type_id).count()
+        out["entrants"] = count
+        out["pager"] = render_to_string("leaderboards/_board_pager.html", {
+            "page": Paginator(range(count), PAGE_ROWS).get_page(1), "gpu": {"name": gpu_name}}).strip()
+    if records:
+        history = board_history(leaderboard_id, gpu_type_id, [])
+        out["records"], out["record_names"] = history["records"], {str(k): v for k, v in history["names"].items()}
+        out["records_html"] = render_to_string("leaderboards/_board_records.html",
+                                               {"records": history["records"]}).strip()
+    return out

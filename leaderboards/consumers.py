@@ -31,7 +31,7 @@ def board_snapshot(leaderboard_id: int, gpu_type_id: int) -> dict[str, Any]:
     version = Board.objects.filter(leaderboard_id=leaderboard_id, gpu_type_id=gpu_type_id).values_list(
         "version", flat=True).first() or 0
     entries = (BoardEntry.objects.filter(leaderboard_id=leaderboard_id, gpu_type_id=gpu_type_id)
-               .order_by(*BOARD_ORDER).select_related("user__profile")[:SNAPSHOT_ROWS])
+               .order_by(*BOARD_ORDER).select_related("user__profile").page(0, SNAPSHOT_ROWS))
     return {"type": "snapshot", "version": version, "entries": [entry_row(e) for e in entries]}
 
 

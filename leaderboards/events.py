@@ -4,7 +4,10 @@ Groups: `leaderboard.<id>` (ranking changes) and `submission.<id>` (run progress
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import threading
 from typing import Any
 
 from asgiref.sync import async_to_sync
@@ -19,6 +22,30 @@ from . import live
 log = logging.getLogger(__name__)
 
 
+SEND_TIMEOUT = 10.0  # seconds: a Redis that does not answer loses the live update, not the work that caused it
+_sender: asyncio.AbstractEventLoop | None = None
+_sender_lock = threading.Lock()
+
+
+def _sender_loop() -> asyncio.AbstractEventLoop:
+    """This process's one event loop for sends on a shared (Redis) layer, from sync code. `async_to_sync` runs each
+    call on a new loop and channels-redis connects once per loop: 5 ms a send, three sends per ranked result."""
+    global _sender
+    with _sender_lock:
+        if _sender is None:
+            _sender = asyncio.new_event_loop()
+            threading.Thread(target=_sender.run_forever, name="channel-layer-sends", daemon=True).start()
+        return _sender
+
+
+def _forget_sender() -> None:  # a forked child (django-q's workers) has the loop but not its thread
+    global _sender, _sender_lock
+    _sender, _sender_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_sender)
+
+
 def send(group: str, event_type: str, payload: dict[str, Any]) -> None:
     """Deliver on this process's layer; with a per-process layer also write the outbox (see live.py)."""
     layer = get_channel_layer()
@@ -26,9 +53,15 @@ def send(group: str, event_type: str, payload: dict[str, Any]) -> None:
         return
     message = {"type": event_type, **payload}
     try:
-        async_to_sync(layer.group_send)(group, message)
         if live.uses_outbox():
+            async_to_sync(layer.group_send)(group, message)
             live.write_outbox(group, message)
+        else:
+            sent = asyncio.run_coroutine_threadsafe(layer.group_send(group, message), _sender_loop())
+            try:
+                sent.result(SEND_TIMEOUT)
+            finally:
+                sent.cancel()  # (a no-op once it is done)
     except Exception:  # a lost live update must never fail the work that caused it
         log.exception("could not send %s to %s", event_type, group)
 
@@ -44,26 +77,30 @@ def run_changed(run) -> None:
 
 
 def board_changed(leaderboard_id: int, gpu_type_id: int, version: int, entries: list[dict],
-                  removed: list[int] | None = None, shift: list | None = None) -> None:
+                  removed: list[int] | None = None, shift: list | None = None, *, entrants: bool = True,
+                  records: bool = True) -> None:
     """A delta: the entries that were added or changed and the users who left, with display names. `shift`
     [first, last, by] (last null: to the end): every other entry ranked first..last moved by `by` (an entry moved
-    up past them, or one above them left), so a client applies it to the rows it holds instead of receiving each."""
+    up past them, or one above them left), so a client applies it to the rows it holds instead of receiving each.
+    The pager (`entrants`) and the records are rendered only when they may have changed; clients keep theirs."""
     ids = [e["user"] for e in entries]
     names = {str(pk): display or username for pk, username, display in get_user_model().objects.filter(
         pk__in=ids).values_list("pk", "username", "profile__display_name")} if ids else {}
     send(f"leaderboard.{leaderboard_id}", "leaderboard.ranks", {
         "gpu_type": gpu_type_id, "version": version, "entries": entries, "removed": removed or [],
-        "names": names, "shift": shift, **_rendered(leaderboard_id, gpu_type_id, ids),
+        "names": names, "shift": shift,
+        **_rendered(leaderboard_id, gpu_type_id, {e["user"]: e["rank"] for e in entries}, entrants, records),
     })
 
 
-def _rendered(leaderboard_id: int, gpu_type_id: int, user_ids: list[int]) -> dict[str, Any]:
+def _rendered(leaderboard_id: int, gpu_type_id: int, ranks: dict[int, int], entrants: bool,
+              records: bool) -> dict[str, Any]:
     """The rows, pager and records as a reload shows them; without them (a failure here) clients fetch the page."""
     from .board_rows import live_board  # imported here like live_run: it reaches the models
 
     try:
         gpu_name = GpuType.objects.filter(pk=gpu_type_id).values_list("name", flat=True).first() or ""
-        return live_board(leaderboard_id, gpu_type_id, gpu_name, user_ids)
+        return live_board(leaderboard_id, gpu_type_id, gpu_name, ranks, entrants=entrants, records=records)
     except Exception:
         log.exception("could not render the rows of board %s/%s", leaderboard_id, gpu_type_id)
         return {}

@@ -4,7 +4,8 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import models, transaction
-from django.db.models import Q
+from django.db.models import Count, OuterRef, Q, Subquery
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from runners.models import GpuType
@@ -385,13 +386,49 @@ class Board(models.Model):
 
 
 # A board's order, the ranks' order (a rank is 1 + the entries with a smaller rank_key): index entry_board_order.
-# `rank` itself is in no index, so the range UPDATE that moves ranks is a heap-only (HOT) update.
 BOARD_ORDER = ("rank_key", "submitted_at", "submission_id")
 
 
 class BoardEntryQuerySet(models.QuerySet):
     def for_board(self, leaderboard: Leaderboard, gpu_type: GpuType) -> "BoardEntryQuerySet":
         return self.filter(leaderboard=leaderboard, gpu_type=gpu_type).order_by(*BOARD_ORDER)
+
+    def ahead_of(self, entry: "BoardEntry") -> "BoardEntryQuerySet":
+        """The entries of `entry`'s board with a smaller key: its rank is 1 + their number (an index-only count)."""
+        return self.filter(leaderboard_id=entry.leaderboard_id, gpu_type_id=entry.gpu_type_id,
+                           rank_key__lt=entry.rank_key)
+
+    def with_rank(self) -> "BoardEntryQuerySet":
+        """Annotates each entry's `rank` with one count of the entries ahead of it: for a few entries from anywhere
+        (a user's boards, an announcement); a board's pages number their rows with `page`."""
+        ahead = (BoardEntry.objects.filter(leaderboard=OuterRef("leaderboard"), gpu_type=OuterRef("gpu_type"),
+                                           rank_key__lt=OuterRef("rank_key"))
+                 .order_by().values("leaderboard").annotate(n=Count("rank_key")).values("n"))
+        return self.annotate(rank=Coalesce(Subquery(ahead), 0) + 1)
+
+    def page(self, start: int, stop: int) -> list["BoardEntry"]:
+        """Rows [start, stop) of a `for_board` queryset, ranked (see `number_rows`)."""
+        return number_rows(list(self[start:stop]), start)
+
+    def leaders(self) -> "BoardEntryQuerySet":
+        """The first entry of every board: one index probe per board."""
+        first = (BoardEntry.objects.filter(leaderboard=OuterRef("leaderboard"), gpu_type=OuterRef("gpu_type"))
+                 .order_by(*BOARD_ORDER).values("pk")[:1])
+        return self.filter(pk__in=Board.objects.values(first=Subquery(first)))
+
+
+def number_rows(rows: list["BoardEntry"], start: int) -> list["BoardEntry"]:
+    """Sets `rank` on consecutive rows of a board's order, the first at position `start` (from 0). Ranks are
+    standard competition ranks (1, 1, 3) of `rank_key`, so a row whose key differs from the row above ranks at its
+    position + 1, and a row with the key above shares that rank; only a first row that does not open the board
+    counts the entries ahead of it. Ranks are not stored: a result that passes 10 k entries writes one row."""
+    for position, row in enumerate(rows, start):
+        above = rows[position - start - 1] if position > start else None
+        if above is not None:
+            row.rank = above.rank if above.rank_key == row.rank_key else position + 1
+        else:
+            row.rank = BoardEntry.objects.ahead_of(row).count() + 1 if position else 1
+    return rows
 
 
 class BoardEntry(models.Model):
@@ -405,9 +442,8 @@ class BoardEntry(models.Model):
     ratio = models.FloatField(null=True, blank=True, help_text="Time / the reference's time (see Run.ratio).")
     ratio_low = models.FloatField(null=True, blank=True)
     ratio_high = models.FloatField(null=True, blank=True)
-    rank = models.PositiveIntegerField()
-    rank_key = models.FloatField(null=True, help_text="What the board ranks on: the ratio, or the time when a "
-                                 "ranked submission lacks a ratio (Board.ranks_on_ratio).")
+    rank_key = models.FloatField(help_text="What the board ranks on: the ratio, or the time when a ranked "
+                                 "submission lacks a ratio (Board.ranks_on_ratio). The rank is read from it.")
     tied = models.BooleanField(default=False, help_text="Statistically tied with the entry ranked just above.")
     submitted_at = models.DateTimeField()
     updated = models.DateTimeField(auto_now=True)
@@ -422,7 +458,7 @@ class BoardEntry(models.Model):
         verbose_name_plural = "board entries"
 
     def __str__(self) -> str:
-        return f"{self.leaderboard}/{self.gpu_type} #{self.rank} {self.user}"
+        return f"{self.leaderboard}/{self.gpu_type} {self.user}"
 
 
 class Record(models.Model):

@@ -1,9 +1,11 @@
-"""Materialised ranks and records of a board (leaderboard × GPU type), always under the Board row lock.
+"""Materialised entries and records of a board (leaderboard × GPU type), always under the Board row lock.
 
 `do_rank_result` is what a finished ranked run costs: it reads that submission's two runs and changes the board by
-what the result changes (the user's entry, the ranks it moves past, at most two neighbours' ties, the records)
-through the board's indexed order, never reading the board's runs. `do_recompute_ranks` rebuilds the board from
-all its runs: deletions, requeues, rescoring, a board never built with rank keys, and the oracle in tests."""
+what the result changes (the user's entry, at most two neighbours' ties, the records) through the board's indexed
+order, never reading the board's runs. Ranks are not stored (a rank is 1 + the entries with a smaller key, read
+with the page: `models.number_rows`), so a result that passes 10 k entries writes one row; its event still tells
+clients which ranks it moved. `do_recompute_ranks` rebuilds the board from all its runs: deletions, requeues,
+rescoring, a board never built with rank keys, and the oracle in tests."""
 
 from __future__ import annotations
 
@@ -11,11 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Count, F, Q, QuerySet
+from django.db.models import Count, Q, QuerySet
 
 from . import events
 from .models import BOARD_ORDER as ORDER
-from .models import Board, BoardEntry, Record, Run, RunStatus
+from .models import Board, BoardEntry, Record, Run, RunStatus, number_rows
 from .ranking import (
     Candidate,
     interval_from_fields,
@@ -26,7 +28,7 @@ from .ranking import (
     tied_below,
 )
 
-ENTRY_FIELDS = ["submission_id", "score", "rank", "rank_key", "submitted_at", "tied", "ratio", "ratio_low",
+ENTRY_FIELDS = ["submission_id", "score", "rank_key", "submitted_at", "tied", "ratio", "ratio_low",
                 "ratio_high"]
 RUN_FIELDS = ("submission_id", "submission__user_id", "submission__created", "secret", "status", "passed", "score",
               "ratio", "ratio_low", "ratio_high")
@@ -72,11 +74,15 @@ def _delta_row(values: dict[str, Any], user_id: int) -> dict[str, Any]:
             "rank": values["rank"], "tied": values["tied"], "ratio": values["ratio"]}
 
 
-def _publish(board: Board, delta: list[dict], removed: list[int], shift: list | None = None) -> None:
+def _publish(board: Board, delta: list[dict], removed: list[int], shift: list | None = None, *,
+             entrants: bool = True, records: bool = True) -> None:
+    """Bump the board's version and send the delta after commit; `entrants`/`records`: whether the number of
+    entries or the board's records may have changed (the event then carries them rendered)."""
     board.version += 1
     board.save(update_fields=["version", "ranks_on_ratio", "updated"])
     leaderboard_id, gpu_type_id, version = board.leaderboard_id, board.gpu_type_id, board.version
-    transaction.on_commit(lambda: events.board_changed(leaderboard_id, gpu_type_id, version, delta, removed, shift))
+    transaction.on_commit(lambda: events.board_changed(leaderboard_id, gpu_type_id, version, delta, removed, shift,
+                                                       entrants=entrants, records=records))
 
 
 # --- the full rebuild -------------------------------------------------------------------------------
@@ -94,12 +100,12 @@ def _rebuild(board: Board) -> bool:
     on_ratio = all(c.ratio is not None for c in candidates)
     _rebuild_records(leaderboard_id, gpu_type_id, candidates)
     ranked = rank(candidates)
-    existing = {e.user_id: e for e in BoardEntry.objects.filter(leaderboard_id=leaderboard_id,
-                                                                 gpu_type_id=gpu_type_id)}
+    existing = {e.user_id: e for e in number_rows(list(BoardEntry.objects.filter(
+        leaderboard_id=leaderboard_id, gpu_type_id=gpu_type_id).order_by(*ORDER)), 0)}
     to_create, to_update, delta = [], [], []
     for r in ranked:
         entry = existing.pop(r.user_id, None)
-        values = {"submission_id": r.submission_id, "score": r.score, "rank": r.rank, "submitted_at": r.submitted_at,
+        values = {"submission_id": r.submission_id, "score": r.score, "submitted_at": r.submitted_at,
                   "rank_key": r.ratio.value if on_ratio and r.ratio else r.score, "tied": r.tied,
                   **ratio_fields(r.ratio)}
         if entry is None:
@@ -109,9 +115,9 @@ def _rebuild(board: Board) -> bool:
             for k, v in values.items():
                 setattr(entry, k, v)
             to_update.append(entry)
-        else:
+        elif entry.rank == r.rank:
             continue
-        delta.append(_delta_row(values, r.user_id))
+        delta.append(_delta_row({**values, "rank": r.rank}, r.user_id))
     if existing:
         BoardEntry.objects.filter(pk__in=[e.pk for e in existing.values()]).delete()
     BoardEntry.objects.bulk_create(to_create)
@@ -127,14 +133,14 @@ def _rebuild(board: Board) -> bool:
 
 
 # One statement for any number of changed entries: Django's bulk_update writes a CASE with a branch per row, which
-# PostgreSQL evaluates per row (quadratic: 10 k entries moved by a first place took minutes).
+# PostgreSQL evaluates per row (quadratic: a rebuild that changed 10 k entries took minutes).
 UPDATE_ENTRIES_SQL = f"""
-UPDATE {BoardEntry._meta.db_table} e SET submission_id = v.submission_id, score = v.score, rank = v.rank,
-  rank_key = v.rank_key, submitted_at = v.submitted_at, tied = v.tied, ratio = v.ratio, ratio_low = v.ratio_low,
-  ratio_high = v.ratio_high, updated = now()
-FROM unnest(%s::bigint[], %s::bigint[], %s::float8[], %s::int[], %s::float8[], %s::timestamptz[], %s::bool[],
-  %s::float8[], %s::float8[], %s::float8[]) AS v(id, submission_id, score, rank, rank_key, submitted_at, tied, ratio,
-  ratio_low, ratio_high)
+UPDATE {BoardEntry._meta.db_table} e SET submission_id = v.submission_id, score = v.score, rank_key = v.rank_key,
+  submitted_at = v.submitted_at, tied = v.tied, ratio = v.ratio, ratio_low = v.ratio_low, ratio_high = v.ratio_high,
+  updated = now()
+FROM unnest(%s::bigint[], %s::bigint[], %s::float8[], %s::float8[], %s::timestamptz[], %s::bool[], %s::float8[],
+  %s::float8[], %s::float8[]) AS v(id, submission_id, score, rank_key, submitted_at, tied, ratio, ratio_low,
+  ratio_high)
 WHERE e.id = v.id
 """
 
@@ -217,9 +223,20 @@ def _tied(entry: BoardEntry, above: BoardEntry | None) -> bool:
         entry.rank_key, interval_from_fields(entry.ratio, entry.ratio_low, entry.ratio_high))  # type: ignore[arg-type]
 
 
+def _retie(entries: QuerySet, follower: BoardEntry) -> dict[str, Any] | None:
+    """Redo `follower`'s tie with the entry now above it; its delta row when that changed."""
+    tied = _tied(follower, _above(entries, Place.of(follower)))
+    if tied == follower.tied:
+        return None
+    follower.tied = tied
+    follower.save(update_fields=["tied", "updated"])
+    rank = entries.ahead_of(follower).count() + 1
+    return _delta_row({f: getattr(follower, f) for f in ENTRY_FIELDS} | {"rank": rank}, follower.user_id)
+
+
 def do_rank_result(run_id: int) -> bool:
     """Apply one finished ranked run to its board: when its submission now has both runs passed, a record if it
-    is one, and the user's entry if it beats it. Idempotent; emits one event when an entry changed."""
+    is one, and the user's entry if it beats it. Idempotent; emits one event when an entry or a record changed."""
     found = Run.objects.ranked().filter(pk=run_id).values_list(
         "submission_id", "gpu_type_id", "submission__leaderboard_id").first()
     if found is None:
@@ -237,22 +254,28 @@ def do_rank_result(run_id: int) -> bool:
             return False
         if board.ranks_on_ratio and candidate.ratio is None:
             return _rebuild(board)  # the board ranks on time from now on (ranking.ranking_key)
-        _add_record(leaderboard_id, gpu_type_id, candidate)
-        return _place_entry(board, candidate)
+        new_record = _add_record(leaderboard_id, gpu_type_id, candidate)
+        if _place_entry(board, candidate, new_record):
+            return True
+        if new_record:  # a record in its time (submitted before the user's best, finished after it): the chart
+            _publish(board, [], [], entrants=False)
+        return new_record
 
 
-def _add_record(leaderboard_id: int, gpu_type_id: int, c: Candidate) -> None:
+def _add_record(leaderboard_id: int, gpu_type_id: int, c: Candidate) -> bool:
     """Insert `c` into the progressions (see ranking.progression) if it is a step: it beats the user's last step
     before it; it is a record if it also beats the board's last record before it. Later steps of the user and
-    later records it beats stop being steps and records (a result can arrive after later submissions')."""
+    later records it beats stop being steps and records (a result can arrive after later submissions'). Returns
+    whether the board's records changed: only a new record changes them (a later record it beats, the user's
+    own included, is beaten by a record)."""
     records = Record.objects.filter(leaderboard_id=leaderboard_id, gpu_type_id=gpu_type_id)
     if records.filter(submission_id=c.submission_id).exists():
-        return
+        return False
     before = Q(submitted_at__lt=c.submitted_at) | Q(submitted_at=c.submitted_at, submission_id__lt=c.submission_id)
     latest = ("-submitted_at", "-submission_id")
     mine = records.filter(before, user_id=c.user_id).order_by(*latest).values_list("score", flat=True).first()
     if mine is not None and c.score >= mine:
-        return
+        return False
     record = records.filter(before, board_best=True).order_by(*latest).values_list("score", flat=True).first()
     board_best = record is None or c.score < record
     Record.objects.create(leaderboard_id=leaderboard_id, gpu_type_id=gpu_type_id, user_id=c.user_id,
@@ -262,13 +285,14 @@ def _add_record(leaderboard_id: int, gpu_type_id: int, c: Candidate) -> None:
     beaten.filter(user_id=c.user_id).delete()
     if board_best:
         beaten.filter(board_best=True).update(board_best=False)
+    return board_best
 
 
-def _place_entry(board: Board, c: Candidate) -> bool:
-    """Put `c` in place of its user's entry if it is better. With a competition ranking a rank is 1 + the number of
-    entries with a smaller key, so moving from key `old` to `key` adds one to the entries in (key, old] and
-    nothing elsewhere; ties depend only on the entry above, so the moved entry and its old and new followers are
-    the only ones whose `tied` can change."""
+def _place_entry(board: Board, c: Candidate, new_record: bool = False) -> bool:
+    """Put `c` in place of its user's entry if it is better. A rank is 1 + the number of entries with a smaller key,
+    so moving from key `old` to `key` adds one to the ranks of the entries in (key, old] and nothing elsewhere: the
+    event tells clients so, and one index-only count finds the numbers. Ties depend only on the entry above, so the
+    moved entry and its old and new followers are the only ones whose `tied` can change."""
     entries = BoardEntry.objects.filter(leaderboard_id=board.leaderboard_id, gpu_type_id=board.gpu_type_id)
     key = c.ratio.value if board.ranks_on_ratio and c.ratio else c.score
     place = Place(key, c.submitted_at, c.submission_id)
@@ -284,35 +308,35 @@ def _place_entry(board: Board, c: Candidate) -> bool:
             return False
     others = entries.exclude(user_id=c.user_id)
     old_follower = _below(others, Place.of(held)) if held else None
-    old, old_rank = (held.rank_key, held.rank) if held else (None, None)
-    counts = others.filter(rank_key__lte=key).aggregate(smaller=Count("pk", filter=Q(rank_key__lt=key)),
-                                                         upto=Count("pk"))
-    passed = others.filter(rank_key__gt=key, **({} if old is None else {"rank_key__lte": old}))
-    moved = passed.update(rank=F("rank") + 1)
+    # counted over the board's index alone (held's own row included: old >= key, so it is never smaller than key,
+    # it is at most key only when old == key, and it lies in (key, old] otherwise)
+    old = held.rank_key if held else None
+    counts = entries.filter(rank_key__lte=key if old is None else max(key, old)).aggregate(
+        smaller=Count("rank_key", filter=Q(rank_key__lt=key)), upto=Count("rank_key", filter=Q(rank_key__lte=key)),
+        **({} if old is None else {"passed": Count("rank_key", filter=Q(rank_key__gt=key)),
+                                   "old_smaller": Count("rank_key", filter=Q(rank_key__lt=old))}))
+    if held is None:
+        upto, moved, old_rank = counts["upto"], entries.filter(rank_key__gt=key).exists(), None
+    else:
+        upto = counts["upto"] - (old == key)
+        moved, old_rank = counts["passed"] - (old > key) > 0, counts["old_smaller"] + 1
     entry = held or BoardEntry(leaderboard_id=board.leaderboard_id, gpu_type_id=board.gpu_type_id, user_id=c.user_id)
     for k, v in values.items():
         setattr(entry, k, v)
-    entry.rank = counts["smaller"] + 1
     entry.tied = _tied(entry, _above(others, place))
     entry.save()
-    delta = [_delta_row({**values, "rank": entry.rank, "tied": entry.tied}, c.user_id)]
+    delta = [_delta_row({**values, "rank": counts["smaller"] + 1, "tied": entry.tied}, c.user_id)]
     followers = {e.pk: e for e in (_below(others, place), old_follower) if e is not None}
-    for follower in followers.values():
-        tied = _tied(follower, _above(entries, Place.of(follower)))
-        if tied != follower.tied:
-            follower.refresh_from_db(fields=["rank"])  # the shift may have moved it
-            follower.tied = tied
-            follower.save(update_fields=["tied", "updated"])
-            delta.append(_delta_row({f: getattr(follower, f) for f in ENTRY_FIELDS}, follower.user_id))
-    # old ranks the shift moved, for clients holding rows: [first, last, by]; the held entry's rank, 1 + the others
-    # with a smaller key, is the last; none for a new entry
-    shift = [counts["upto"] + 1, old_rank, 1] if moved else None
-    _publish(board, delta, [], shift)
+    delta += [row for follower in followers.values() if (row := _retie(entries, follower))]
+    # old ranks the move shifted, for clients holding rows: [first, last, by]; the held entry's old rank is the last;
+    # none for a new entry
+    shift = [upto + 1, old_rank, 1] if moved else None
+    _publish(board, delta, [], shift, entrants=held is None, records=new_record)
     return True
 
 
 def do_take_off_boards(submission_id: int) -> set[tuple[int, int]]:
-    """Before a submission is deleted: remove its entries from their boards (the ranks after move up one, the
+    """Before a submission is deleted: remove its entries from their boards (the ranks after it move up one, the
     follower's tie is redone), so clients hear that the user left; returns the boards it held an entry or a
     record on, to rebuild after the deletion (the user's next best, the progressions)."""
     boards = set(Record.objects.filter(submission_id=submission_id).values_list("leaderboard_id", "gpu_type_id"))
@@ -321,17 +345,10 @@ def do_take_off_boards(submission_id: int) -> set[tuple[int, int]]:
         board = _locked_board(held.leaderboard_id, held.gpu_type_id)
         entries = BoardEntry.objects.filter(leaderboard_id=held.leaderboard_id, gpu_type_id=held.gpu_type_id)
         held = entries.get(pk=held.pk)  # as it is under the lock
-        follower = _below(entries, Place.of(held)) if held.rank_key is not None else None
+        rank = entries.ahead_of(held).count() + 1
+        follower = _below(entries, Place.of(held))
         held.delete()
-        moved = entries.filter(rank_key__gt=held.rank_key).update(rank=F("rank") - 1) \
-            if held.rank_key is not None else 0
-        delta = []
-        if follower is not None:
-            follower.refresh_from_db(fields=["rank"])
-            tied = _tied(follower, _above(entries, Place.of(follower)))
-            if tied != follower.tied:
-                follower.tied = tied
-                follower.save(update_fields=["tied", "updated"])
-                delta.append(_delta_row({f: getattr(follower, f) for f in ENTRY_FIELDS}, follower.user_id))
-        _publish(board, delta, [held.user_id], [held.rank + 1, None, -1] if moved else None)
+        delta = [row] if follower is not None and (row := _retie(entries, follower)) else []
+        moved = entries.filter(rank_key__gt=held.rank_key).exists()
+        _publish(board, delta, [held.user_id], [rank + 1, None, -1] if moved else None)
     return boards

@@ -22,7 +22,7 @@ from .access.authority import RunView, access_leaderboard, access_submission, ma
 from .board_rows import PAGE_ROWS, attach_breakdown
 from .errors import AccessDenied, Refused
 from .history import board_history
-from .models import Board, BoardEntry, Leaderboard, Run, Submission
+from .models import Board, BoardEntry, Leaderboard, Run, Submission, number_rows
 from .serializers import Outcome, run_out, score_rule, submission_scores
 from .web_forms import SubmitForm
 
@@ -46,7 +46,7 @@ def home(request: HttpRequest) -> HttpResponse:
     leaderboards = list(Leaderboard.objects.listed_for(request.user).select_related("competition")
                         .prefetch_related("gpu_types").annotate(entrants=Count("entries__user", distinct=True))
                         .order_by("deadline", "name"))  # soonest deadline first
-    leaders = {e.leaderboard_id: e for e in BoardEntry.objects.filter(rank=1).select_related(
+    leaders = {e.leaderboard_id: e for e in BoardEntry.objects.leaders().select_related(
         "user__profile", "gpu_type").order_by("score")}
     for leaderboard in leaderboards:
         leaderboard.leader = leaders.get(leaderboard.pk)
@@ -68,7 +68,7 @@ def leaderboard(request: HttpRequest, name: str) -> HttpResponse:
     version = Board.objects.filter(leaderboard=lb, gpu_type=gpu).values_list("version", flat=True).first() or 0
     page = Paginator(BoardEntry.objects.for_board(lb, gpu).select_related("user__profile"),
                      PAGE_ROWS).get_page(request.GET.get("page"))
-    entries = list(page.object_list)
+    entries = number_rows(list(page.object_list), page.start_index() - 1)
     attach_breakdown(entries, gpu.pk)
     history = board_history(lb.pk, gpu.pk, [e.user_id for e in entries])
     chart = {"records": history["records"], "names": {str(k): v for k, v in history["names"].items()},
@@ -146,7 +146,7 @@ def user_page(request: HttpRequest, username: str) -> HttpResponse:
     for sub in page:
         sub.scores = submission_scores(sub.mode, sub.scored_runs)
     ranks = BoardEntry.objects.filter(user=person, leaderboard__in=Leaderboard.objects.visible_to(request.user)) \
-        .select_related("leaderboard", "gpu_type").order_by("leaderboard")
+        .with_rank().select_related("leaderboard", "gpu_type").order_by("leaderboard")
     history = (Run.objects.ranked().filter(submission__user=person, passed=True, score__isnull=False,
                                            submission__leaderboard__in=Leaderboard.objects.visible_to(request.user))
                .select_related("gpu_type", "submission__leaderboard").order_by("submission__created", "pk")

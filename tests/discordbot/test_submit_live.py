@@ -32,7 +32,7 @@ def test_ranked_submission_is_acked_edited_live_reported_and_announced(bot, clus
     report = fake.wait_for(lambda: fake.followups(interaction), 20, "the report")
     assert report[0].ephemeral and report[0].files and b"score:" in report[0].files[0][1]
 
-    fake.wait_for(lambda: BoardEntry.objects.filter(submission=submission, rank=1).exists(), 90, "the rank")
+    fake.wait_for(lambda: BoardEntry.objects.with_rank().filter(submission=submission, rank=1).exists(), 90, "the rank")
     posted = fake.wait_for(lambda: fake.in_channel(ANNOUNCE_CHANNEL_ID), 30, "the announcement")
     assert len(posted) == 1 and "First place" in posted[0].content
     fake.wait_for(lambda: Announcement.objects.filter(message_id=posted[0].id).exists(), 10, "the claim's message id")

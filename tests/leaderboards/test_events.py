@@ -1,12 +1,14 @@
 """Rank changes and run progress reach channel-layer groups only after commit."""
 
 import asyncio
+import multiprocessing
+import threading
 
 import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import channel_layers, get_channel_layer
 
-from leaderboards import actions, lifecycle
+from leaderboards import actions, events, lifecycle
 
 from ..factories import ranked_result, submission
 from .test_lifecycle import dispatch
@@ -61,3 +63,36 @@ def test_run_status_changes_reach_the_submission_group(leaderboard, django_captu
     event = receive(layer, channel)
     assert (event["type"], event["status"], event["attempt"], event["run"]) == (
         "submission.update", "dispatched", attempt, run.pk)
+
+
+@pytest.mark.parametrize("backend", ["channels_redis.pubsub.RedisPubSubChannelLayer",
+                                     "channels_redis.core.RedisChannelLayer"])
+def test_sync_sends_share_one_loop_and_survive_a_fork(backend, settings, redis_url):
+    """Workers send from sync code on one loop per process (one Redis connection, not one per send); a forked
+    child (django-q's workers) starts its own and its sends arrive too."""
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": backend,
+                                           "CONFIG": {"hosts": [redis_url], "prefix": "kernelbot-fork-test"}}}
+    channel_layers.backends.clear()
+    layer, subscribed, got = get_channel_layer(), threading.Event(), []
+
+    async def listen_for_three() -> None:  # a consumer: its channel and group on its own loop
+        channel = await layer.new_channel()
+        await layer.group_add("fork-test", channel)
+        subscribed.set()
+        for _ in range(3):
+            got.append(await asyncio.wait_for(layer.receive(channel), timeout=10))
+
+    listener = threading.Thread(target=asyncio.run, args=(listen_for_three(),))
+    listener.start()
+    assert subscribed.wait(10)
+    events.send("fork-test", "test.event", {"n": 1})
+    events.send("fork-test", "test.event", {"n": 2})
+    loop = events._sender_loop()
+    child = multiprocessing.get_context("fork").Process(
+        target=lambda: events.send("fork-test", "test.event", {"n": 3, "own": events._sender_loop() is not loop}))
+    child.start()
+    child.join(30)
+    listener.join(15)
+    channel_layers.backends.clear()
+    assert child.exitcode == 0
+    assert [(e["n"], e.get("own")) for e in got] == [(1, None), (2, None), (3, True)]

@@ -9,6 +9,7 @@ from django.test.utils import CaptureQueriesContext
 
 from leaderboards import actions, events, ranks
 from leaderboards.models import Board, BoardEntry, Record
+from leaderboards.ranking import rank
 
 from ..factories import UserFactory, ranked_result, submission
 from .test_lifecycle import dispatch, finish
@@ -29,17 +30,21 @@ def test_a_result_moves_one_entry_and_shifts_the_ranks_it_passes(leaderboard, cp
     for i, user in enumerate(users):
         ranks.do_rank_result(result_on(submission(leaderboard, user, code=str(i)), [1000.0 * (i + 1)]))
     sent = []
-    monkeypatch.setattr(events, "board_changed", lambda *args: sent.append(args))
+    monkeypatch.setattr(events, "board_changed", lambda *args, **parts: sent.append((*args, parts)))
     board = Board.objects.get(leaderboard=leaderboard)
     faster = result_on(submission(leaderboard, users[3], code="faster"), [1500.0])  # 4th → 2nd
     with django_capture_on_commit_callbacks(execute=True), CaptureQueriesContext(connection) as queries:
         assert ranks.do_rank_result(faster)
     run_reads = [q["sql"] for q in queries.captured_queries if 'FROM "leaderboards_run"' in q["sql"]]
     assert run_reads and all(re.search(r'"leaderboards_run"\."(submission_id|id)" = ', sql) for sql in run_reads)
-    entries = BoardEntry.objects.for_board(leaderboard, cpu_pool.cpu)
+    entries = BoardEntry.objects.for_board(leaderboard, cpu_pool.cpu).page(0, 10)
     assert [(e.user, e.rank) for e in entries] == [(users[0], 1), (users[3], 2), (users[1], 3), (users[2], 4)]
-    (_, _, version, delta, removed, shift), = sent
+    entry_writes = [q["sql"] for q in queries.captured_queries
+                    if re.match(r'(UPDATE|INSERT INTO) "leaderboards_boardentry"', q["sql"])]
+    assert len(entry_writes) == 1 and "rank" not in entry_writes[0].split(" WHERE ")[0].replace("rank_key", "")
+    (_, _, version, delta, removed, shift, parts), = sent
     assert version == board.version + 1 and removed == []
+    assert parts == {"entrants": False, "records": False}  # a move: the pager and the records stay as they are
     assert [(e["user"], e["rank"]) for e in delta] == [(users[3].pk, 2)]
     assert shift == [2, 4, 1]  # the other rows ranked 2..4 (the mover held 4) move down one
     with django_capture_on_commit_callbacks(execute=True):
@@ -57,6 +62,23 @@ def test_records_stay_right_when_results_arrive_out_of_submission_order(leaderbo
     assert sorted(Record.objects.values_list("user", "board_best")) == sorted([(alice.pk, False), (bob.pk, True)])
     assert not ranks.do_recompute_ranks(leaderboard.pk, cpu_pool.cpu.pk)
     assert sorted(Record.objects.values_list("user", "board_best")) == sorted([(alice.pk, False), (bob.pk, True)])
+
+
+def test_a_record_in_its_time_that_does_not_beat_the_entry_still_updates_the_chart(
+        leaderboard, cpu_pool, monkeypatch, django_capture_on_commit_callbacks):
+    alice = UserFactory()
+    slow = submission(leaderboard, alice, code="slow", created=START)
+    fast = submission(leaderboard, alice, code="fast", created=START + timedelta(minutes=5))
+    ranks.do_rank_result(result_on(fast, [1000.0]))
+    sent = []
+    monkeypatch.setattr(events, "board_changed", lambda *args, **parts: sent.append((*args, parts)))
+    with django_capture_on_commit_callbacks(execute=True):
+        assert ranks.do_rank_result(result_on(slow, [2000.0]))  # the board's first record, submitted first
+    assert sorted(Record.objects.values_list("submission_id", "board_best")) == [(slow.pk, True), (fast.pk, True)]
+    (_, _, _, delta, removed, shift, parts), = sent
+    assert (delta, removed, shift, parts) == ([], [], None, {"entrants": False, "records": True})
+    assert BoardEntry.objects.get().submission == fast and not ranks.do_recompute_ranks(leaderboard.pk,
+                                                                                        cpu_pool.cpu.pk)
 
 
 def test_a_result_without_a_ratio_switches_a_ratio_board_to_time(leaderboard, cpu_pool):
@@ -93,7 +115,7 @@ def test_incremental_moves_match_the_rebuild(leaderboard, cpu_pool, results):
                 result["ranked"][-1].update(time=time_ns, ratio=ratio[0], ratio_low=ratio[1], ratio_high=ratio[2])
             actions.do_ingest_result(run.pk, dispatch(run), result)
         ranks.do_rank_result(sub.runs.get(secret=True).pk)
-    kept = list(BoardEntry.objects.for_board(leaderboard, cpu_pool.cpu).values_list("user", "rank", "tied"))
+    kept = list(BoardEntry.objects.for_board(leaderboard, cpu_pool.cpu).with_rank().values_list("user", "rank", "tied"))
     assert not ranks.do_recompute_ranks(leaderboard.pk, cpu_pool.cpu.pk), kept
 
 
@@ -105,3 +127,23 @@ def test_a_requeued_run_given_to_the_hook_takes_its_submission_off_the_board(lea
     actions.do_requeue_run(run)
     assert ranks.do_rank_result(run.pk)  # as main's on_finish hook calls it on a requeue
     assert not BoardEntry.objects.exists() and not Record.objects.exists()
+
+
+def test_pages_rank_their_rows_as_the_whole_board_does(leaderboard, cpu_pool):
+    """Ranks are read, not stored: every window of the board (a page that starts inside a run of equal keys
+    included) numbers its rows as `ranking.rank` numbers the whole board, and so does the per-entry count."""
+    times = [1000.0, 1000.0, 1500.0, 2000.0, 2000.0, 2000.0, 2500.0, 3000.0, 3000.0]
+    for i, time_ns in enumerate(times):
+        ranks.do_rank_result(result_on(submission(leaderboard, UserFactory(), code=str(i)), [time_ns]))
+    expected = [(r.user_id, r.rank) for r in rank(ranks.ranked_candidates(leaderboard.pk, cpu_pool.cpu.pk))]
+    assert [r for _, r in expected] == [1, 1, 3, 4, 4, 4, 7, 8, 8]
+    entries = BoardEntry.objects.for_board(leaderboard, cpu_pool.cpu)
+    assert [(e.user_id, e.rank) for e in entries.with_rank()] == expected
+    for start in range(len(times)):
+        for stop in range(start + 1, len(times) + 2):
+            with CaptureQueriesContext(connection) as queries:
+                rows = entries.page(start, stop)
+            assert [(e.user_id, e.rank) for e in rows] == expected[start:stop], (start, stop)
+            assert len(queries) == (2 if start else 1)  # the rows, and the count ahead of a page not at the top
+    leader, = BoardEntry.objects.leaders()
+    assert (leader.user_id, leader.rank_key) == (expected[0][0], 1e-6)

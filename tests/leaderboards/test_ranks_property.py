@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 
 from leaderboards import actions, events
 from leaderboards.access.actions import do_ban
-from leaderboards.models import Board, BoardEntry, Leaderboard, Record, Run, RunStatus
+from leaderboards.models import BOARD_ORDER, Board, BoardEntry, Leaderboard, Record, Run, RunStatus
+from leaderboards.ranking import rank
+from leaderboards.ranks import ranked_candidates
 
 from ..factories import UserFactory, ranked_result, submission
 from .test_lifecycle import dispatch
@@ -53,7 +55,7 @@ def result(spec) -> dict:
 
 def board_state(leaderboard: Leaderboard, gpu) -> tuple:
     entries = sorted(BoardEntry.objects.filter(leaderboard=leaderboard, gpu_type=gpu).values_list(
-        "user_id", "submission_id", "rank", "tied", "score", "rank_key", "ratio", "ratio_low", "ratio_high",
+        "user_id", "submission_id", "tied", "score", "rank_key", "ratio", "ratio_low", "ratio_high",
         "submitted_at"))
     records = sorted(Record.objects.filter(leaderboard=leaderboard, gpu_type=gpu).values_list(
         "submission_id", "user_id", "score", "submitted_at", "board_best"))
@@ -97,7 +99,7 @@ def test_hooks_keep_the_board_the_full_rebuild_makes(operations, leaderboard, cp
     monkeypatch.setattr("runners.queue.async_task", async_task)
     monkeypatch.setattr("runners.queue.broker", lambda: None)
     client = Client()
-    monkeypatch.setattr(events, "board_changed", lambda lb, gpu, *delta: client.apply(*delta))
+    monkeypatch.setattr(events, "board_changed", lambda lb, gpu, *delta, **parts: client.apply(*delta))
     board = Leaderboard.objects.create(name=f"prop-{Leaderboard.objects.count()}", problem=leaderboard.problem,
                                        deadline=leaderboard.deadline)
     gpu = cpu_pool.cpu
@@ -142,6 +144,9 @@ def test_hooks_keep_the_board_the_full_rebuild_makes(operations, leaderboard, cp
             assert not actions.do_recompute_ranks(board.pk, gpu.pk), f"the rebuild changed the board after {op}"
         assert board_state(board, gpu) == kept, f"the rebuild changed the records after {op}"
         assert on_ratio in (None, ranks_on_ratio(board, gpu))
+        read = {e.user_id: (e.submission_id, e.rank, e.tied) for e in BoardEntry.objects.filter(
+            leaderboard=board, gpu_type=gpu).order_by(*BOARD_ORDER).page(0, USERS)}
+        assert read == {r.user_id: (r.submission_id, r.rank, r.tied)
+                        for r in rank(ranked_candidates(board.pk, gpu.pk))}, f"ranks read after {op}"
         held = {user: (row["submission"], row["rank"], row["tied"]) for user, row in client.rows.items()}
-        assert held == {e.user_id: (e.submission_id, e.rank, e.tied)
-                        for e in BoardEntry.objects.filter(leaderboard=board, gpu_type=gpu)}, f"client after {op}"
+        assert held == read, f"client after {op}"

@@ -37,7 +37,7 @@ def test_correct_kernel_is_tested_timed_scored_and_ranked(leaderboard, sync_queu
         assert run.result["tests"] and all(t["status"] == "pass" for t in run.result["tests"])
         assert run.result["ranked"][-1]["runs"] >= 2
         assert run.system_info["sandbox"]
-    entry = BoardEntry.objects.get(leaderboard=leaderboard)
+    entry = BoardEntry.objects.with_rank().get(leaderboard=leaderboard)
     assert entry.rank == 1 and entry.submission == submission
     slower = max(runs, key=lambda run: run.ratio)  # both runs were timed against the reference
     assert (entry.score, entry.ratio) == pytest.approx((slower.score, slower.ratio))
