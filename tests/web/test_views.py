@@ -179,6 +179,7 @@ def test_user_page_shows_ranks_and_history(client, leaderboard, django_assert_ma
     with django_assert_max_num_queries(7):
         page = client.get(f"/u/{sub.user.username}/").content.decode()
     assert leaderboard.name in page and "history-data" in page and f"/s/{sub.pk}/" in page
+    assert '<td class="num">2</td>' in page  # the slower of two: its rank, read from the board's order
 
 
 def test_every_page_has_a_favicon_and_favicon_ico_answers(client):
