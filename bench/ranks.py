@@ -165,6 +165,8 @@ def measure(runs: int, users: int, samples: int, old_samples: int) -> None:
 
     def scenario(label: str, ratio_for: Callable[[int], float]) -> None:
         for path, hook, n in (("full rebuild", full, old_samples), ("incremental", incremental, samples)):
+            if not n:
+                continue
             times, views = [], []
             for _ in range(n):
                 user = rng.choice(ids)

@@ -97,7 +97,7 @@ class LeaderboardConsumer(LiveConsumer):
         await self.send_json({"type": "delta", "version": event["version"], "entries": entries,
                               "removed": event.get("removed", []), "shift": event.get("shift"),
                               **{k: event[k] for k in ("rows", "entrants", "pager", "records", "record_names",
-                                                       "records_html") if k in event}})
+                                                       "records_html", "record_added", "record_html") if k in event}})
 
 
 class SubmissionConsumer(LiveConsumer):

@@ -12,7 +12,6 @@ from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
-from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from runners.models import GpuType
@@ -78,29 +77,29 @@ def run_changed(run) -> None:
 
 def board_changed(leaderboard_id: int, gpu_type_id: int, version: int, entries: list[dict],
                   removed: list[int] | None = None, shift: list | None = None, *, entrants: bool = True,
-                  records: bool = True) -> None:
+                  records: bool = True, record_added: list | None = None, gpu_name: str | None = None) -> None:
     """A delta: the entries that were added or changed and the users who left, with display names. `shift`
     [first, last, by] (last null: to the end): every other entry ranked first..last moved by `by` (an entry moved
     up past them, or one above them left), so a client applies it to the rows it holds instead of receiving each.
-    The pager (`entrants`) and the records are rendered only when they may have changed; clients keep theirs."""
-    ids = [e["user"] for e in entries]
-    names = {str(pk): display or username for pk, username, display in get_user_model().objects.filter(
-        pk__in=ids).values_list("pk", "username", "profile__display_name")} if ids else {}
+    The pager (`entrants`) and the records are rendered only when they may have changed, and a record appended to
+    the progression travels alone (`record_added`); clients keep theirs."""
     send(f"leaderboard.{leaderboard_id}", "leaderboard.ranks", {
-        "gpu_type": gpu_type_id, "version": version, "entries": entries, "removed": removed or [],
-        "names": names, "shift": shift,
-        **_rendered(leaderboard_id, gpu_type_id, {e["user"]: e["rank"] for e in entries}, entrants, records),
+        "gpu_type": gpu_type_id, "version": version, "entries": entries, "removed": removed or [], "shift": shift,
+        **_rendered(leaderboard_id, gpu_type_id, gpu_name, {e["user"]: e["rank"] for e in entries}, entrants=entrants,
+                    records=records, record_added=record_added),
     })
 
 
-def _rendered(leaderboard_id: int, gpu_type_id: int, ranks: dict[int, int], entrants: bool,
-              records: bool) -> dict[str, Any]:
-    """The rows, pager and records as a reload shows them; without them (a failure here) clients fetch the page."""
+def _rendered(leaderboard_id: int, gpu_type_id: int, gpu_name: str | None, ranks: dict[int, int],
+              **parts: Any) -> dict[str, Any]:
+    """The rows (and the entries' display names), pager and records as a reload shows them; without them (a failure
+    here) clients fetch the page."""
     from .board_rows import live_board  # imported here like live_run: it reaches the models
 
     try:
-        gpu_name = GpuType.objects.filter(pk=gpu_type_id).values_list("name", flat=True).first() or ""
-        return live_board(leaderboard_id, gpu_type_id, gpu_name, ranks, entrants=entrants, records=records)
+        if gpu_name is None:
+            gpu_name = GpuType.objects.filter(pk=gpu_type_id).values_list("name", flat=True).first() or ""
+        return live_board(leaderboard_id, gpu_type_id, gpu_name, ranks, **parts)
     except Exception:
         log.exception("could not render the rows of board %s/%s", leaderboard_id, gpu_type_id)
-        return {}
+        return {"names": {}}

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.db.models import Q
 
 from .models import Record
@@ -14,18 +15,24 @@ from .models import Record
 def board_history(leaderboard_id: int, gpu_type_id: int, user_ids: Iterable[int]) -> dict[str, Any]:
     """{"records": [[iso, seconds, user_id]], "users": {user_id: [[iso, seconds], ...] improving steps} for
     `user_ids`, "names": {user_id: name} of the record holders}."""
-    rows = (Record.objects.filter(Q(board_best=True) | Q(user_id__in=list(user_ids)), leaderboard_id=leaderboard_id,
+    user_ids = list(user_ids)
+    rows = (Record.objects.filter(Q(board_best=True) | Q(user_id__in=user_ids), leaderboard_id=leaderboard_id,
                                   gpu_type_id=gpu_type_id)
-            .order_by("submitted_at", "submission_id")
-            .values_list("user_id", "score", "submitted_at", "board_best", "user__username",
-                         "user__profile__display_name"))
+            .order_by("submitted_at", "submission_id").values_list("user_id", "score", "submitted_at", "board_best"))
     records: list[list[Any]] = []
     users: dict[int, list[list[Any]]] = {}
-    names: dict[int, str] = {}
-    for user_id, score, submitted_at, board_best, username, display in rows:
+    for user_id, score, submitted_at, board_best in rows:
         stamp = submitted_at.isoformat()
         users.setdefault(user_id, []).append([stamp, score])
         if board_best:
             records.append([stamp, score, user_id])
-            names[user_id] = display or username
-    return {"records": records, "users": users, "names": names}
+    return {"records": records, "users": {u: s for u, s in users.items() if u in user_ids},
+            "names": user_names({user_id for _, _, user_id in records})}
+
+
+def user_names(user_ids: Iterable[int]) -> dict[int, str]:
+    """{user id: display name} (joined to the records above, PostgreSQL hashed every user of the site to name a
+    few dozen)."""
+    user_ids = list(user_ids)
+    return {pk: display or username for pk, username, display in get_user_model().objects.filter(
+        pk__in=user_ids).values_list("pk", "username", "profile__display_name")} if user_ids else {}

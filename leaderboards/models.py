@@ -406,6 +406,12 @@ class BoardEntryQuerySet(models.QuerySet):
                  .order_by().values("leaderboard").annotate(n=Count("rank_key")).values("n"))
         return self.annotate(rank=Coalesce(Subquery(ahead), 0) + 1)
 
+    def with_breakdown(self) -> "BoardEntryQuerySet":
+        """Annotates `breakdown`: the ranked cases of the entry's public run, which its row shows, in the same query."""
+        public = Run.objects.filter(submission_id=OuterRef("submission_id"), gpu_type_id=OuterRef("gpu_type_id"),
+                                    secret=False).order_by("-pk")
+        return self.annotate(breakdown=Subquery(public.values("result__ranked")[:1]))
+
     def page(self, start: int, stop: int) -> list["BoardEntry"]:
         """Rows [start, stop) of a `for_board` queryset, ranked (see `number_rows`)."""
         return number_rows(list(self[start:stop]), start)

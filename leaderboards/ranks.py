@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, Exists, Q, QuerySet, Subquery
 
 from . import events
 from .models import BOARD_ORDER as ORDER
@@ -65,8 +65,14 @@ def submission_candidate(submission_id: int, gpu_type_id: int) -> Candidate | No
 
 
 def _locked_board(leaderboard_id: int, gpu_type_id: int) -> Board:
-    Board.objects.get_or_create(leaderboard_id=leaderboard_id, gpu_type_id=gpu_type_id)
-    return Board.objects.select_for_update().get(leaderboard_id=leaderboard_id, gpu_type_id=gpu_type_id)
+    """The board's row, locked (with its GPU type's name, for the event); created on its first result."""
+    locked = Board.objects.select_for_update(of=("self",)).select_related("gpu_type").filter(
+        leaderboard_id=leaderboard_id, gpu_type_id=gpu_type_id)
+    board = locked.first()
+    if board is None:
+        Board.objects.get_or_create(leaderboard_id=leaderboard_id, gpu_type_id=gpu_type_id)
+        board = locked.get()
+    return board
 
 
 def _delta_row(values: dict[str, Any], user_id: int) -> dict[str, Any]:
@@ -75,14 +81,17 @@ def _delta_row(values: dict[str, Any], user_id: int) -> dict[str, Any]:
 
 
 def _publish(board: Board, delta: list[dict], removed: list[int], shift: list | None = None, *,
-             entrants: bool = True, records: bool = True) -> None:
+             entrants: bool = True, records: bool | list = True) -> None:
     """Bump the board's version and send the delta after commit; `entrants`/`records`: whether the number of
-    entries or the board's records may have changed (the event then carries them rendered)."""
+    entries or the board's records may have changed (the event then carries them rendered); `records` a record
+    ([iso time, seconds, user id]): the one record appended to the progression."""
     board.version += 1
     board.save(update_fields=["version", "ranks_on_ratio", "updated"])
     leaderboard_id, gpu_type_id, version = board.leaderboard_id, board.gpu_type_id, board.version
+    gpu_name, added = board.gpu_type.name, records if isinstance(records, list) else None
     transaction.on_commit(lambda: events.board_changed(leaderboard_id, gpu_type_id, version, delta, removed, shift,
-                                                       entrants=entrants, records=records))
+                                                       entrants=entrants, records=records is True,
+                                                       record_added=added, gpu_name=gpu_name))
 
 
 # --- the full rebuild -------------------------------------------------------------------------------
@@ -209,12 +218,26 @@ class Place:
 
 
 
-def _above(entries: QuerySet, place: Place) -> BoardEntry | None:
-    return entries.filter(place.before()).order_by(*(f"-{f}" for f in ORDER)).first()
+def _neighbours(entries: QuerySet, *places: Place) -> list[BoardEntry | None]:
+    """The entries right above and right below each place, [above 1, below 1, above 2, ...], in one statement (the
+    probes as scalar subqueries, which both PostgreSQL and SQLite accept; a UNION of them SQLite does not)."""
+    probes = []
+    for place in places:
+        probes += [entries.filter(place.before()).order_by(*(f"-{f}" for f in ORDER)),
+                   entries.filter(place.after()).order_by(*ORDER)]
+    found = [(Place.of(e).as_tuple(), e) for e in entries.filter(pk__in=[Subquery(p.values("pk")[:1]) for p in probes])]
+    out: list[BoardEntry | None] = []
+    for place in map(Place.as_tuple, places):  # (each probe's row is the nearest of those found on its side)
+        out.append(max(((at, e) for at, e in found if at < place), key=lambda f: f[0], default=(None, None))[1])
+        out.append(min(((at, e) for at, e in found if at > place), key=lambda f: f[0], default=(None, None))[1])
+    return out
 
 
-def _below(entries: QuerySet, place: Place) -> BoardEntry | None:
-    return entries.filter(place.after()).order_by(*ORDER).first()
+def _any_after(entries: QuerySet, key: float, follower: BoardEntry | None) -> bool:
+    """Whether any entry has a key above `key`, given `follower`, the first entry after a place with that key."""
+    if follower is None or follower.rank_key > key:
+        return follower is not None
+    return entries.filter(rank_key__gt=key).exists()  # (the follower has the same key)
 
 
 def _tied(entry: BoardEntry, above: BoardEntry | None) -> bool:
@@ -223,9 +246,9 @@ def _tied(entry: BoardEntry, above: BoardEntry | None) -> bool:
         entry.rank_key, interval_from_fields(entry.ratio, entry.ratio_low, entry.ratio_high))  # type: ignore[arg-type]
 
 
-def _retie(entries: QuerySet, follower: BoardEntry) -> dict[str, Any] | None:
-    """Redo `follower`'s tie with the entry now above it; its delta row when that changed."""
-    tied = _tied(follower, _above(entries, Place.of(follower)))
+def _retie(entries: QuerySet, follower: BoardEntry, above: BoardEntry | None) -> dict[str, Any] | None:
+    """Redo `follower`'s tie with `above`, the entry now right above it; its delta row when that changed."""
+    tied = _tied(follower, above)
     if tied == follower.tied:
         return None
     follower.tied = tied
@@ -254,41 +277,48 @@ def do_rank_result(run_id: int) -> bool:
             return False
         if board.ranks_on_ratio and candidate.ratio is None:
             return _rebuild(board)  # the board ranks on time from now on (ranking.ranking_key)
-        new_record = _add_record(leaderboard_id, gpu_type_id, candidate)
-        if _place_entry(board, candidate, new_record):
+        records = _add_record(board, candidate)
+        if _place_entry(board, candidate, records):
             return True
-        if new_record:  # a record in its time (submitted before the user's best, finished after it): the chart
-            _publish(board, [], [], entrants=False)
-        return new_record
+        if records:  # a record in its time (submitted before the user's best, finished after it): the chart
+            _publish(board, [], [], entrants=False, records=records)
+        return bool(records)
 
 
-def _add_record(leaderboard_id: int, gpu_type_id: int, c: Candidate) -> bool:
+def _add_record(board: Board, c: Candidate) -> bool | list:
     """Insert `c` into the progressions (see ranking.progression) if it is a step: it beats the user's last step
     before it; it is a record if it also beats the board's last record before it. Later steps of the user and
     later records it beats stop being steps and records (a result can arrive after later submissions'). Returns
-    whether the board's records changed: only a new record changes them (a later record it beats, the user's
-    own included, is beaten by a record)."""
-    records = Record.objects.filter(leaderboard_id=leaderboard_id, gpu_type_id=gpu_type_id)
-    if records.filter(submission_id=c.submission_id).exists():
-        return False
+    whether the board's records changed (only a new record changes them: a later record it beats, the user's own
+    included, is beaten by a record): the record, [iso time, seconds, user id], when it was appended to the
+    progression (no record after it), else True. What it needs to know is read in one statement."""
+    records = Record.objects.filter(leaderboard_id=board.leaderboard_id, gpu_type_id=board.gpu_type_id)
     before = Q(submitted_at__lt=c.submitted_at) | Q(submitted_at=c.submitted_at, submission_id__lt=c.submission_id)
     latest = ("-submitted_at", "-submission_id")
-    mine = records.filter(before, user_id=c.user_id).order_by(*latest).values_list("score", flat=True).first()
-    if mine is not None and c.score >= mine:
+    beaten = records.exclude(before).exclude(submission_id=c.submission_id).filter(score__gte=c.score)
+    known = Board.objects.filter(pk=board.pk).values(
+        held=Exists(records.filter(submission_id=c.submission_id)),
+        mine=Subquery(records.filter(before, user_id=c.user_id).order_by(*latest).values("score")[:1]),
+        record=Subquery(records.filter(before, board_best=True).order_by(*latest).values("score")[:1]),
+        beats_mine=Exists(beaten.filter(user_id=c.user_id)), beats_records=Exists(beaten.filter(board_best=True)),
+        records_after=Exists(records.exclude(before).exclude(submission_id=c.submission_id).filter(board_best=True)),
+    ).get()
+    if known["held"] or (known["mine"] is not None and c.score >= known["mine"]):
         return False
-    record = records.filter(before, board_best=True).order_by(*latest).values_list("score", flat=True).first()
-    board_best = record is None or c.score < record
-    Record.objects.create(leaderboard_id=leaderboard_id, gpu_type_id=gpu_type_id, user_id=c.user_id,
+    board_best = known["record"] is None or c.score < known["record"]
+    Record.objects.create(leaderboard_id=board.leaderboard_id, gpu_type_id=board.gpu_type_id, user_id=c.user_id,
                           submission_id=c.submission_id, score=c.score, submitted_at=c.submitted_at,
                           board_best=board_best)
-    beaten = records.exclude(before).exclude(submission_id=c.submission_id).filter(score__gte=c.score)
-    beaten.filter(user_id=c.user_id).delete()
-    if board_best:
+    if known["beats_mine"]:
+        beaten.filter(user_id=c.user_id).delete()
+    if board_best and known["beats_records"]:
         beaten.filter(board_best=True).update(board_best=False)
+    if board_best and not known["records_after"]:
+        return [c.submitted_at.isoformat(), c.score, c.user_id]
     return board_best
 
 
-def _place_entry(board: Board, c: Candidate, new_record: bool = False) -> bool:
+def _place_entry(board: Board, c: Candidate, records: bool | list = False) -> bool:
     """Put `c` in place of its user's entry if it is better. A rank is 1 + the number of entries with a smaller key,
     so moving from key `old` to `key` adds one to the ranks of the entries in (key, old] and nothing elsewhere: the
     event tells clients so, and one index-only count finds the numbers. Ties depend only on the entry above, so the
@@ -307,7 +337,7 @@ def _place_entry(board: Board, c: Candidate, new_record: bool = False) -> bool:
         if Place.of(held).as_tuple() <= place.as_tuple():
             return False
     others = entries.exclude(user_id=c.user_id)
-    old_follower = _below(others, Place.of(held)) if held else None
+    above, follower, *old_neighbours = _neighbours(others, place, *([Place.of(held)] if held else []))
     # counted over the board's index alone (held's own row included: old >= key, so it is never smaller than key,
     # it is at most key only when old == key, and it lies in (key, old] otherwise)
     old = held.rank_key if held else None
@@ -316,22 +346,26 @@ def _place_entry(board: Board, c: Candidate, new_record: bool = False) -> bool:
         **({} if old is None else {"passed": Count("rank_key", filter=Q(rank_key__gt=key)),
                                    "old_smaller": Count("rank_key", filter=Q(rank_key__lt=old))}))
     if held is None:
-        upto, moved, old_rank = counts["upto"], entries.filter(rank_key__gt=key).exists(), None
+        upto, moved, old_rank = counts["upto"], _any_after(entries, key, follower), None
     else:
         upto = counts["upto"] - (old == key)
         moved, old_rank = counts["passed"] - (old > key) > 0, counts["old_smaller"] + 1
     entry = held or BoardEntry(leaderboard_id=board.leaderboard_id, gpu_type_id=board.gpu_type_id, user_id=c.user_id)
     for k, v in values.items():
         setattr(entry, k, v)
-    entry.tied = _tied(entry, _above(others, place))
+    entry.tied = _tied(entry, above)
     entry.save()
     delta = [_delta_row({**values, "rank": counts["smaller"] + 1, "tied": entry.tied}, c.user_id)]
-    followers = {e.pk: e for e in (_below(others, place), old_follower) if e is not None}
-    delta += [row for follower in followers.values() if (row := _retie(entries, follower))]
+    # the entry now sits right above its new follower; its old follower, if another, has the entry that was above
+    # the old place above it (it lies after the new follower)
+    reties = [(follower, entry)]
+    if old_neighbours and old_neighbours[1] is not None and (follower is None or old_neighbours[1].pk != follower.pk):
+        reties.append((old_neighbours[1], old_neighbours[0]))
+    delta += [row for below, above in reties if below is not None and (row := _retie(entries, below, above))]
     # old ranks the move shifted, for clients holding rows: [first, last, by]; the held entry's old rank is the last;
     # none for a new entry
     shift = [upto + 1, old_rank, 1] if moved else None
-    _publish(board, delta, [], shift, entrants=held is None, records=new_record)
+    _publish(board, delta, [], shift, entrants=held is None, records=records)
     return True
 
 
@@ -346,9 +380,9 @@ def do_take_off_boards(submission_id: int) -> set[tuple[int, int]]:
         entries = BoardEntry.objects.filter(leaderboard_id=held.leaderboard_id, gpu_type_id=held.gpu_type_id)
         held = entries.get(pk=held.pk)  # as it is under the lock
         rank = entries.ahead_of(held).count() + 1
-        follower = _below(entries, Place.of(held))
+        above, follower = _neighbours(entries.exclude(pk=held.pk), Place.of(held))
         held.delete()
-        delta = [row] if follower is not None and (row := _retie(entries, follower)) else []
-        moved = entries.filter(rank_key__gt=held.rank_key).exists()
+        delta = [row] if follower is not None and (row := _retie(entries, follower, above)) else []
+        moved = _any_after(entries, held.rank_key, follower)
         _publish(board, delta, [held.user_id], [rank + 1, None, -1] if moved else None)
     return boards

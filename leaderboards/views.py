@@ -19,7 +19,7 @@ from runners.actions import gpu_availability
 
 from . import actions
 from .access.authority import RunView, access_leaderboard, access_submission, may_see_run_details, run_view
-from .board_rows import PAGE_ROWS, attach_breakdown
+from .board_rows import PAGE_ROWS, attach_breakdown, name_of, records_html, row_html
 from .errors import AccessDenied, Refused
 from .history import board_history
 from .models import Board, BoardEntry, Leaderboard, Run, Submission, number_rows
@@ -66,18 +66,18 @@ def leaderboard(request: HttpRequest, name: str) -> HttpResponse:
         raise Http404("This leaderboard has no GPU types yet.")
     gpu = next((g for g in gpu_types if g.name.lower() == request.GET.get("gpu", "").lower()), gpu_types[0])
     version = Board.objects.filter(leaderboard=lb, gpu_type=gpu).values_list("version", flat=True).first() or 0
-    page = Paginator(BoardEntry.objects.for_board(lb, gpu).select_related("user__profile"),
+    page = Paginator(BoardEntry.objects.for_board(lb, gpu).select_related("user__profile").with_breakdown(),
                      PAGE_ROWS).get_page(request.GET.get("page"))
     entries = number_rows(list(page.object_list), page.start_index() - 1)
-    attach_breakdown(entries, gpu.pk)
+    attach_breakdown(entries)
     history = board_history(lb.pk, gpu.pk, [e.user_id for e in entries])
     chart = {"records": history["records"], "names": {str(k): v for k, v in history["names"].items()},
              "users": {str(e.user_id): history["users"].get(e.user_id, []) for e in entries},
-             "userNames": {str(e.user_id): str(e.user.profile if hasattr(e.user, "profile") else e.user)
-                           for e in entries}}
+             "userNames": {str(e.user_id): name_of(e.user) for e in entries}}
     definition = lb.problem.definition
     return render(request, "leaderboards/leaderboard.html", {
-        "lb": lb, "gpu": gpu, "gpu_types": gpu_types, "page": page, "entries": entries, "version": version,
+        "lb": lb, "gpu": gpu, "gpu_types": gpu_types, "page": page, "entries": entries,
+        "rows": [row_html(e) for e in entries], "records_html": records_html(history["records"]), "version": version,
         "chart": chart, "templates": sorted((definition.get("templates") or {}).keys()),
         "files": sorted((definition.get("files") or {}).keys()), "live": page.number == 1,
     })

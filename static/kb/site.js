@@ -101,6 +101,12 @@
       swapOuter("#pager", msg.pager);
       swapOuter("#records", msg.records_html);
       if (window.kbChartRecords) window.kbChartRecords(msg.records, msg.record_names);
+      const list = $("#records ul");
+      if (msg.record_added && list) { // one record appended to the progression
+        list.insertAdjacentHTML("beforeend", msg.record_html);
+        $("#records summary").textContent = `Records (${$$("li", list).length})`;
+        if (window.kbChartRecordAdded) window.kbChartRecordAdded(msg.record_added, msg.record_names);
+      }
     };
     socket(live.dataset.ws, (msg) => {
       if (msg.type === "snapshot") {
@@ -189,6 +195,7 @@
     draw(null);
     // live deltas carry the record progression as the server computes it for a reload
     window.kbChartRecords = (records, names) => { if (records) { data.records = records; Object.assign(data.names, names || {}); draw(pinned); } };
+    window.kbChartRecordAdded = (record, names) => { data.records.push(record); Object.assign(data.names, names); draw(pinned); };
     window.kbChartReload = () => { data = JSON.parse($("#chart-data").textContent); draw(pinned); };
     const ranking = $("#ranking"), rowOf = (e) => e.target.closest("tr[data-user]");
     ranking.addEventListener("mouseover", (e) => { const tr = rowOf(e); if (tr) draw(pinned || tr.dataset.user); });

@@ -10,7 +10,7 @@ from django.contrib.auth.models import AnonymousUser
 from rich.console import Console
 
 from kernelbot.cli.main import status_table
-from leaderboards import actions
+from leaderboards import actions, events, ranks
 from leaderboards.models import RunStatus
 
 from ..factories import UserFactory, ranked_result, submission
@@ -60,6 +60,32 @@ def test_a_live_delta_carries_the_rows_pager_and_records_a_reload_renders(client
     assert delta["pager"] in page and "3 entrants" in delta["pager"]
     assert delta["records_html"] in page and "Records (" in delta["records_html"]
     assert len(delta["records"]) == int(re.search(r"Records \((\d+)\)", page).group(1)) >= 1
+
+
+def test_a_new_record_travels_alone_and_appended_gives_the_list_a_reload_shows(client, leaderboard, cpu_pool,
+                                                                             monkeypatch,
+                                                                             django_capture_on_commit_callbacks):
+    ranked_board(leaderboard, 2)
+    records = lambda: re.search(r'<details id="records">.*?</details>',  # noqa: E731
+                                client.get(f"/lb/{leaderboard.name}/").content.decode(), re.S).group(0)
+    before = records()
+    sent = []
+    monkeypatch.setattr(events, "send", lambda group, kind, payload: sent.append((group, payload)))
+    monkeypatch.setattr("leaderboards.actions.enqueue_on_commit", lambda *args, **kwargs: None)
+    speedy = UserFactory(username="speedy")
+    sub = submission(leaderboard, user=speedy)
+    for r in sub.runs.all():
+        actions.do_ingest_result(r.pk, dispatch(r), interleaved(500.0))
+    with django_capture_on_commit_callbacks(execute=True):
+        assert ranks.do_rank_result(sub.runs.get(secret=True).pk)
+    (_, delta), = [(group, payload) for group, payload in sent if group.startswith("leaderboard.")]
+    assert "records" not in delta and "records_html" not in delta  # not the whole progression again
+    assert delta["record_added"][1:] == [pytest.approx(5e-7), speedy.pk]
+    assert delta["record_names"] == {str(speedy.pk): "speedy"}
+    count = before.count("<li>")
+    appended = before.replace("</ul>", delta["record_html"] + "</ul>").replace(f"Records ({count})",
+                                                                              f"Records ({count + 1})")
+    assert appended == records()  # what the page's script makes of it (site.js) is what a reload shows
 
 
 def test_the_submission_page_has_a_progress_line_and_a_score_box_for_live_updates(client, leaderboard):

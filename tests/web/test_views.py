@@ -9,7 +9,8 @@ from django.contrib.staticfiles import finders
 from django.utils import timezone
 
 from leaderboards import actions, lifecycle
-from leaderboards.models import Leaderboard, Submission, Visibility
+from leaderboards.board_rows import live_board
+from leaderboards.models import Leaderboard, Profile, Submission, Visibility
 
 from ..factories import UserFactory, ranked_result, submission
 from ..leaderboards.test_lifecycle import dispatch
@@ -91,6 +92,22 @@ def test_markdown_is_sanitised(client, leaderboard):
     Leaderboard.objects.filter(pk=leaderboard.pk).update(description=evil)
     page = client.get(f"/lb/{leaderboard.name}/").content.decode()
     assert "<script>alert" not in page and 'href="javascript' not in page
+
+
+def test_ranking_rows_escape_names_and_cases_on_the_page_and_in_live_rows(client, leaderboard):
+    evil = '<img src=x onerror="alert(1)">'
+    user = UserFactory(username="mallory")
+    Profile.objects.create(user=user, display_name=evil)
+    for run in submission(leaderboard, user=user).runs.all():
+        result = ranked_result([1000.0])
+        result["ranked"][-1]["spec"] = evil
+        lifecycle.do_ingest_result(run.pk, dispatch(run), result)
+    actions.do_recompute_ranks(leaderboard.pk, leaderboard.gpu_types.get().pk)
+    page = client.get(f"/lb/{leaderboard.name}/").content.decode()
+    live = live_board(leaderboard.pk, leaderboard.gpu_types.get().pk, "CPU", {user.pk: 1})["rows"][str(user.pk)]
+    for html in (page, live):
+        assert "<img" not in html and html.count("&lt;img src=x onerror=&quot;alert(1)&quot;&gt;") == 2  # name, case
+    assert live in page  # the row a reload shows
 
 
 def test_closed_leaderboard_is_hidden_from_the_public(client, leaderboard):
