@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Count, Exists, Q, QuerySet, Subquery
+from django.db.models import Q, QuerySet
 
 from . import events
 from .models import BOARD_ORDER as ORDER
@@ -204,28 +204,32 @@ class Place:
     def as_tuple(self) -> tuple:
         return self.key, self.submitted_at, self.submission_id
 
-    def before(self) -> Q:
-        """Entries ordered before this place (`rank_key__lte` bounds the index scan)."""
-        return Q(rank_key__lte=self.key) & (
-            Q(rank_key__lt=self.key) | Q(submitted_at__lt=self.submitted_at)
-            | Q(submitted_at=self.submitted_at, submission_id__lt=self.submission_id))
-
-    def after(self) -> Q:
-        return Q(rank_key__gte=self.key) & (
-            Q(rank_key__gt=self.key) | Q(submitted_at__gt=self.submitted_at)
-            | Q(submitted_at=self.submitted_at, submission_id__gt=self.submission_id))
 
 
+# A board's neighbours of a place, each a walk of the board's index (entry_board_order) from the place: a row
+# comparison, which PostgreSQL and SQLite both match to the index. Raw, as these and the record probes below are the
+# statements of every result, and building them through the ORM cost more than running them.
+ENTRIES = BoardEntry._meta.db_table
+PROBE_SQL = (f"(SELECT id FROM {ENTRIES} WHERE leaderboard_id = %s AND gpu_type_id = %s AND user_id <> %s "
+             "AND (rank_key, submitted_at, submission_id) {op} (%s, %s, %s) "
+             "ORDER BY rank_key {order}, submitted_at {order}, submission_id {order} LIMIT 1)")
 
 
-def _neighbours(entries: QuerySet, *places: Place) -> list[BoardEntry | None]:
-    """The entries right above and right below each place, [above 1, below 1, above 2, ...], in one statement (the
-    probes as scalar subqueries, which both PostgreSQL and SQLite accept; a UNION of them SQLite does not)."""
-    probes = []
+def _db_time(value: Any) -> Any:
+    return connection.ops.adapt_datetimefield_value(value)
+
+
+def _neighbours(board: Board, user_id: int, *places: Place) -> list[BoardEntry | None]:
+    """Other users' entries right above and right below each place, [above 1, below 1, above 2, ...], in one
+    statement (the probes as scalar subqueries: a UNION of ordered probes SQLite does not take)."""
+    probes, params = [], []
     for place in places:
-        probes += [entries.filter(place.before()).order_by(*(f"-{f}" for f in ORDER)),
-                   entries.filter(place.after()).order_by(*ORDER)]
-    found = [(Place.of(e).as_tuple(), e) for e in entries.filter(pk__in=[Subquery(p.values("pk")[:1]) for p in probes])]
+        at = _db_time(place.submitted_at)
+        for op, order in (("<", "DESC"), (">", "ASC")):
+            probes.append(PROBE_SQL.format(op=op, order=order))
+            params += [board.leaderboard_id, board.gpu_type_id, user_id, place.key, at, place.submission_id]
+    found = [(Place.of(e).as_tuple(), e)
+             for e in BoardEntry.objects.raw(f"SELECT * FROM {ENTRIES} WHERE id IN ({', '.join(probes)})", params)]
     out: list[BoardEntry | None] = []
     for place in map(Place.as_tuple, places):  # (each probe's row is the nearest of those found on its side)
         out.append(max(((at, e) for at, e in found if at < place), key=lambda f: f[0], default=(None, None))[1])
@@ -285,6 +289,21 @@ def do_rank_result(run_id: int) -> bool:
         return bool(records)
 
 
+# What a result's record needs to know of the progressions, in one statement: whether it is in them already, the
+# user's last step and the board's last record before it, whether it beats later steps of the user and later
+# records, and whether any record follows it (else it is appended).
+RECORDS = Record._meta.db_table
+_ON_BOARD = f"FROM {RECORDS} WHERE leaderboard_id = %s AND gpu_type_id = %s"
+RECORD_SQL = f"""SELECT EXISTS (SELECT 1 {_ON_BOARD} AND submission_id = %s),
+  (SELECT score {_ON_BOARD} AND user_id = %s AND (submitted_at, submission_id) < (%s, %s)
+   ORDER BY submitted_at DESC, submission_id DESC LIMIT 1),
+  (SELECT score {_ON_BOARD} AND board_best AND (submitted_at, submission_id) < (%s, %s)
+   ORDER BY submitted_at DESC, submission_id DESC LIMIT 1),
+  EXISTS (SELECT 1 {_ON_BOARD} AND user_id = %s AND (submitted_at, submission_id) > (%s, %s) AND score >= %s),
+  EXISTS (SELECT 1 {_ON_BOARD} AND board_best AND (submitted_at, submission_id) > (%s, %s) AND score >= %s),
+  EXISTS (SELECT 1 {_ON_BOARD} AND board_best AND (submitted_at, submission_id) > (%s, %s))"""
+
+
 def _add_record(board: Board, c: Candidate) -> bool | list:
     """Insert `c` into the progressions (see ranking.progression) if it is a step: it beats the user's last step
     before it; it is a record if it also beats the board's last record before it. Later steps of the user and
@@ -292,30 +311,36 @@ def _add_record(board: Board, c: Candidate) -> bool | list:
     whether the board's records changed (only a new record changes them: a later record it beats, the user's own
     included, is beaten by a record): the record, [iso time, seconds, user id], when it was appended to the
     progression (no record after it), else True. What it needs to know is read in one statement."""
-    records = Record.objects.filter(leaderboard_id=board.leaderboard_id, gpu_type_id=board.gpu_type_id)
-    before = Q(submitted_at__lt=c.submitted_at) | Q(submitted_at=c.submitted_at, submission_id__lt=c.submission_id)
-    latest = ("-submitted_at", "-submission_id")
-    beaten = records.exclude(before).exclude(submission_id=c.submission_id).filter(score__gte=c.score)
-    known = Board.objects.filter(pk=board.pk).values(
-        held=Exists(records.filter(submission_id=c.submission_id)),
-        mine=Subquery(records.filter(before, user_id=c.user_id).order_by(*latest).values("score")[:1]),
-        record=Subquery(records.filter(before, board_best=True).order_by(*latest).values("score")[:1]),
-        beats_mine=Exists(beaten.filter(user_id=c.user_id)), beats_records=Exists(beaten.filter(board_best=True)),
-        records_after=Exists(records.exclude(before).exclude(submission_id=c.submission_id).filter(board_best=True)),
-    ).get()
-    if known["held"] or (known["mine"] is not None and c.score >= known["mine"]):
+    board_key, place = [board.leaderboard_id, board.gpu_type_id], [_db_time(c.submitted_at), c.submission_id]
+    with connection.cursor() as cursor:
+        cursor.execute(RECORD_SQL, [*board_key, c.submission_id, *board_key, c.user_id, *place, *board_key, *place,
+                                    *board_key, c.user_id, *place, c.score, *board_key, *place, c.score,
+                                    *board_key, *place])
+        held, mine, record, beats_mine, beats_records, records_after = cursor.fetchone()
+    if held or (mine is not None and c.score >= mine):
         return False
-    board_best = known["record"] is None or c.score < known["record"]
+    board_best = record is None or c.score < record
     Record.objects.create(leaderboard_id=board.leaderboard_id, gpu_type_id=board.gpu_type_id, user_id=c.user_id,
                           submission_id=c.submission_id, score=c.score, submitted_at=c.submitted_at,
                           board_best=board_best)
-    if known["beats_mine"]:
-        beaten.filter(user_id=c.user_id).delete()
-    if board_best and known["beats_records"]:
-        beaten.filter(board_best=True).update(board_best=False)
-    if board_best and not known["records_after"]:
+    if beats_mine or (board_best and beats_records):
+        later = Q(submitted_at__gt=c.submitted_at) | Q(submitted_at=c.submitted_at, submission_id__gt=c.submission_id)
+        beaten = Record.objects.filter(later, leaderboard_id=board.leaderboard_id, gpu_type_id=board.gpu_type_id,
+                                       score__gte=c.score)
+        if beats_mine:
+            beaten.filter(user_id=c.user_id).delete()
+        if board_best and beats_records:
+            beaten.filter(board_best=True).update(board_best=False)
+    if board_best and not records_after:
         return [c.submitted_at.isoformat(), c.score, c.user_id]
     return board_best
+
+
+# The numbers a move needs, counted over the board's index alone: entries with a smaller key than the new one (its
+# rank), with at most that key, passed on the way up from the old key, and with a smaller key than the old one.
+COUNTS_SQL = (f"SELECT COUNT(CASE WHEN rank_key < %s THEN 1 END), COUNT(CASE WHEN rank_key <= %s THEN 1 END), "
+              f"COUNT(CASE WHEN rank_key > %s THEN 1 END), COUNT(CASE WHEN rank_key < %s THEN 1 END) "
+              f"FROM {ENTRIES} WHERE leaderboard_id = %s AND gpu_type_id = %s AND rank_key <= %s")
 
 
 def _place_entry(board: Board, c: Candidate, records: bool | list = False) -> bool:
@@ -336,32 +361,30 @@ def _place_entry(board: Board, c: Candidate, records: bool | list = False) -> bo
             return _rebuild(board)  # its scored runs changed under the entry (requeued and run again)
         if Place.of(held).as_tuple() <= place.as_tuple():
             return False
-    others = entries.exclude(user_id=c.user_id)
-    above, follower, *old_neighbours = _neighbours(others, place, *([Place.of(held)] if held else []))
+    above, follower, *old_neighbours = _neighbours(board, c.user_id, place, *([Place.of(held)] if held else []))
     # counted over the board's index alone (held's own row included: old >= key, so it is never smaller than key,
     # it is at most key only when old == key, and it lies in (key, old] otherwise)
-    old = held.rank_key if held else None
-    counts = entries.filter(rank_key__lte=key if old is None else max(key, old)).aggregate(
-        smaller=Count("rank_key", filter=Q(rank_key__lt=key)), upto=Count("rank_key", filter=Q(rank_key__lte=key)),
-        **({} if old is None else {"passed": Count("rank_key", filter=Q(rank_key__gt=key)),
-                                   "old_smaller": Count("rank_key", filter=Q(rank_key__lt=old))}))
+    old = held.rank_key if held else key
+    with connection.cursor() as cursor:
+        cursor.execute(COUNTS_SQL, [key, key, key, old, board.leaderboard_id, board.gpu_type_id, max(key, old)])
+        smaller, upto, passed, old_smaller = cursor.fetchone()
     if held is None:
-        upto, moved, old_rank = counts["upto"], _any_after(entries, key, follower), None
+        moved, old_rank = _any_after(entries, key, follower), None
     else:
-        upto = counts["upto"] - (old == key)
-        moved, old_rank = counts["passed"] - (old > key) > 0, counts["old_smaller"] + 1
+        upto -= old == key
+        moved, old_rank = passed - (old > key) > 0, old_smaller + 1
     entry = held or BoardEntry(leaderboard_id=board.leaderboard_id, gpu_type_id=board.gpu_type_id, user_id=c.user_id)
     for k, v in values.items():
         setattr(entry, k, v)
     entry.tied = _tied(entry, above)
     entry.save()
-    delta = [_delta_row({**values, "rank": counts["smaller"] + 1, "tied": entry.tied}, c.user_id)]
+    delta = [_delta_row({**values, "rank": smaller + 1, "tied": entry.tied}, c.user_id)]
     # the entry now sits right above its new follower; its old follower, if another, has the entry that was above
     # the old place above it (it lies after the new follower)
     reties = [(follower, entry)]
     if old_neighbours and old_neighbours[1] is not None and (follower is None or old_neighbours[1].pk != follower.pk):
         reties.append((old_neighbours[1], old_neighbours[0]))
-    delta += [row for below, above in reties if below is not None and (row := _retie(entries, below, above))]
+    delta += [row for lower, upper in reties if lower is not None and (row := _retie(entries, lower, upper))]
     # old ranks the move shifted, for clients holding rows: [first, last, by]; the held entry's old rank is the last;
     # none for a new entry
     shift = [upto + 1, old_rank, 1] if moved else None
@@ -380,7 +403,7 @@ def do_take_off_boards(submission_id: int) -> set[tuple[int, int]]:
         entries = BoardEntry.objects.filter(leaderboard_id=held.leaderboard_id, gpu_type_id=held.gpu_type_id)
         held = entries.get(pk=held.pk)  # as it is under the lock
         rank = entries.ahead_of(held).count() + 1
-        above, follower = _neighbours(entries.exclude(pk=held.pk), Place.of(held))
+        above, follower = _neighbours(board, held.user_id, Place.of(held))
         held.delete()
         delta = [row] if follower is not None and (row := _retie(entries, follower, above)) else []
         moved = _any_after(entries, held.rank_key, follower)

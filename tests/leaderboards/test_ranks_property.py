@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from leaderboards import actions, events
 from leaderboards.access.actions import do_ban
+from leaderboards.history import board_history
 from leaderboards.models import BOARD_ORDER, Board, BoardEntry, Leaderboard, Record, Run, RunStatus
 from leaderboards.ranking import rank
 from leaderboards.ranks import ranked_candidates
@@ -67,10 +68,10 @@ def ranks_on_ratio(leaderboard: Leaderboard, gpu) -> bool | None:
 
 
 class Client:
-    """What static/kb/site.js does with the deltas, for every row rather than the first 50."""
+    """What static/kb/site.js does with the deltas, for every row rather than the first 50, and the records."""
 
     def __init__(self) -> None:
-        self.version, self.rows = 0, {}
+        self.version, self.rows, self.records = 0, {}, []
 
     def apply(self, version: int, entries: list[dict], removed: list[int], shift=None) -> None:
         assert version == self.version + 1, "a delta was skipped or sent twice"
@@ -99,7 +100,14 @@ def test_hooks_keep_the_board_the_full_rebuild_makes(operations, leaderboard, cp
     monkeypatch.setattr("runners.queue.async_task", async_task)
     monkeypatch.setattr("runners.queue.broker", lambda: None)
     client = Client()
-    monkeypatch.setattr(events, "board_changed", lambda lb, gpu, *delta, **parts: client.apply(*delta))
+    def board_changed(lb, gpu, *delta, records=True, record_added=None, **parts) -> None:
+        client.apply(*delta)
+        if records:  # the whole progression, as the event renders it after commit
+            client.records = board_history(lb, gpu, [])["records"]
+        elif record_added:
+            client.records.append(record_added)
+
+    monkeypatch.setattr(events, "board_changed", board_changed)
     board = Leaderboard.objects.create(name=f"prop-{Leaderboard.objects.count()}", problem=leaderboard.problem,
                                        deadline=leaderboard.deadline)
     gpu = cpu_pool.cpu
@@ -150,3 +158,4 @@ def test_hooks_keep_the_board_the_full_rebuild_makes(operations, leaderboard, cp
                         for r in rank(ranked_candidates(board.pk, gpu.pk))}, f"ranks read after {op}"
         held = {user: (row["submission"], row["rank"], row["tied"]) for user, row in client.rows.items()}
         assert held == read, f"client after {op}"
+        assert client.records == board_history(board.pk, gpu.pk, [])["records"], f"client's records after {op}"
