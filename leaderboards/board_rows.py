@@ -35,8 +35,8 @@ def score_interval(benchmarks: list[dict]) -> tuple[float, float] | None:
 
 
 def name_of(user) -> str:
-    profile = getattr(user, "profile", None)  # (None when the user has no profile row)
-    return (profile and profile.display_name) or user.get_username()
+    """The user's display name (Profile.__str__), or the username when the user has no profile row."""
+    return str(getattr(user, "profile", None) or user)
 
 
 def _ratio(value: float | None) -> str:

@@ -102,4 +102,4 @@ def _rendered(leaderboard_id: int, gpu_type_id: int, gpu_name: str | None, ranks
         return live_board(leaderboard_id, gpu_type_id, gpu_name, ranks, **parts)
     except Exception:
         log.exception("could not render the rows of board %s/%s", leaderboard_id, gpu_type_id)
-        return {"names": {}}
+        return {}

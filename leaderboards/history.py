@@ -31,8 +31,8 @@ def board_history(leaderboard_id: int, gpu_type_id: int, user_ids: Iterable[int]
 
 
 def user_names(user_ids: Iterable[int]) -> dict[int, str]:
-    """{user id: display name} (joined to the records above, PostgreSQL hashed every user of the site to name a
-    few dozen)."""
+    """{user id: display name}; a query of its own, since joined to the records PostgreSQL hashed every user of the
+    site to name a few dozen."""
     user_ids = list(user_ids)
     return {pk: display or username for pk, username, display in get_user_model().objects.filter(
         pk__in=user_ids).values_list("pk", "username", "profile__display_name")} if user_ids else {}

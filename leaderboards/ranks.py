@@ -205,7 +205,6 @@ class Place:
         return self.key, self.submitted_at, self.submission_id
 
 
-
 # A board's neighbours of a place, each a walk of the board's index (entry_board_order) from the place: a row
 # comparison, which PostgreSQL and SQLite both match to the index. Raw, as these and the record probes below are the
 # statements of every result, and building them through the ORM cost more than running them.
