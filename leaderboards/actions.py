@@ -230,7 +230,7 @@ def do_rescore_leaderboard(leaderboard: Leaderboard) -> int:
                 run.save(update_fields=["score", *ratio])
                 changed += 1
         for gpu_type in leaderboard.gpu_types.all():
-            enqueue_on_commit("leaderboards.tasks.recompute_ranks", leaderboard.pk, gpu_type.pk)
+            enqueue_on_commit(lifecycle.RECOMPUTE_TASK, leaderboard.pk, gpu_type.pk)
     return changed
 
 
@@ -243,4 +243,4 @@ def do_delete_submission(submission: Submission) -> None:
             lifecycle.do_cancel_run(run, "submission deleted")
         submission.delete()
         for leaderboard_id, gpu_type_id in boards:
-            enqueue_on_commit("leaderboards.tasks.recompute_ranks", leaderboard_id, gpu_type_id)
+            enqueue_on_commit(lifecycle.RECOMPUTE_TASK, leaderboard_id, gpu_type_id)

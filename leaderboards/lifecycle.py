@@ -34,19 +34,23 @@ from runners.jobs import gpu_count, job_payload, total_timeout
 from runners.models import GpuPool, GpuType
 from runners.queue import enqueue_on_commit
 
-from . import events
+from . import events, ranks
 from .models import Run, RunAttempt, RunStatus, SubmissionMode
 from .scoring import final_progress, phase_totals, ratio_fields, ratio_from_result, score_from_result
 
 log = logging.getLogger(__name__)
 DISPATCH_TASK = "leaderboards.tasks.dispatch_run"
+RECOMPUTE_TASK = "leaderboards.tasks.recompute_ranks"
 CANCEL_TASK = "leaderboards.tasks.cancel_remote_job"
 POLL_TASK = "leaderboards.tasks.poll_attempt"
 FAILING_VERDICT_STATUS = {"timeout": RunStatus.TIMED_OUT, "hacked": RunStatus.HACKED}
 
 
 def _locked_run(run_id: int) -> Run:
-    return Run.objects.select_for_update().select_related("submission__leaderboard", "gpu_type").get(pk=run_id)
+    """The run's row, locked; its submission, leaderboard and GPU type come along unlocked (locked, every result of
+    a leaderboard or a GPU type waited on the others)."""
+    return Run.objects.select_for_update(of=("self",)).select_related("submission__leaderboard", "gpu_type").get(
+        pk=run_id)
 
 
 def _attempt(run: Run) -> RunAttempt | None:
@@ -68,7 +72,7 @@ def dispatch_run(run_id: int) -> None:
     """Hand a queued run to a pool's backend (the django-q task). A remote backend submits and returns; the local
     one runs the harness here. Idempotent: anything but a queued run is left alone."""
     with transaction.atomic():
-        run = Run.objects.select_for_update().select_related("gpu_type").filter(pk=run_id).first()
+        run = Run.objects.select_for_update(of=("self",)).select_related("gpu_type").filter(pk=run_id).first()
         if run is None or run.status != RunStatus.QUEUED:
             return
         pools = candidate_pools(run)
@@ -473,6 +477,10 @@ def do_requeue_run(run: Run, reason: str = "requeued by an organiser") -> None:
         run = _locked_run(run.pk)
         if run.status in (RunStatus.DISPATCHED, RunStatus.RUNNING):
             _cancel_attempt_after_commit(_attempt(run))
+        if run.passed:  # its board hears of it through `on_finish`, but only a rebuild finds its new rank key
+            for board in ranks.ratioless_boards(run.submission_id):
+                if board[1] == run.gpu_type_id:
+                    enqueue_on_commit(RECOMPUTE_TASK, *board)
         # the previous attempt's results go (its reason stays in RunAttempt): no page shows them as this run's
         run.update_status(RunStatus.QUEUED, infra_failures=0, error=reason, verdict="", passed=None, score=None,
                           **ratio_fields(None), progress={}, result={}, system_info={}, stdout="", stderr="")

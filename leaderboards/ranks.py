@@ -10,14 +10,19 @@ rescoring, a board never built with rank keys, and the oracle in tests."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import Q, QuerySet
+from django.utils import timezone
+
+from runners.models import GpuType
 
 from . import events
+from .history import stamp
 from .models import BOARD_ORDER as ORDER
-from .models import Board, BoardEntry, Record, Run, RunStatus, number_rows
+from .models import Board, BoardEntry, Record, Run, RunStatus, Submission, SubmissionMode, number_rows
 from .ranking import (
     Candidate,
     interval_from_fields,
@@ -30,6 +35,8 @@ from .ranking import (
 
 ENTRY_FIELDS = ["submission_id", "score", "rank_key", "submitted_at", "tied", "ratio", "ratio_low",
                 "ratio_high"]
+ENTRIES, RECORDS = BoardEntry._meta.db_table, Record._meta.db_table
+RUNS, SUBMISSIONS = Run._meta.db_table, Submission._meta.db_table
 RUN_FIELDS = ("submission_id", "submission__user_id", "submission__created", "secret", "status", "passed", "score",
               "ratio", "ratio_low", "ratio_high")
 
@@ -58,10 +65,51 @@ def ranked_candidates(leaderboard_id: int, gpu_type_id: int) -> list[Candidate]:
         submission__leaderboard_id=leaderboard_id, gpu_type_id=gpu_type_id).order_by().values_list(*RUN_FIELDS))
 
 
+# The statements every result runs are raw: building them through the ORM cost more than running them. Ranked runs
+# are `Run.objects.ranked()`'s: those of leaderboard-mode submissions.
+CANDIDATE_SQL = (f"SELECT r.submission_id, s.user_id, s.created, r.secret, r.status, r.passed, r.score, r.ratio, "
+                 f"r.ratio_low, r.ratio_high FROM {RUNS} r JOIN {SUBMISSIONS} s ON s.id = r.submission_id "
+                 f"WHERE r.submission_id = %s AND r.gpu_type_id = %s AND s.mode = %s")
+BOARD_OF_RUN_SQL = (f"SELECT b.id, b.version, b.ranks_on_ratio, g.name, b.leaderboard_id, b.gpu_type_id, "
+                    f"r.submission_id FROM {RUNS} r JOIN {SUBMISSIONS} s ON s.id = r.submission_id "
+                    f"JOIN {Board._meta.db_table} b ON b.leaderboard_id = s.leaderboard_id AND b.gpu_type_id = "
+                    f"r.gpu_type_id JOIN {GpuType._meta.db_table} g ON g.id = b.gpu_type_id "
+                    f"WHERE r.id = %s AND s.mode = %s")
+
+
+def _aware(moment: datetime) -> datetime:
+    """A datetime read with a raw cursor: SQLite's are naive UTC."""
+    return moment if timezone.is_aware(moment) else moment.replace(tzinfo=UTC)
+
+
 def submission_candidate(submission_id: int, gpu_type_id: int) -> Candidate | None:
-    found = _candidates(Run.objects.ranked().filter(submission_id=submission_id, gpu_type_id=gpu_type_id)
-                        .order_by().values_list(*RUN_FIELDS))
+    with connection.cursor() as cursor:
+        cursor.execute(CANDIDATE_SQL, [submission_id, gpu_type_id, SubmissionMode.LEADERBOARD])
+        rows = [(sid, user, _aware(created), *rest) for sid, user, created, *rest in cursor.fetchall()]
+    found = _candidates(rows)
     return found[0] if found else None
+
+
+def _board_of_run(run_id: int) -> tuple[Board | None, int]:
+    """A ranked run's board, locked, and its submission: one statement when the board exists. (None, 0) when the
+    run is gone or not ranked."""
+    with connection.cursor() as cursor:
+        lock = " FOR UPDATE OF b" if connection.features.has_select_for_update_of else ""
+        cursor.execute(BOARD_OF_RUN_SQL + lock, [run_id, SubmissionMode.LEADERBOARD])
+        row = cursor.fetchone()
+    if row is None:  # the board's first result, or no ranked run
+        found = Run.objects.ranked().filter(pk=run_id).values_list(
+            "submission_id", "gpu_type_id", "submission__leaderboard_id").first()
+        if found is None:
+            return None, 0
+        submission_id, gpu_type_id, leaderboard_id = found
+        return _locked_board(leaderboard_id, gpu_type_id), submission_id
+    pk, version, on_ratio, gpu_name, leaderboard_id, gpu_type_id, submission_id = row
+    board = Board(pk=pk, leaderboard_id=leaderboard_id, version=version,
+                  ranks_on_ratio=None if on_ratio is None else bool(on_ratio),
+                  gpu_type=GpuType(pk=gpu_type_id, name=gpu_name))
+    board._state.adding = False
+    return board, submission_id
 
 
 def _locked_board(leaderboard_id: int, gpu_type_id: int) -> Board:
@@ -86,7 +134,9 @@ def _publish(board: Board, delta: list[dict], removed: list[int], shift: list | 
     entries or the board's records may have changed (the event then carries them rendered); `records` a record
     ([iso time, seconds, user id]): the one record appended to the progression."""
     board.version += 1
-    board.save(update_fields=["version", "ranks_on_ratio", "updated"])
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {Board._meta.db_table} SET version = %s, ranks_on_ratio = %s, updated = %s "
+                       "WHERE id = %s", [board.version, board.ranks_on_ratio, _db_time(timezone.now()), board.pk])
     leaderboard_id, gpu_type_id, version = board.leaderboard_id, board.gpu_type_id, board.version
     gpu_name, added = board.gpu_type.name, records if isinstance(records, list) else None
     transaction.on_commit(lambda: events.board_changed(leaderboard_id, gpu_type_id, version, delta, removed, shift,
@@ -107,7 +157,7 @@ def _rebuild(board: Board) -> bool:
     leaderboard_id, gpu_type_id = board.leaderboard_id, board.gpu_type_id
     candidates = ranked_candidates(leaderboard_id, gpu_type_id)
     on_ratio = all(c.ratio is not None for c in candidates)
-    _rebuild_records(leaderboard_id, gpu_type_id, candidates)
+    records = _rebuild_records(leaderboard_id, gpu_type_id, candidates)
     ranked = rank(candidates)
     existing = {e.user_id: e for e in number_rows(list(BoardEntry.objects.filter(
         leaderboard_id=leaderboard_id, gpu_type_id=gpu_type_id).order_by(*ORDER)), 0)}
@@ -131,13 +181,14 @@ def _rebuild(board: Board) -> bool:
         BoardEntry.objects.filter(pk__in=[e.pk for e in existing.values()]).delete()
     BoardEntry.objects.bulk_create(to_create)
     _write_entries(to_update)
-    if not (to_create or to_update or existing):
+    changed = bool(to_create or to_update or existing)
+    if not (changed or records):
         if board.ranks_on_ratio != on_ratio:
             board.ranks_on_ratio = on_ratio
             board.save(update_fields=["ranks_on_ratio"])
         return False
     board.ranks_on_ratio = on_ratio
-    _publish(board, delta, list(existing))
+    _publish(board, delta, list(existing), entrants=changed, records=records)
     return True
 
 
@@ -154,6 +205,14 @@ WHERE e.id = v.id
 """
 
 
+def _write_entry(entry: BoardEntry) -> None:
+    """Save an existing entry's ranking fields (one raw UPDATE: this is every improving result's write)."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {ENTRIES} SET {', '.join(f'{f} = %s' for f in ENTRY_FIELDS)}, updated = %s "
+                       "WHERE id = %s", [*(getattr(entry, f) if f != "submitted_at" else _db_time(entry.submitted_at)
+                                          for f in ENTRY_FIELDS), _db_time(timezone.now()), entry.pk])
+
+
 def _write_entries(entries: list[BoardEntry]) -> None:
     if not entries:
         return
@@ -165,7 +224,8 @@ def _write_entries(entries: list[BoardEntry]) -> None:
                        + [[getattr(e, f) for e in entries] for f in ENTRY_FIELDS])
 
 
-def _rebuild_records(leaderboard_id: int, gpu_type_id: int, candidates: list[Candidate]) -> None:
+def _rebuild_records(leaderboard_id: int, gpu_type_id: int, candidates: list[Candidate]) -> bool:
+    """Rewrite the progressions; whether they changed."""
     steps = {s.submission_id: s for s in progression(candidates)}
     held = Record.objects.filter(leaderboard_id=leaderboard_id, gpu_type_id=gpu_type_id)
     stale, changed = [], []
@@ -184,6 +244,7 @@ def _rebuild_records(leaderboard_id: int, gpu_type_id: int, candidates: list[Can
     Record.objects.bulk_create([Record(leaderboard_id=leaderboard_id, gpu_type_id=gpu_type_id, user_id=s.user_id,
                                        submission_id=s.submission_id, score=s.score, submitted_at=s.submitted_at,
                                        board_best=s.board_best) for s in steps.values()])
+    return bool(stale or changed or steps)
 
 
 # --- one result ---------------------------------------------------------------------------------------
@@ -208,7 +269,6 @@ class Place:
 # A board's neighbours of a place, each a walk of the board's index (entry_board_order) from the place: a row
 # comparison, which PostgreSQL and SQLite both match to the index. Raw, as these and the record probes below are the
 # statements of every result, and building them through the ORM cost more than running them.
-ENTRIES = BoardEntry._meta.db_table
 PROBE_SQL = (f"(SELECT id FROM {ENTRIES} WHERE leaderboard_id = %s AND gpu_type_id = %s AND user_id <> %s "
              "AND (rank_key, submitted_at, submission_id) {op} (%s, %s, %s) "
              "ORDER BY rank_key {order}, submitted_at {order}, submission_id {order} LIMIT 1)")
@@ -249,27 +309,31 @@ def _tied(entry: BoardEntry, above: BoardEntry | None) -> bool:
         entry.rank_key, interval_from_fields(entry.ratio, entry.ratio_low, entry.ratio_high))  # type: ignore[arg-type]
 
 
-def _retie(entries: QuerySet, follower: BoardEntry, above: BoardEntry | None) -> dict[str, Any] | None:
-    """Redo `follower`'s tie with `above`, the entry now right above it; its delta row when that changed."""
+def _retie(follower: BoardEntry, above: BoardEntry | None, rank: int | None = None) -> dict[str, Any] | None:
+    """Redo `follower`'s tie with `above`, the entry now right above it; its delta row when that changed, with
+    `rank`, its rank when known (else counted)."""
     tied = _tied(follower, above)
     if tied == follower.tied:
         return None
     follower.tied = tied
-    follower.save(update_fields=["tied", "updated"])
-    rank = entries.ahead_of(follower).count() + 1
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {ENTRIES} SET tied = %s, updated = %s WHERE id = %s",
+                       [tied, _db_time(timezone.now()), follower.pk])
+        if rank is None:
+            cursor.execute(f"SELECT COUNT(*) FROM {ENTRIES} WHERE leaderboard_id = %s AND gpu_type_id = %s "
+                           "AND rank_key < %s", [follower.leaderboard_id, follower.gpu_type_id, follower.rank_key])
+            rank = cursor.fetchone()[0] + 1
     return _delta_row({f: getattr(follower, f) for f in ENTRY_FIELDS} | {"rank": rank}, follower.user_id)
 
 
 def do_rank_result(run_id: int) -> bool:
     """Apply one finished ranked run to its board: when its submission now has both runs passed, a record if it
     is one, and the user's entry if it beats it. Idempotent; emits one event when an entry or a record changed."""
-    found = Run.objects.ranked().filter(pk=run_id).values_list(
-        "submission_id", "gpu_type_id", "submission__leaderboard_id").first()
-    if found is None:
-        return False
-    submission_id, gpu_type_id, leaderboard_id = found
     with transaction.atomic():
-        board = _locked_board(leaderboard_id, gpu_type_id)
+        board, submission_id = _board_of_run(run_id)
+        if board is None:
+            return False
+        leaderboard_id, gpu_type_id = board.leaderboard_id, board.gpu_type_id
         if board.ranks_on_ratio is None:
             return _rebuild(board)
         candidate = submission_candidate(submission_id, gpu_type_id)
@@ -291,7 +355,6 @@ def do_rank_result(run_id: int) -> bool:
 # What a result's record needs to know of the progressions, in one statement: whether it is in them already, the
 # user's last step and the board's last record before it, whether it beats later steps of the user and later
 # records, and whether any record follows it (else it is appended).
-RECORDS = Record._meta.db_table
 _ON_BOARD = f"FROM {RECORDS} WHERE leaderboard_id = %s AND gpu_type_id = %s"
 RECORD_SQL = f"""SELECT EXISTS (SELECT 1 {_ON_BOARD} AND submission_id = %s),
   (SELECT score {_ON_BOARD} AND user_id = %s AND (submitted_at, submission_id) < (%s, %s)
@@ -319,9 +382,10 @@ def _add_record(board: Board, c: Candidate) -> bool | list:
     if held or (mine is not None and c.score >= mine):
         return False
     board_best = record is None or c.score < record
-    Record.objects.create(leaderboard_id=board.leaderboard_id, gpu_type_id=board.gpu_type_id, user_id=c.user_id,
-                          submission_id=c.submission_id, score=c.score, submitted_at=c.submitted_at,
-                          board_best=board_best)
+    with connection.cursor() as cursor:
+        cursor.execute(f"INSERT INTO {RECORDS} (leaderboard_id, gpu_type_id, user_id, submission_id, score, "
+                       "submitted_at, board_best) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                       [*board_key, c.user_id, c.submission_id, c.score, place[0], board_best])
     if beats_mine or (board_best and beats_records):
         later = Q(submitted_at__gt=c.submitted_at) | Q(submitted_at=c.submitted_at, submission_id__gt=c.submission_id)
         beaten = Record.objects.filter(later, leaderboard_id=board.leaderboard_id, gpu_type_id=board.gpu_type_id,
@@ -331,7 +395,7 @@ def _add_record(board: Board, c: Candidate) -> bool | list:
         if board_best and beats_records:
             beaten.filter(board_best=True).update(board_best=False)
     if board_best and not records_after:
-        return [c.submitted_at.isoformat(), c.score, c.user_id]
+        return [stamp(c.submitted_at), c.score, c.user_id]
     return board_best
 
 
@@ -350,7 +414,9 @@ def _place_entry(board: Board, c: Candidate, records: bool | list = False) -> bo
     entries = BoardEntry.objects.filter(leaderboard_id=board.leaderboard_id, gpu_type_id=board.gpu_type_id)
     key = c.ratio.value if board.ranks_on_ratio and c.ratio else c.score
     place = Place(key, c.submitted_at, c.submission_id)
-    held = entries.filter(user_id=c.user_id).first()
+    held = next(iter(BoardEntry.objects.raw(
+        f"SELECT * FROM {ENTRIES} WHERE leaderboard_id = %s AND gpu_type_id = %s AND user_id = %s",
+        [board.leaderboard_id, board.gpu_type_id, c.user_id])), None)
     values = {"submission_id": c.submission_id, "score": c.score, "rank_key": key, "submitted_at": c.submitted_at,
               **ratio_fields(c.ratio)}
     if held is not None:
@@ -376,14 +442,18 @@ def _place_entry(board: Board, c: Candidate, records: bool | list = False) -> bo
     for k, v in values.items():
         setattr(entry, k, v)
     entry.tied = _tied(entry, above)
-    entry.save()
+    if held is None:
+        entry.save()
+    else:
+        _write_entry(entry)
     delta = [_delta_row({**values, "rank": smaller + 1, "tied": entry.tied}, c.user_id)]
-    # the entry now sits right above its new follower; its old follower, if another, has the entry that was above
-    # the old place above it (it lies after the new follower)
-    reties = [(follower, entry)]
+    # the entry now sits right above its new follower, which ranks with it (same key) or right after the entries of
+    # at most its key, itself included; its old follower, if another, has the entry that was above the old place
+    # above it (it lies after the new follower)
+    reties = [(follower, entry, None if follower is None else smaller + 1 if follower.rank_key == key else upto + 2)]
     if old_neighbours and old_neighbours[1] is not None and (follower is None or old_neighbours[1].pk != follower.pk):
-        reties.append((old_neighbours[1], old_neighbours[0]))
-    delta += [row for lower, upper in reties if lower is not None and (row := _retie(entries, lower, upper))]
+        reties.append((old_neighbours[1], old_neighbours[0], None))
+    delta += [row for lower, upper, rank in reties if lower is not None and (row := _retie(lower, upper, rank))]
     # old ranks the move shifted, for clients holding rows: [first, last, by]; the held entry's old rank is the last;
     # none for a new entry
     shift = [upto + 1, old_rank, 1] if moved else None
@@ -391,20 +461,35 @@ def _place_entry(board: Board, c: Candidate, records: bool | list = False) -> bo
     return True
 
 
+def ratioless_boards(submission_id: int) -> set[tuple[int, int]]:
+    """The boards on which the submission ranks without a ratio. Such a submission makes its board rank on time;
+    when it goes (deleted, a run requeued), the board may rank on the ratio again, which only a rebuild finds."""
+    boards = Run.objects.ranked().filter(submission_id=submission_id).order_by().values_list(
+        "submission__leaderboard_id", "gpu_type_id").distinct()
+    return {(leaderboard_id, gpu_type_id) for leaderboard_id, gpu_type_id in boards
+            if (c := submission_candidate(submission_id, gpu_type_id)) is not None and c.ratio is None}
+
+
 def do_take_off_boards(submission_id: int) -> set[tuple[int, int]]:
     """Before a submission is deleted: remove its entries from their boards (the ranks after it move up one, the
-    follower's tie is redone), so clients hear that the user left; returns the boards it held an entry or a
-    record on, to rebuild after the deletion (the user's next best, the progressions)."""
-    boards = set(Record.objects.filter(submission_id=submission_id).values_list("leaderboard_id", "gpu_type_id"))
+    follower's tie is redone) and its board records, so clients hear that the user left and the chart changed;
+    returns the boards it held an entry or a record on or ranks on without a ratio, to rebuild after the deletion
+    (the user's next best, the progressions, the rank key)."""
+    records = Record.objects.filter(submission_id=submission_id)
+    boards = set(records.values_list("leaderboard_id", "gpu_type_id")) | ratioless_boards(submission_id)
+    charts = set(records.filter(board_best=True).values_list("leaderboard_id", "gpu_type_id"))
     for held in BoardEntry.objects.filter(submission_id=submission_id):
         boards.add((held.leaderboard_id, held.gpu_type_id))
+        charts.discard((held.leaderboard_id, held.gpu_type_id))  # (its event carries the records)
         board = _locked_board(held.leaderboard_id, held.gpu_type_id)
         entries = BoardEntry.objects.filter(leaderboard_id=held.leaderboard_id, gpu_type_id=held.gpu_type_id)
         held = entries.get(pk=held.pk)  # as it is under the lock
         rank = entries.ahead_of(held).count() + 1
         above, follower = _neighbours(board, held.user_id, Place.of(held))
         held.delete()
-        delta = [row] if follower is not None and (row := _retie(entries, follower, above)) else []
+        delta = [row] if follower is not None and (row := _retie(follower, above)) else []
         moved = _any_after(entries, held.rank_key, follower)
         _publish(board, delta, [held.user_id], [rank + 1, None, -1] if moved else None)
+    for leaderboard_id, gpu_type_id in charts:  # a record, not the user's entry: the ranking keeps its rows
+        _publish(_locked_board(leaderboard_id, gpu_type_id), [], [], entrants=False)
     return boards

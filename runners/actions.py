@@ -46,7 +46,8 @@ def check_local_devices(pool: GpuPool, report: dict | None = None) -> dict[Gpu, 
     problems: dict[Gpu, str] = {}
     now = timezone.now()
     with transaction.atomic():
-        for gpu in Gpu.objects.select_for_update().select_related("gpu_type", "node").filter(node__pool=pool):
+        rows = Gpu.objects.select_for_update(of=("self",)).select_related("gpu_type", "node")
+        for gpu in rows.filter(node__pool=pool):
             if why := claim_mismatch(gpu.gpu_type, gpu.index, report):
                 problems[gpu] = why
                 gpu.enabled = False

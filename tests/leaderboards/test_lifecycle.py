@@ -171,3 +171,26 @@ def test_ratio_ranks_the_board_and_marks_statistical_ties(leaderboard, cpu_pool)
     assert [(e.user, e.rank, e.ratio, e.tied) for e in entries] == [
         (users[0], 1, 0.50, False), (users[1], 2, 0.80, False), (users[2], 3, 0.82, True)]
     assert entries[2].ratio_high is None and entries[0].score == pytest.approx(3e-6)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_result_waits_for_its_run_only_not_its_leaderboard_or_gpu_type(postgres, leaderboard, cpu_pool):
+    """Another session holding the leaderboard's and the GPU type's rows (an organiser's admin save, another result)
+    does not hold up a result: the ingest locks the run's row alone."""
+    run = submission(leaderboard).runs.get(secret=False)
+    attempt = dispatch(run)
+    other = connection.get_new_connection(connection.get_connection_params())
+    other.autocommit = False
+    try:
+        other.execute(f"SELECT 1 FROM {leaderboard._meta.db_table} WHERE id = %s FOR UPDATE", [leaderboard.pk])
+        other.execute(f"SELECT 1 FROM {cpu_pool.cpu._meta.db_table} WHERE id = %s FOR UPDATE", [cpu_pool.cpu.pk])
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '3s'")  # waiting on either row fails the ingest with a lock timeout
+        assert lifecycle.do_ingest_result(run.pk, attempt, ranked_result([1000.0]))
+    finally:
+        other.rollback()
+        other.close()
+        with connection.cursor() as cursor:
+            cursor.execute("RESET lock_timeout")
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCEEDED

@@ -8,6 +8,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from leaderboards import actions, events, ranks
+from leaderboards.history import board_history
 from leaderboards.models import Board, BoardEntry, Record
 from leaderboards.ranking import rank
 
@@ -35,12 +36,13 @@ def test_a_result_moves_one_entry_and_shifts_the_ranks_it_passes(leaderboard, cp
     faster = result_on(submission(leaderboard, users[3], code="faster"), [1500.0])  # 4th → 2nd
     with django_capture_on_commit_callbacks(execute=True), CaptureQueriesContext(connection) as queries:
         assert ranks.do_rank_result(faster)
-    run_reads = [q["sql"] for q in queries.captured_queries if 'FROM "leaderboards_run"' in q["sql"]]
-    assert run_reads and all(re.search(r'"leaderboards_run"\."(submission_id|id)" = ', sql) for sql in run_reads)
+    run_reads = [q["sql"] for q in queries.captured_queries if re.search(r'FROM "?leaderboards_run\b', q["sql"])]
+    assert run_reads and all(re.search(r'(\br|"leaderboards_run")\."?(submission_id|id)"? = ', sql)
+                             for sql in run_reads)  # the result's own runs, never the board's
     entries = BoardEntry.objects.for_board(leaderboard, cpu_pool.cpu).page(0, 10)
     assert [(e.user, e.rank) for e in entries] == [(users[0], 1), (users[3], 2), (users[1], 3), (users[2], 4)]
     entry_writes = [q["sql"] for q in queries.captured_queries
-                    if re.match(r'(UPDATE|INSERT INTO) "leaderboards_boardentry"', q["sql"])]
+                    if re.match(r'(UPDATE|INSERT INTO) "?leaderboards_boardentry\b', q["sql"])]
     assert len(entry_writes) == 1 and "rank" not in entry_writes[0].split(" WHERE ")[0].replace("rank_key", "")
     (_, _, version, delta, removed, shift, parts), = sent
     assert version == board.version + 1 and removed == []
@@ -82,14 +84,16 @@ def test_a_record_in_its_time_that_does_not_beat_the_entry_still_updates_the_cha
                                                                                         cpu_pool.cpu.pk)
 
 
-def test_a_result_without_a_ratio_switches_a_ratio_board_to_time(leaderboard, cpu_pool):
-    def with_ratio(sub, time_ns, ratio):
-        for run in sub.runs.all():
-            result = ranked_result([time_ns])
-            result["ranked"][-1].update(time=time_ns, ratio=ratio, ratio_low=ratio * .9, ratio_high=ratio * 1.1)
-            actions.do_ingest_result(run.pk, dispatch(run), result)
-        return sub.runs.get(secret=True).pk
+def with_ratio(sub, time_ns, ratio) -> int:
+    """Both runs pass with a time and a ratio; returns the secret run's id."""
+    for run in sub.runs.all():
+        result = ranked_result([time_ns])
+        result["ranked"][-1].update(time=time_ns, ratio=ratio, ratio_low=ratio * .9, ratio_high=ratio * 1.1)
+        actions.do_ingest_result(run.pk, dispatch(run), result)
+    return sub.runs.get(secret=True).pk
 
+
+def test_a_result_without_a_ratio_switches_a_ratio_board_to_time(leaderboard, cpu_pool):
     fast_ratio, fast_time = UserFactory(), UserFactory()
     ranks.do_rank_result(with_ratio(submission(leaderboard, fast_ratio, code="a"), 3000.0, 0.5))
     ranks.do_rank_result(with_ratio(submission(leaderboard, fast_time, code="b"), 1000.0, 0.9))
@@ -97,6 +101,48 @@ def test_a_result_without_a_ratio_switches_a_ratio_board_to_time(leaderboard, cp
     ranks.do_rank_result(result_on(submission(leaderboard, UserFactory(), code="c"), [2000.0]))  # no ratio
     assert not Board.objects.get(leaderboard=leaderboard).ranks_on_ratio
     assert [e.rank_key for e in BoardEntry.objects.for_board(leaderboard, cpu_pool.cpu)] == [1e-6, 2e-6, 3e-6]
+
+
+@pytest.mark.parametrize("goes", ["deleted", "requeued"])
+def test_when_the_last_result_without_a_ratio_goes_the_board_ranks_on_the_ratio_again(
+        goes, leaderboard, cpu_pool, sync_queue, monkeypatch, django_capture_on_commit_callbacks):
+    monkeypatch.setattr("leaderboards.tasks.dispatch_run", lambda run_id: None)  # keep a requeued run queued
+    fast_ratio, fast_time = UserFactory(), UserFactory()
+    ranks.do_rank_result(with_ratio(submission(leaderboard, fast_ratio, code="a", created=START), 3000.0, 0.5))
+    ranks.do_rank_result(with_ratio(submission(leaderboard, fast_time, code="b", created=START), 1000.0, 0.9))
+    # a later, slower one without a ratio: neither an entry nor a record, yet the board ranks on time for it
+    slower = submission(leaderboard, fast_time, code="c", created=START + timedelta(minutes=5))
+    ranks.do_rank_result(result_on(slower, [2000.0]))
+    on_time = BoardEntry.objects.for_board(leaderboard, cpu_pool.cpu)
+    assert not Board.objects.get(leaderboard=leaderboard).ranks_on_ratio
+    assert [e.user for e in on_time] == [fast_time, fast_ratio] and not Record.objects.filter(submission=slower)
+    with django_capture_on_commit_callbacks(execute=True):
+        if goes == "deleted":
+            actions.do_delete_submission(slower)
+        else:
+            actions.do_requeue_run(slower.runs.get(secret=True))
+    assert Board.objects.get(leaderboard=leaderboard).ranks_on_ratio
+    assert [(e.user, e.rank_key) for e in on_time.all()] == [(fast_ratio, 0.5), (fast_time, 0.9)]
+
+
+def test_a_deletion_that_changes_only_the_records_tells_clients(leaderboard, cpu_pool, monkeypatch,
+                                                                django_capture_on_commit_callbacks, sync_queue):
+    alice, bob = UserFactory(), UserFactory()
+    first = submission(leaderboard, alice, code="first", created=START)  # a record, not alice's entry
+    ranks.do_rank_result(result_on(first, [3000.0]))
+    ranks.do_rank_result(result_on(submission(leaderboard, bob, code="b", created=START + timedelta(minutes=1)),
+                                   [2000.0]))
+    ranks.do_rank_result(result_on(submission(leaderboard, alice, code="best", created=START + timedelta(minutes=2)),
+                                   [1000.0]))
+    entries = list(BoardEntry.objects.values_list("user", "submission"))
+    sent = []
+    monkeypatch.setattr(events, "board_changed", lambda *args, **parts: sent.append((*args, parts)))
+    with django_capture_on_commit_callbacks(execute=True):
+        actions.do_delete_submission(first)
+    assert list(BoardEntry.objects.values_list("user", "submission")) == entries  # the ranking did not change
+    assert [(row[-1]["entrants"], row[-1]["records"]) for row in sent] == [(False, True)]  # the chart did
+    assert [holder for _, _, holder in board_history(leaderboard.pk, cpu_pool.cpu.pk, [])["records"]] == [
+        bob.pk, alice.pk]
 
 
 @pytest.mark.parametrize("results", [
