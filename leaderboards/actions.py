@@ -44,6 +44,7 @@ from .models import (
     SubmissionMode,
 )
 from .ranks import (  # noqa: F401 - the service layer's verbs
+    RECOMPUTE_TASK,
     do_rank_result,
     do_recompute_ranks,
     do_take_off_boards,
@@ -230,7 +231,7 @@ def do_rescore_leaderboard(leaderboard: Leaderboard) -> int:
                 run.save(update_fields=["score", *ratio])
                 changed += 1
         for gpu_type in leaderboard.gpu_types.all():
-            enqueue_on_commit(lifecycle.RECOMPUTE_TASK, leaderboard.pk, gpu_type.pk)
+            enqueue_on_commit(RECOMPUTE_TASK, leaderboard.pk, gpu_type.pk)
     return changed
 
 
@@ -243,4 +244,4 @@ def do_delete_submission(submission: Submission) -> None:
             lifecycle.do_cancel_run(run, "submission deleted")
         submission.delete()
         for leaderboard_id, gpu_type_id in boards:
-            enqueue_on_commit(lifecycle.RECOMPUTE_TASK, leaderboard_id, gpu_type_id)
+            enqueue_on_commit(RECOMPUTE_TASK, leaderboard_id, gpu_type_id)

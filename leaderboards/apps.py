@@ -1,6 +1,6 @@
 from django.apps import AppConfig
 from django.conf import settings
-from django.db.models.signals import m2m_changed, post_delete, post_save
+from django.db.models.signals import m2m_changed, post_delete, post_save, pre_delete
 
 from runners.signals import remote_news
 
@@ -10,7 +10,7 @@ class LeaderboardsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import lifecycle
+        from . import lifecycle, ranks
         from .access import cache
         from .models import ApiToken, Ban, JobSwitch, Leaderboard, Profile, SubmissionQuota
 
@@ -24,5 +24,7 @@ class LeaderboardsConfig(AppConfig):
         post_save.connect(cache.user_changed, sender=settings.AUTH_USER_MODEL, dispatch_uid="cache-saved-user")
         m2m_changed.connect(cache.leaderboard_gpu_types_changed, sender=Leaderboard.gpu_types.through,
                             dispatch_uid="cache-board-gpus")
+        # a deleted user's entries and records leave their boards as a deleted submission's do
+        pre_delete.connect(ranks.user_deleting, sender=settings.AUTH_USER_MODEL, dispatch_uid="ranks-user-deleting")
         # a runner service's news about a job (GitHub's workflow_run webhook) polls its run at once
         remote_news.connect(lifecycle.remote_news_received, dispatch_uid="lifecycle-remote-news")

@@ -40,7 +40,6 @@ from .scoring import final_progress, phase_totals, ratio_fields, ratio_from_resu
 
 log = logging.getLogger(__name__)
 DISPATCH_TASK = "leaderboards.tasks.dispatch_run"
-RECOMPUTE_TASK = "leaderboards.tasks.recompute_ranks"
 CANCEL_TASK = "leaderboards.tasks.cancel_remote_job"
 POLL_TASK = "leaderboards.tasks.poll_attempt"
 FAILING_VERDICT_STATUS = {"timeout": RunStatus.TIMED_OUT, "hacked": RunStatus.HACKED}
@@ -480,7 +479,7 @@ def do_requeue_run(run: Run, reason: str = "requeued by an organiser") -> None:
         if run.passed:  # its board hears of it through `on_finish`, but only a rebuild finds its new rank key
             for board in ranks.ratioless_boards(run.submission_id):
                 if board[1] == run.gpu_type_id:
-                    enqueue_on_commit(RECOMPUTE_TASK, *board)
+                    enqueue_on_commit(ranks.RECOMPUTE_TASK, *board)
         # the previous attempt's results go (its reason stays in RunAttempt): no page shows them as this run's
         run.update_status(RunStatus.QUEUED, infra_failures=0, error=reason, verdict="", passed=None, score=None,
                           **ratio_fields(None), progress={}, result={}, system_info={}, stdout="", stderr="")

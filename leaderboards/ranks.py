@@ -18,6 +18,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from runners.models import GpuType
+from runners.queue import enqueue_on_commit
 
 from . import events
 from .history import stamp
@@ -37,6 +38,7 @@ ENTRY_FIELDS = ["submission_id", "score", "rank_key", "submitted_at", "tied", "r
                 "ratio_high"]
 ENTRIES, RECORDS = BoardEntry._meta.db_table, Record._meta.db_table
 RUNS, SUBMISSIONS = Run._meta.db_table, Submission._meta.db_table
+RECOMPUTE_TASK = "leaderboards.tasks.recompute_ranks"
 RUN_FIELDS = ("submission_id", "submission__user_id", "submission__created", "secret", "status", "passed", "score",
               "ratio", "ratio_low", "ratio_high")
 
@@ -493,3 +495,23 @@ def do_take_off_boards(submission_id: int) -> set[tuple[int, int]]:
     for leaderboard_id, gpu_type_id in charts:  # a record, not the user's entry: the ranking keeps its rows
         _publish(_locked_board(leaderboard_id, gpu_type_id), [], [], entrants=False)
     return boards
+
+
+def do_take_user_off_boards(user_id: int) -> set[tuple[int, int]]:
+    """Before a user is deleted (their submissions, entries and records go by cascade): each submission of theirs
+    that holds an entry or a board record is taken off as `do_take_off_boards` does, so clients hear it; returns
+    every board they ranked on, to rebuild after the deletion (later records, the rank key)."""
+    held = set(BoardEntry.objects.filter(user_id=user_id).values_list("submission_id", flat=True))
+    held |= set(Record.objects.filter(user_id=user_id, board_best=True).values_list("submission_id", flat=True))
+    boards = set(Run.objects.ranked().filter(submission__user_id=user_id).order_by().values_list(
+        "submission__leaderboard_id", "gpu_type_id").distinct())
+    for submission_id in sorted(held):
+        boards |= do_take_off_boards(submission_id)
+    return boards
+
+
+def user_deleting(sender, instance, **kwargs) -> None:
+    """`pre_delete` of a user: inside the deletion's transaction, before the cascade."""
+    for board in do_take_user_off_boards(instance.pk):
+        enqueue_on_commit(RECOMPUTE_TASK, *board)
+

@@ -194,3 +194,23 @@ def test_pages_rank_their_rows_as_the_whole_board_does(leaderboard, cpu_pool):
             assert len(queries) == (2 if start else 1)  # the rows, and the count ahead of a page not at the top
     leader, = BoardEntry.objects.leaders()
     assert (leader.user_id, leader.rank_key) == (expected[0][0], 1e-6)
+
+
+def test_a_deleted_user_leaves_the_boards_and_later_records_move_up(leaderboard, cpu_pool, monkeypatch, sync_queue,
+                                                                    django_capture_on_commit_callbacks):
+    alice, bob, carol = UserFactory(), UserFactory(), UserFactory()
+    for i, (user, means) in enumerate(((alice, [1000.0]), (bob, [2000.0]), (carol, [3000.0]))):
+        ranks.do_rank_result(result_on(submission(leaderboard, user, code=str(i), created=START + timedelta(
+            minutes=i)), means))
+    holders = lambda: [h for _, _, h in board_history(leaderboard.pk, cpu_pool.cpu.pk, [])["records"]]  # noqa: E731
+    assert holders() == [alice.pk]  # alice's first, faster result kept bob's from being a record
+    sent, alice_id = [], alice.pk
+    monkeypatch.setattr(events, "board_changed", lambda *args, **parts: sent.append((*args, parts)))
+    with django_capture_on_commit_callbacks(execute=True):
+        alice.delete()  # an organiser removes an account (admin): its submissions go by cascade
+    entries = BoardEntry.objects.for_board(leaderboard, cpu_pool.cpu).page(0, 10)
+    assert [(e.user, e.rank) for e in entries] == [(bob, 1), (carol, 2)]
+    (_, _, _, _, removed, shift, _) = sent[0]
+    assert removed == [alice_id] and shift == [2, None, -1]  # clients drop her row and move the others up
+    assert holders() == [bob.pk] and sent[-1][-1]["records"]  # bob's result is the board's record now
+    assert not ranks.do_recompute_ranks(leaderboard.pk, cpu_pool.cpu.pk)
