@@ -1,6 +1,7 @@
 """Property: whatever happens to a board (results arriving in any order, public and secret runs apart, deletions,
-requeues, bans, rescoring), the board its hooks maintain (entries, ranks, ties, records) is the one the full rebuild
-makes, and a client applying the live deltas to its rows holds the same ranks. Real PostgreSQL."""
+requeues, bans, rescoring, deleted accounts), the board its hooks maintain (entries, ranks, ties, records) is the
+one the full rebuild makes, and a client applying the live deltas to its rows holds the same ranks. Real
+PostgreSQL."""
 
 from datetime import UTC, datetime, timedelta
 
@@ -37,9 +38,10 @@ KINDS = {
     "delete": st.tuples(st.just("delete"), st.integers(0, 30)),
     "requeue": st.tuples(st.just("requeue"), st.integers(0, 30), st.booleans()),
     "ban": st.tuples(st.just("ban"), st.integers(0, USERS - 1)),
+    "leave": st.tuples(st.just("leave"), st.integers(0, USERS - 1)),  # an account deleted; a new user in its place
     "rescore": st.tuples(st.just("rescore"), st.sampled_from(["last", "mean", "geom"])),
 }
-operation = st.sampled_from(["submit"] * 8 + ["finish"] * 3 + ["delete", "requeue", "ban", "rescore"]).flatmap(
+operation = st.sampled_from(["submit"] * 8 + ["finish"] * 3 + ["delete", "requeue", "ban", "rescore", "leave"]).flatmap(
     KINDS.__getitem__)
 
 
@@ -134,6 +136,11 @@ def test_hooks_keep_the_board_the_full_rebuild_makes(operations, leaderboard, cp
                 actions.do_rescore_leaderboard(board)
             elif kind == "ban":
                 do_ban(users[args[0]], board, "property test")
+            elif kind == "leave":
+                gone = users[args[0]]
+                subs = [sub for sub in subs if sub.user_id != gone.pk]
+                gone.delete()
+                users[args[0]] = UserFactory()
             elif kind == "finish":
                 queued = list(Run.objects.filter(submission__leaderboard=board, status=RunStatus.QUEUED))
                 if queued:
