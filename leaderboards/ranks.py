@@ -138,7 +138,7 @@ def _publish(board: Board, delta: list[dict], removed: list[int], shift: list | 
     board.version += 1
     with connection.cursor() as cursor:
         cursor.execute(f"UPDATE {Board._meta.db_table} SET version = %s, ranks_on_ratio = %s, updated = %s "
-                       "WHERE id = %s", [board.version, board.ranks_on_ratio, _db_time(timezone.now()), board.pk])
+                       "WHERE id = %s", [board.version, board.ranks_on_ratio, _db_now(), board.pk])
     leaderboard_id, gpu_type_id, version = board.leaderboard_id, board.gpu_type_id, board.version
     gpu_name, added = board.gpu_type.name, records if isinstance(records, list) else None
     transaction.on_commit(lambda: events.board_changed(leaderboard_id, gpu_type_id, version, delta, removed, shift,
@@ -210,9 +210,9 @@ WHERE e.id = v.id
 def _write_entry(entry: BoardEntry) -> None:
     """Save an existing entry's ranking fields (one raw UPDATE: this is every improving result's write)."""
     with connection.cursor() as cursor:
+        values = [_db_time(v) if isinstance(v, datetime) else v for v in (getattr(entry, f) for f in ENTRY_FIELDS)]
         cursor.execute(f"UPDATE {ENTRIES} SET {', '.join(f'{f} = %s' for f in ENTRY_FIELDS)}, updated = %s "
-                       "WHERE id = %s", [*(getattr(entry, f) if f != "submitted_at" else _db_time(entry.submitted_at)
-                                          for f in ENTRY_FIELDS), _db_time(timezone.now()), entry.pk])
+                       "WHERE id = %s", [*values, _db_now(), entry.pk])
 
 
 def _write_entries(entries: list[BoardEntry]) -> None:
@@ -280,6 +280,11 @@ def _db_time(value: Any) -> Any:
     return connection.ops.adapt_datetimefield_value(value)
 
 
+def _db_now() -> Any:
+    """The time an `updated` column gets from a raw statement (auto_now's value)."""
+    return _db_time(timezone.now())
+
+
 def _neighbours(board: Board, user_id: int, *places: Place) -> list[BoardEntry | None]:
     """Other users' entries right above and right below each place, [above 1, below 1, above 2, ...], in one
     statement (the probes as scalar subqueries: a UNION of ordered probes SQLite does not take)."""
@@ -320,7 +325,7 @@ def _retie(follower: BoardEntry, above: BoardEntry | None, rank: int | None = No
     follower.tied = tied
     with connection.cursor() as cursor:
         cursor.execute(f"UPDATE {ENTRIES} SET tied = %s, updated = %s WHERE id = %s",
-                       [tied, _db_time(timezone.now()), follower.pk])
+                       [tied, _db_now(), follower.pk])
         if rank is None:
             cursor.execute(f"SELECT COUNT(*) FROM {ENTRIES} WHERE leaderboard_id = %s AND gpu_type_id = %s "
                            "AND rank_key < %s", [follower.leaderboard_id, follower.gpu_type_id, follower.rank_key])
