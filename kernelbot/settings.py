@@ -266,6 +266,9 @@ RUN_MAX_QUEUED_SECONDS = int(os.environ.get("KERNELBOT_MAX_QUEUED_SECONDS", str(
 POOL_CHECK_INTERVAL = int(os.environ.get("KERNELBOT_POOL_CHECK_INTERVAL", "900"))
 POOL_CHECK_TIMEOUT = int(os.environ.get("KERNELBOT_POOL_CHECK_TIMEOUT", "900"))
 POOL_CHECK_KEEP_DAYS = int(os.environ.get("KERNELBOT_POOL_CHECK_KEEP_DAYS", "30"))
+# Where the admin links the docs (docs/operations.md#... becomes DOCS_URL/operations.md#...), e.g. the repository's
+# docs folder on its forge; unset: the admin names the file and section as text.
+DOCS_URL = os.environ.get("KERNELBOT_DOCS_URL", "").rstrip("/")
 # Infrastructure failures retried before a run is failed with a reason.
 RUN_MAX_ATTEMPTS = int(os.environ.get("KERNELBOT_RUN_MAX_ATTEMPTS", "3"))
 # Harness timing: stop at a 95 % CI within REL_CI of the mean, within sample and time budgets per case; the

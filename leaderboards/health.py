@@ -1,8 +1,11 @@
 """Pool health checks: a tiny known problem (`health_check/`) submitted through the normal run path, one run per GPU
 type a pool serves, each pinned to that pool (`Run.pool`, read by dispatch) and recorded the moment it ends (its
-`on_finish` hook is `do_finish_pool_checks`). Local pools also
-have their devices compared with this machine's probe. A pool whose latest round failed takes no runs until a round
-passes. The check's leaderboard is internal: never shown, listed, ranked or counted (`Leaderboard.internal`).
+`on_finish` hook is `do_finish_pool_checks`). Local pools also have their devices compared with this machine's probe,
+whose sandbox facts are recorded on their nodes. A round also checks the nodes when there is something to say about
+them: each node's memory containment from its last probe (`runners.pools.containment`) fails the pool where
+KERNELBOT_SANDBOX=require meets no usable memory cgroup (the node would refuse every run), and is a warning in the
+check's detail where runs get per-process memory limits only. A pool whose latest round failed takes no runs until a
+round passes. The check's leaderboard is internal: never shown, listed, ranked or counted (`Leaderboard.internal`).
 
 `tick` (scheduled every minute) settles finished checks and starts a round for every enabled pool not checked for
 `POOL_CHECK_INTERVAL`; the admin starts one at once with `do_start_pool_check`."""
@@ -19,7 +22,13 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from runners.actions import NodeRejected, check_local_devices
+from runners.actions import (
+    NodeRejected,
+    check_local_devices,
+    do_record_node_sandbox,
+    node_containment,
+    probe_this_machine,
+)
 from runners.models import CheckOutcome, GpuPool, GpuType, PoolCheck, PoolHealth
 
 from . import actions, lifecycle
@@ -76,17 +85,26 @@ def _start_round(pool: GpuPool) -> list[PoolCheck]:
         return []
     now = timezone.now()
     checks = []
+    failing, passing = [], []
     if pool.is_local:
         try:
-            problems = check_local_devices(pool)
-            detail = "; ".join(problems.values())
-            if detail:
-                detail += " (disabled: fix or delete the device rows, then check again)"
+            report = probe_this_machine()  # from this worker: its sandbox settings and cgroup are what runs get
+            if detail := "; ".join(check_local_devices(pool, report).values()):
+                failing.append(detail + " (disabled: fix or delete the device rows, then check again)")
+            else:
+                passing.append("this machine's devices are as claimed")
+            do_record_node_sandbox(pool, report)
         except (NodeRejected, OSError, ValueError) as exc:
-            detail = f"device check failed: {exc}"
+            failing.append(f"device check failed: {exc}")
+    for node in node_containment(pool):
+        if node.problem:
+            failing.append(node.problem)
+        elif node.warning:
+            passing.append(node.warning)
+    if failing or passing:
         checks.append(PoolCheck.objects.create(
-            pool=pool, started_at=now, finished_at=now, outcome=CheckOutcome.FAILING if detail else CheckOutcome.OK,
-            detail=detail or "this machine's devices are as claimed"))
+            pool=pool, started_at=now, finished_at=now, outcome=CheckOutcome.FAILING if failing else CheckOutcome.OK,
+            detail="; ".join(failing or passing)))
     gpu_types = list(GpuType.objects.filter(gpus__node__pool=pool, gpus__enabled=True, gpus__node__enabled=True)
                      .distinct().order_by("name"))
     if not gpu_types:
@@ -136,7 +154,10 @@ def _verdict(check: PoolCheck, now) -> tuple[str | None, str]:
         device = str(run.system_info.get("device", ""))
         if mismatch := lifecycle.gpu_mismatch(run.gpu_type, run.system_info):
             return CheckOutcome.FAILING, f"run {run.pk} passed, but {mismatch}"
-        return CheckOutcome.OK, f"run {run.pk} passed on {device or 'the CPU'}"
+        memory = (run.system_info.get("sandbox") or {}).get("memory") or {}
+        uncontained = (f", with per-process memory limits only ({memory['per_process_only']})"
+                       if isinstance(memory, dict) and memory.get("per_process_only") else "")
+        return CheckOutcome.OK, f"run {run.pk} passed on {device or 'the CPU'}{uncontained}"
     if run.is_terminal:
         return CheckOutcome.FAILING, f"run {run.pk} ended {run.get_status_display()}: {run.error or run.verdict}"
     failed = RunAttempt.objects.filter(run=run, outcome="retried").order_by("number").first()
@@ -160,7 +181,7 @@ def _settle(pool: GpuPool) -> None:
     done = [c.finished_at for c in latest if c.finished_at is not None]
     if failing:
         health = PoolHealth.FAILING
-        pool.health_detail = "; ".join(f"{c.gpu_type or 'devices'}: {c.detail}" for c in failing)
+        pool.health_detail = "; ".join(f"{c.gpu_type or 'nodes'}: {c.detail}" for c in failing)
     elif all(c.outcome == CheckOutcome.OK for c in latest):
         health, pool.health_detail, pool.last_ok_at = PoolHealth.OK, "", max(done)
     else:

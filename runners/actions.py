@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from .harness.probe import device_is, device_mismatch
 from .models import Gpu, GpuPool, GpuType, GpuVendor, Node, PoolHealth
+from .pools import Containment, containment
 
 
 class NodeRejected(Exception):
@@ -59,6 +60,21 @@ def check_local_devices(pool: GpuPool, report: dict | None = None) -> dict[Gpu, 
             gpu.uuid, gpu.memory_mib, gpu.checked_at = device.get("uuid", ""), device.get("memory_mib"), now
             gpu.save(update_fields=["device_name", "uuid", "memory_mib", "checked_at"])
     return problems
+
+
+def do_record_node_sandbox(pool: GpuPool, report: dict) -> int:
+    """Store this machine's probe `report`'s sandbox facts on the nodes of `pool`, a pool that runs on this machine;
+    call it from the process that runs the harness (its KERNELBOT_SANDBOX, KERNELBOT_CGROUP and cgroup are what the
+    runs get), so not from the web process. Returns the nodes updated."""
+    if "sandbox" not in report:
+        return 0
+    return Node.objects.filter(pool=pool).update(sandbox=report["sandbox"], probed_at=timezone.now())
+
+
+def node_containment(pool: GpuPool) -> list[Containment]:
+    """Each enabled node's memory containment, from its last probe (`pools.containment`), by hostname."""
+    return [containment(hostname, facts) for hostname, facts in
+            pool.nodes.filter(enabled=True).order_by("hostname").values_list("hostname", "sandbox")]
 
 
 def guess_gpu_type(device: dict) -> GpuType:
@@ -110,6 +126,9 @@ def do_register_node(pool: GpuPool, report: dict, *, hostname: str = "",
     created, updated = [], []
     with transaction.atomic():
         node, _ = Node.objects.get_or_create(pool=pool, hostname=hostname)
+        if "sandbox" in report:  # the node's own probe: its sandbox facts as the runner there would have them
+            node.sandbox, node.probed_at = report["sandbox"], now
+            node.save(update_fields=["sandbox", "probed_at"])
         for device in devices:
             gpu, new = Gpu.objects.update_or_create(node=node, index=device["index"], defaults={
                 "gpu_type": types[device["index"]], "uuid": device.get("uuid", ""),

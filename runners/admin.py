@@ -1,30 +1,58 @@
 """GPU inventory admin: one page per pool with its backend settings, its devices (nodes created as needed by
-hostname), its health and the checks that keep it honest."""
+hostname), its health and the checks that keep it honest, and each node's memory containment (whether runs there get
+a memory cgroup, and how to fix it when they do not)."""
 
 from __future__ import annotations
 
 import json
 
 from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin.checks import InlineModelAdminChecks
 from django.core.exceptions import PermissionDenied
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db.models import Count, Q
+from django.db.models import Count, Prefetch, Q
 from django.forms.models import BaseModelFormSet, modelformset_factory
 from django.forms.utils import pretty_name
 from django.http import HttpRequest, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
 from django.utils.html import escape, format_html, format_html_join
+from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.http import require_POST
 
 from .actions import NodeRejected, check_local_devices, claim_mismatch, probe_this_machine
 from .models import CheckOutcome, Gpu, GpuPool, GpuType, Node, PoolCheck, PoolHealth
-from .pools import BackendChoice, backend_choices, env_state, secret_envs
+from .pools import (
+    MEMORY_FIX_DOC,
+    BackendChoice,
+    Contained,
+    Containment,
+    backend_choices,
+    containment,
+    env_state,
+    secret_envs,
+)
 from .queue import enqueue_on_commit
 
 HEALTH_MARK = {PoolHealth.OK: ("#2e7d32", "✔"), PoolHealth.FAILING: ("#c62828", "✖"), PoolHealth.UNKNOWN: ("#666", "–")}
+CONTAINMENT_MARK = {Contained.CGROUP: ("#2e7d32", "✔"), Contained.PER_PROCESS: ("#b26a00", "⚠"),
+                    Contained.REFUSED: ("#c62828", "✖"), Contained.UNKNOWN: ("#666", "–")}
+
+
+def doc_link(doc: str) -> SafeString:
+    """A docs/ reference ("docs/operations.md#section"): a link under KERNELBOT_DOCS_URL, else the path as code."""
+    if settings.DOCS_URL:
+        return format_html('<a href="{}/{}">{}</a>', settings.DOCS_URL, doc.removeprefix("docs/"), doc)
+    return format_html("<code>{}</code>", doc)
+
+
+def containment_html(node: Containment) -> SafeString:
+    """One node's memory containment, marked, with the fix linked where there is one to make."""
+    colour, mark = CONTAINMENT_MARK[node.state]
+    text = mark_safe(escape(node.summary).replace(MEMORY_FIX_DOC, doc_link(MEMORY_FIX_DOC)))  # the path has no
+    return format_html('<span style="color:{}">{}</span> {}', colour, mark, text)             # characters to escape
 
 
 @admin.register(GpuType)
@@ -42,9 +70,10 @@ class GpuAdmin(admin.ModelAdmin):
 
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
-    list_display = ["hostname", "pool", "enabled", "devices"]
+    list_display = ["hostname", "pool", "enabled", "devices", "memory_containment", "probed_at"]
     list_editable = ["enabled"]
     list_filter = ["pool", "enabled"]
+    readonly_fields = ["memory_containment", "probed_at", "sandbox"]
 
     def get_queryset(self, request: HttpRequest):
         return super().get_queryset(request).select_related("pool").annotate(device_count=Count("gpus"))
@@ -52,6 +81,10 @@ class NodeAdmin(admin.ModelAdmin):
     @admin.display(description="devices")
     def devices(self, node: Node) -> int:
         return node.device_count
+
+    @admin.display(description="memory containment")
+    def memory_containment(self, node: Node) -> str:
+        return containment_html(containment(node.hostname, node.sandbox))
 
 
 # --- the pool page ---------------------------------------------------------------------------------------------
@@ -216,17 +249,19 @@ class DeviceInline(admin.TabularInline):
 class GpuPoolAdmin(admin.ModelAdmin):
     form = GpuPoolForm
     inlines = [DeviceInline]
-    list_display = ["name", "backend_name", "enabled", "health_mark", "last_ok_at", "gpu_types_served",
+    list_display = ["name", "backend_name", "enabled", "health_mark", "memory_mark", "last_ok_at", "gpu_types_served",
                     "runs_at_once", "history"]
     list_filter = ["backend", "enabled", "health"]
-    readonly_fields = ["health_mark", "health_detail", "last_checked_at", "last_ok_at", "history", "gpu_types_served",
-                       "runs_at_once", "secrets"]
+    readonly_fields = ["health_mark", "health_detail", "memory_containment", "last_checked_at", "last_ok_at", "history",
+                       "gpu_types_served", "runs_at_once", "secrets"]
     actions = ["check_health", "check_devices"]
     change_form_template = "admin/runners/gpupool/change_form.html"
 
     def get_queryset(self, request: HttpRequest):
         enabled = Q(nodes__enabled=True, nodes__gpus__enabled=True)
-        return super().get_queryset(request).annotate(device_count=Count("nodes__gpus", filter=enabled))
+        nodes = Prefetch("nodes", Node.objects.filter(enabled=True).order_by("hostname"), to_attr="enabled_nodes")
+        return (super().get_queryset(request).annotate(device_count=Count("nodes__gpus", filter=enabled))
+                .prefetch_related(nodes))
 
     def get_fieldsets(self, request: HttpRequest, obj: GpuPool | None = None):
         fieldsets = [(None, {"fields": ["name", "backend", "enabled", "memory_limit_mib"]})]
@@ -236,9 +271,9 @@ class GpuPoolAdmin(admin.ModelAdmin):
                 "fields": names, "classes": ["backend-settings", f"backend-{choice.name}"],
                 "description": f"Used when the pool runs on {choice.label}. Secrets are never stored here: a field "
                                "ending in “env” names the environment variable that holds one."}))
-        fieldsets.append(("Health and capacity", {"fields": ["health_mark", "health_detail", "last_checked_at",
-                                                             "last_ok_at", "history", "gpu_types_served",
-                                                             "runs_at_once", "secrets"]}))
+        fieldsets.append(("Health and capacity", {"fields": ["health_mark", "health_detail", "memory_containment",
+                                                             "last_checked_at", "last_ok_at", "history",
+                                                             "gpu_types_served", "runs_at_once", "secrets"]}))
         return fieldsets
 
     def get_form(self, request: HttpRequest, obj=None, change=False, **kwargs):
@@ -256,6 +291,35 @@ class GpuPoolAdmin(admin.ModelAdmin):
         detail = pool.health_detail if pool.health == PoolHealth.FAILING else ""
         return format_html('<span style="color:{}" title="{}">{} {}{}</span>', colour, detail, mark,
                            pool.get_health_display(), since if pool.health == PoolHealth.FAILING else "")
+
+    def containments(self, pool: GpuPool) -> list[Containment]:
+        nodes = getattr(pool, "enabled_nodes", None)
+        if nodes is None:
+            nodes = list(pool.nodes.filter(enabled=True).order_by("hostname")) if pool.pk else []
+        return [containment(node.hostname, node.sandbox) for node in nodes]
+
+    @admin.display(description="memory")
+    def memory_mark(self, pool: GpuPool) -> str:
+        """The worst of its nodes' containment: refused, per-process only, unknown, else contained."""
+        found = self.containments(pool)
+        for state, words in ((Contained.REFUSED, "refused on"), (Contained.PER_PROCESS, "per-process only on"),
+                             (Contained.UNKNOWN, "not reported by")):
+            if hit := [c for c in found if c.state == state]:
+                colour, mark = CONTAINMENT_MARK[state]
+                return format_html('<span style="color:{}" title="{}">{} {} {}</span>', colour,
+                                   "; ".join(c.summary for c in hit), mark, words,
+                                   ", ".join(c.hostname for c in hit))
+        colour, mark = CONTAINMENT_MARK[Contained.CGROUP]
+        return format_html('<span style="color:{}">{} cgroup</span>', colour, mark) if found else "–"
+
+    @admin.display(description="memory containment (per node)")
+    def memory_containment(self, pool: GpuPool) -> str:
+        """Each enabled node: whether its runs get a memory cgroup, from its last probe, and the fix when not."""
+        found = self.containments(pool)
+        if not found:
+            return "no node yet"
+        return format_html("<ul>{}</ul>", format_html_join("", "<li>{}</li>", ((containment_html(c),)
+                                                                                   for c in found)))
 
     @admin.display(description="health history")
     def history(self, pool: GpuPool) -> str:
@@ -349,7 +413,7 @@ class PoolCheckAdmin(admin.ModelAdmin):
 
     @admin.display(description="checked")
     def what(self, check: PoolCheck) -> str:
-        return f"a {check.gpu_type} run" if check.gpu_type_id else "devices" if check.run_id is None else "a run"
+        return f"a {check.gpu_type} run" if check.gpu_type_id else "nodes" if check.run_id is None else "a run"
 
     @admin.display(description="run")
     def run(self, check: PoolCheck) -> str:

@@ -91,6 +91,13 @@ class Node(models.Model):
     pool = models.ForeignKey(GpuPool, on_delete=models.CASCADE, related_name="nodes")
     hostname = models.CharField(max_length=120)
     enabled = models.BooleanField(default=True)
+    sandbox = models.JSONField(default=dict, blank=True, editable=False,
+                               help_text="The sandbox facts of its last probe (`runners.harness.probe`: mode, backend, "
+                                         "the memory cgroup runs are nested in or why none is usable); empty: never "
+                                         "probed.")
+    probed_at = models.DateTimeField("probed", null=True, blank=True, editable=False,
+                                     help_text="When its sandbox facts were reported (a health check of a pool on "
+                                               "this machine, or `manage.py register_node`).")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["pool", "hostname"], name="node_unique_per_pool")]
@@ -148,4 +155,4 @@ class PoolCheck(models.Model):
         ordering = ["-started_at", "-pk"]
 
     def __str__(self) -> str:
-        return f"{self.pool.name} {self.gpu_type or 'devices'} {self.get_outcome_display()}"
+        return f"{self.pool.name} {self.gpu_type or 'nodes'} {self.get_outcome_display()}"

@@ -5,7 +5,12 @@ admin renders its fields with their help texts and stores its cleaned data in `G
 None when the backend is usable here, else why not. A settings field whose name ends in `_env` holds the NAME of an
 environment variable with a secret (the value never enters the database); `secrets`, a class attribute mapping a
 label to an environment variable, names fixed ones; a remote backend (`remote = True`) also reads the pool's runner
-key from `runner_key_env` or KERNELBOT_RUNNER_KEY."""
+key from `runner_key_env` or KERNELBOT_RUNNER_KEY.
+
+A node's memory containment (`containment`): from the sandbox facts of its last probe, whether runs there get a
+memory cgroup for their whole process tree, and what that means for the pool's health: none under
+KERNELBOT_SANDBOX=require fails the pool (the node refuses every run), none otherwise is a warning (per-process memory
+limits only)."""
 
 from __future__ import annotations
 
@@ -18,6 +23,8 @@ from .backends.base import BackendUnavailable, RunnerBackend, available_backends
 from .models import RunnerBackendName
 
 RUNNER_KEY_ENV = "KERNELBOT_RUNNER_KEY"  # base.runner_key's default (settings.RUNNER_KEY reads it)
+MEMORY_FIX_DOC = "docs/operations.md#delegating-the-memory-controller-to-the-runner"
+MEMORY_FIX = f"delegate the memory controller to the runner's service ({MEMORY_FIX_DOC})"
 
 
 @dataclass(frozen=True)
@@ -66,3 +73,59 @@ def secret_envs(choice: BackendChoice, settings: dict) -> list[tuple[str, str]]:
 
 def env_state(name: str) -> str:
     return "set" if os.environ.get(name) else "NOT SET"
+
+
+class Contained:
+    CGROUP = "cgroup"  # every run's tree gets a memory cgroup
+    PER_PROCESS = "per-process"  # runs go on, with per-process memory limits only (a warning)
+    REFUSED = "refused"  # KERNELBOT_SANDBOX=require without a memory cgroup: the node refuses every run
+    UNKNOWN = "unknown"  # never probed, or probed by a harness too old to say
+
+
+@dataclass(frozen=True)
+class Containment:
+    """Whether runs on node `hostname` have their memory contained, from its last probe's sandbox facts."""
+
+    hostname: str
+    state: str  # a Contained value
+    why: str  # the memory cgroup in use ("v2 /sys/fs/cgroup/..."), or why there is none
+    mode: str  # its KERNELBOT_SANDBOX ("" when unknown)
+
+    @property
+    def problem(self) -> str:
+        """Why the node's pool is unhealthy; "" when this node is no reason."""
+        if self.state != Contained.REFUSED:
+            return ""
+        return (f"node {self.hostname} cannot contain memory: {self.why}; {MEMORY_FIX}. Under KERNELBOT_SANDBOX="
+                "require it refuses every run until it can")
+
+    @property
+    def warning(self) -> str:
+        """What an organiser should know although the pool takes runs; "" when nothing."""
+        if self.state != Contained.PER_PROCESS:
+            return ""
+        if self.mode == "none":
+            return (f"runs on node {self.hostname} have per-process memory limits only: KERNELBOT_SANDBOX=none "
+                    "(development only; unset it or set require)")
+        return (f"runs on node {self.hostname} have per-process memory limits only: {self.why}; {MEMORY_FIX}, "
+                "then set KERNELBOT_SANDBOX=require")
+
+    @property
+    def summary(self) -> str:
+        if self.state == Contained.CGROUP:
+            return f"{self.hostname}: each run's memory is contained by a cgroup in {self.why}"
+        if self.state == Contained.UNKNOWN:
+            return f"{self.hostname}: {self.why}"
+        return self.problem or self.warning
+
+
+def containment(hostname: str, facts: dict | None) -> Containment:
+    """A node's containment from the `sandbox` facts of its probe report (`runners.harness.probe.sandbox_facts`)."""
+    if not facts or "memory_cgroup" not in facts:
+        return Containment(hostname, Contained.UNKNOWN, "not reported yet (a health check reports it for a pool on "
+                           "this machine, manage.py register_node with the node's current probe for another)", "")
+    mode = str(facts.get("mode") or "auto")
+    if facts["memory_cgroup"]:
+        return Containment(hostname, Contained.CGROUP, str(facts["memory_cgroup"]), mode)
+    why = str(facts.get("memory_cgroup_error") or "no memory cgroup is usable")
+    return Containment(hostname, Contained.REFUSED if mode == "require" else Contained.PER_PROCESS, why, mode)

@@ -1,4 +1,6 @@
-"""What a node really has: its accelerators (index, name, uuid, memory) or none, from nvidia-smi, rocm-smi or torch.
+"""What a node really has: its accelerators (index, name, uuid, memory) or none, from nvidia-smi, rocm-smi or torch,
+and what the sandbox can do there (`sandbox`: its mode, backend, and the memory cgroup runs are nested in, or why none
+is usable).
 
 Django-free like the rest of the harness: `python -m runners.harness.probe` prints the JSON on a node (a Slurm
 node, a runner machine) for `manage.py register_node --probe-file`; the platform calls `probe()` for this machine.
@@ -107,6 +109,32 @@ def memory_mib() -> int | None:
         return None
 
 
+def sandbox_facts() -> dict[str, Any]:
+    """What a run's sandbox would have on this node, under this process's KERNELBOT_SANDBOX and KERNELBOT_CGROUP:
+    `mode`; `backend` (bubblewrap, rlimits-only, or unavailable with `error`); `memory_cgroup`, the group runs' memory
+    cgroups are nested in ("v2 /sys/fs/cgroup/..."), or None with `memory_cgroup_error` saying why none is usable."""
+    from . import cgroups, sandbox
+
+    try:
+        mode = sandbox._mode()
+    except ValueError as exc:
+        return {"mode": os.environ.get("KERNELBOT_SANDBOX", ""), "backend": "unavailable", "error": str(exc),
+                "memory_cgroup": None, "memory_cgroup_error": str(exc)}
+    described = sandbox.describe()
+    facts: dict[str, Any] = {"mode": mode, "backend": described.get("backend", "unavailable"),
+                             "memory_cgroup": None, "memory_cgroup_error": ""}
+    if described.get("error"):
+        facts["error"] = described["error"]
+    if mode == "none":
+        facts["memory_cgroup_error"] = "KERNELBOT_SANDBOX=none: no memory cgroup is used"
+        return facts
+    try:
+        facts["memory_cgroup"] = str(cgroups.memory_parent())
+    except cgroups.CgroupUnavailable as exc:
+        facts["memory_cgroup_error"] = str(exc) or "no memory cgroup is usable"
+    return facts
+
+
 def probe() -> dict[str, Any]:
     devices, source = None, "none"
     for name, find in (("nvidia-smi", nvidia_devices), ("rocm-smi", amd_devices)):
@@ -116,7 +144,7 @@ def probe() -> dict[str, Any]:
     if devices is None and has_device_nodes():
         devices, source = torch_devices(), "torch"
     return {"hostname": socket.gethostname(), "cpu": cpu_model(), "cpus": os.cpu_count(), "memory_mib": memory_mib(),
-            "devices": devices or [], "source": source if devices else "none"}
+            "devices": devices or [], "source": source if devices else "none", "sandbox": sandbox_facts()}
 
 
 # words in a device's name that say its vendor (torch's device name for a result, nvidia-smi's or rocm-smi's here)

@@ -6,6 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from runners.actions import NodeRejected, do_register_node, probe_this_machine
 from runners.models import GpuPool, GpuType
+from runners.pools import containment
 
 
 class Command(BaseCommand):
@@ -39,6 +40,11 @@ class Command(BaseCommand):
                           f"{len(done.updated)} updated, {len(done.disabled)} no longer found and disabled")
         for gpu in done.created + done.updated:
             self.stdout.write(f"  #{gpu.index} {gpu.gpu_type}: {gpu.device_name} {gpu.uuid}".rstrip())
+        memory = containment(done.node.hostname, done.node.sandbox)
+        if memory.problem or memory.warning:
+            self.stdout.write(self.style.WARNING(f"  memory: {memory.summary}"))
+        else:
+            self.stdout.write(f"  memory: {memory.summary}")
 
     @staticmethod
     def report(probe_file: str) -> dict:
