@@ -239,6 +239,14 @@ PROBLEMS_DIR = Path(os.environ.get("KERNELBOT_PROBLEMS_DIR", BASE_DIR / "problem
 HARNESS_PYTHON = os.environ.get("KERNELBOT_HARNESS_PYTHON", "")
 # Largest accepted submission file.
 MAX_SUBMISSION_BYTES = int(os.environ.get("KERNELBOT_MAX_SUBMISSION_BYTES", str(1024 * 1024)))
+# KernelBot's pre-check (leaderboards/precheck.py): kernelguard reads every ranked submission where it is installed
+# (the `kernelguard` extra); its findings are shown to organisers. FAIL_OPEN: a crash or timeout lets the submission
+# through (recorded); 0 refuses it. BLOCK: refuse what kernelguard would filter, as KernelBot does.
+KERNELGUARD_ENABLED = os.environ.get("KERNELBOT_KERNELGUARD", "on").strip().lower() not in {"off", "0", "false", "no"}
+KERNELGUARD_FAIL_OPEN = env_bool("KERNELBOT_KERNELGUARD_FAIL_OPEN", True)
+KERNELGUARD_BLOCK = env_bool("KERNELBOT_KERNELGUARD_BLOCK", False)
+KERNELGUARD_TIMEOUT_S = float(os.environ.get("KERNELBOT_KERNELGUARD_TIMEOUT_S", "10"))
+KERNELGUARD_PROFILE = os.environ.get("KERNELBOT_KERNELGUARD_PROFILE", "")  # a built-in profile, e.g. strict
 # Seconds a run may sit in each non-terminal state before the reaper retries or fails it.
 RUN_STATE_DEADLINES = {
     "queued": int(os.environ.get("KERNELBOT_QUEUED_DEADLINE", "300")),

@@ -3,9 +3,10 @@ management commands, web, API, Discord) calls these, so they never disagree."""
 
 from __future__ import annotations
 
+import json
 import logging
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
@@ -15,7 +16,7 @@ from runners.actions import gpu_availability
 from runners.models import GpuType
 from runners.queue import enqueue_on_commit
 
-from . import lifecycle
+from . import lifecycle, precheck
 from .access.actions import check_may_submit
 from .access.authority import access_leaderboard
 from .access.cache import cached, key
@@ -65,6 +66,7 @@ class SubmissionRequest:
     mode: str
     file_name: str
     code: str
+    precheck: dict = field(default_factory=dict)  # kernelguard's findings (`precheck.check_precheck`)
 
 
 def check_submission(user, leaderboard_name: str, gpu_names: list[str], mode: str, file_name: str,
@@ -96,7 +98,10 @@ def check_submission(user, leaderboard_name: str, gpu_names: list[str], mode: st
     if "\x00" in code:
         raise SubmissionRejected(f"'{file_name}' contains NUL bytes; submit source text.")
     check_may_submit(user, leaderboard, mode)
-    return SubmissionRequest(leaderboard, list(dict.fromkeys(gpu_types)), mode, file_name[:255], code)
+    file_name = file_name[:255]
+    # last: the only check that costs more than a lookup, and only for what passed the others
+    findings = precheck.check_precheck(mode, file_name, code)
+    return SubmissionRequest(leaderboard, list(dict.fromkeys(gpu_types)), mode, file_name, code, findings)
 
 
 def serving_gpu_types(leaderboard: Leaderboard) -> dict[str, GpuType]:
@@ -145,7 +150,7 @@ def _insert_with_orm(user, request: SubmissionRequest, sha256: str, now) -> Subm
         code_id = Code.objects.filter(sha256=sha256).values_list("pk", flat=True).get()
         (submission,) = Submission.objects.bulk_create([Submission(
             user=user, leaderboard=request.leaderboard, problem_id=request.leaderboard.problem_id,
-            file_name=request.file_name, code_id=code_id, mode=request.mode)])
+            file_name=request.file_name, code_id=code_id, mode=request.mode, precheck=request.precheck)])
         deadline = Run.deadline_for(RunStatus.QUEUED)
         submission.new_runs = Run.objects.bulk_create([
             Run(submission=submission, gpu_type=gpu_type, secret=secret, status_deadline=deadline, queued_at=now,
@@ -164,8 +169,10 @@ WITH new_code AS (
 ), code AS (
   SELECT id FROM new_code UNION ALL SELECT id FROM {Code._meta.db_table} WHERE sha256 = %(sha256)s LIMIT 1
 ), submission AS (
-  INSERT INTO {Submission._meta.db_table} (user_id, leaderboard_id, problem_id, file_name, code_id, mode, created)
-  SELECT %(user_id)s, %(leaderboard_id)s, %(problem_id)s, %(file_name)s, code.id, %(mode)s, %(now)s FROM code
+  INSERT INTO {Submission._meta.db_table} (user_id, leaderboard_id, problem_id, file_name, code_id, mode, created,
+    precheck)
+  SELECT %(user_id)s, %(leaderboard_id)s, %(problem_id)s, %(file_name)s, code.id, %(mode)s, %(now)s,
+    %(precheck)s::jsonb FROM code
   RETURNING id, code_id
 ), runs AS (
   INSERT INTO {Run._meta.db_table} (submission_id, gpu_type_id, secret, status, attempt, status_deadline, queued_at,
@@ -188,7 +195,8 @@ def _insert_in_one_statement(user, request: SubmissionRequest, sha256: str, now)
               "problem_id": request.leaderboard.problem_id, "file_name": request.file_name, "mode": request.mode,
               "now": now, "status": RunStatus.QUEUED.value, "deadline": Run.deadline_for(RunStatus.QUEUED),
               "gpu_type_ids": [gpu_type.pk for gpu_type, _ in keys], "secrets": [secret for _, secret in keys],
-              "active": sorted(ACTIVE_STATUSES), "on_finish": _on_finish(request)}
+              "active": sorted(ACTIVE_STATUSES), "on_finish": _on_finish(request),
+              "precheck": json.dumps(request.precheck)}
     for _ in range(3):
         # an error inside the caller's transaction must only undo this statement
         with transaction.atomic() if connection.in_atomic_block else nullcontext(), connection.cursor() as cursor:
@@ -203,7 +211,7 @@ def _insert_in_one_statement(user, request: SubmissionRequest, sha256: str, now)
     submission_id, code_id = rows[0][:2]
     submission = Submission(pk=submission_id, user=user, leaderboard=request.leaderboard,
                             problem_id=request.leaderboard.problem_id, file_name=request.file_name, code_id=code_id,
-                            mode=request.mode, created=now)
+                            mode=request.mode, created=now, precheck=request.precheck)
     gpu_types = {gpu_type.pk: gpu_type for gpu_type in request.gpu_types}
     submission.new_runs = []
     for _, _, run_id, gpu_type_id, secret, ahead in rows:

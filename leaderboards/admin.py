@@ -8,8 +8,17 @@ from django.utils.html import format_html
 from kernelbot.admin_actions import ObjectAction, ObjectActionsMixin, confirmed_list_action
 
 from . import actions, lifecycle
+from .access.authority import may_see_precheck
 from .access.models import ApiToken, Ban, Invite, JobSwitch, Membership, PendingLogin, SubmissionQuota
-from .admin_tables import info_table, ratio_text, raw_json, seconds_text, tests_table, timings_table
+from .admin_tables import (
+    info_table,
+    precheck_text,
+    ratio_text,
+    raw_json,
+    seconds_text,
+    tests_table,
+    timings_table,
+)
 from .forms import ProblemUploadForm
 from .importing import ImportRejected, do_import_task
 from .models import (
@@ -185,18 +194,82 @@ class RunInline(admin.TabularInline):
     public_link = public_link
 
 
+class PrecheckFilter(admin.SimpleListFilter):
+    title = "KernelGuard pre-check"
+    parameter_name = "precheck"
+
+    def lookups(self, request, model_admin):
+        return [("flagged", "would be refused"), ("findings", "any finding"), ("failed", "failed"),
+                ("clean", "no findings"), ("none", "not run")]
+
+    def queryset(self, request, queryset):
+        match self.value():
+            case "flagged":
+                return queryset.filter(precheck__should_filter=True)
+            case "findings":
+                return queryset.filter(precheck__findings__0__isnull=False)
+            case "failed":
+                return queryset.filter(precheck__has_key="error")
+            case "clean":
+                return queryset.filter(precheck__has_key="findings").exclude(precheck__findings__0__isnull=False)
+            case "none":
+                return queryset.filter(precheck={})
+        return queryset
+
+
+@admin.display(description="KernelGuard pre-check")
+def precheck_field(self, obj: Submission | Run) -> str:
+    """Beside the harness's verdict, for staff only (`access.authority.may_see_precheck`; the admin is staff's)."""
+    return precheck_text((obj.submission if isinstance(obj, Run) else obj).precheck)
+
+
+class PrecheckForStaffMixin:
+    """Shows the pre-check only to whom the authority allows (the admin's users are staff, so today everyone here;
+    the rule stays in one place if it narrows)."""
+
+    def get_readonly_fields(self, request, obj=None):
+        fields = super().get_readonly_fields(request, obj)
+        return fields if may_see_precheck(request.user) else [f for f in fields if f != "precheck_text"]
+
+    def get_fieldsets(self, request, obj=None):
+        fieldsets = super().get_fieldsets(request, obj)
+        if may_see_precheck(request.user):
+            return fieldsets
+        return [(name, {**options, "fields": [f for f in options["fields"] if f != "precheck_text"]})
+                for name, options in fieldsets]
+
+    def get_list_filter(self, request):
+        filters = super().get_list_filter(request)
+        return filters if may_see_precheck(request.user) else [f for f in filters if f is not PrecheckFilter]
+
+
 @admin.register(Submission)
-class SubmissionAdmin(NoAddAdmin):
-    list_display = ["id", "user", "leaderboard", "mode", "file_name", "created", "public_link"]
-    list_filter = ["mode", "leaderboard"]
+class SubmissionAdmin(PrecheckForStaffMixin, NoAddAdmin):
+    list_display = ["id", "user", "leaderboard", "mode", "file_name", "created", "precheck_flag", "public_link"]
+    list_filter = ["mode", "leaderboard", PrecheckFilter]
     search_fields = ["user__username", "file_name"]
-    readonly_fields = ["user", "leaderboard", "problem", "file_name", "mode", "created", "source"]
-    exclude = ["code"]
+    readonly_fields = ["user", "leaderboard", "problem", "file_name", "mode", "created", "precheck_text", "source"]
+    exclude = ["code", "precheck"]
     inlines = [RunInline]
     public_link = public_link
+    precheck_text = precheck_field
 
     def view_on_site(self, submission: Submission) -> str:
         return public_url(submission)
+
+    def get_list_display(self, request):
+        shown = super().get_list_display(request)
+        return shown if may_see_precheck(request.user) else [f for f in shown if f != "precheck_flag"]
+
+    @admin.display(description="pre-check")
+    def precheck_flag(self, submission: Submission) -> str:
+        record = submission.precheck
+        if not record:
+            return "–"
+        if record.get("error"):
+            return "failed"
+        patterns = sorted({f.get("pattern", "") for f in record.get("findings") or []})
+        return f"{record.get('classification', '?')}: {', '.join(patterns)}" if patterns else "clean"
 
     @admin.display(description="code")
     def source(self, submission: Submission) -> str:
@@ -244,14 +317,14 @@ CANCEL_CONSEQUENCE = "The run stops where it is and is never scored; its submiss
 
 
 @admin.register(Run)
-class RunAdmin(ObjectActionsMixin, NoAddAdmin):
+class RunAdmin(PrecheckForStaffMixin, ObjectActionsMixin, NoAddAdmin):
     list_display = ["id", "submission", "gpu_type", "kind", "status", "verdict", "score_text", "queued_at",
                     "public_link"]
     list_filter = ["status", "secret", "gpu_type", "submission__mode"]
     search_fields = ["submission__user__username", "submission__leaderboard__name"]
     fieldsets = [
         (None, {"fields": ["submission_link", "gpu", "kind", "status", "attempt", "runner", "verdict",
-                           "score_text", "ratio_text", "error_text"]}),
+                           "precheck_text", "score_text", "ratio_text", "error_text"]}),
         ("Times (UTC)", {"fields": ["queued", "dispatched", "started", "finished", "deadline"]}),
         ("Results", {"fields": ["tests", "benchmarks", "ranked"]}),
         ("System", {"fields": ["system"]}),
@@ -267,6 +340,7 @@ class RunAdmin(ObjectActionsMixin, NoAddAdmin):
                      shown=lambda run: not run.is_terminal),
     )
     public_link = public_link
+    precheck_text = precheck_field
 
     def get_queryset(self, request):
         return super().get_queryset(request).select_related("submission__leaderboard", "gpu_type")

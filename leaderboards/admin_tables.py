@@ -87,3 +87,23 @@ def raw_json(value: Any) -> SafeString:
         return mark_safe("–")
     return format_html("<details><summary>show the stored JSON</summary><pre>{}</pre></details>",
                        json.dumps(value, indent=2, sort_keys=True, default=str))
+
+
+def precheck_text(record: dict[str, Any]) -> SafeString:
+    """A submission's pre-check (`leaderboards.precheck`): kernelguard's classification and findings, or why it
+    gave none."""
+    if not record:
+        return mark_safe("not run (not a ranked submission, or the pre-check was off or not installed)")
+    tool = f"KernelGuard {record.get('version') or ''}".strip()
+    seconds = f" · {record['seconds']:.2f} s" if isinstance(record.get("seconds"), int | float) else ""
+    if record.get("error"):
+        return format_html("{} failed: {}; the submission went ahead unchecked{}", tool, record["error"], seconds)
+    verdict = record.get("classification", "unknown")
+    if record.get("should_filter"):
+        verdict += f"; KernelBot would refuse it ({record.get('filter_reason') or 'filtered'})"
+    head = format_html("{}: <strong>{}</strong>{}", tool, verdict, seconds)
+    findings = record.get("findings") or []
+    if not findings:
+        return format_html("{} · no findings", head)
+    return format_html("{}{}", head, _table(["Rule", "Severity", "Evidence"], [
+        [f.get("pattern", ""), f.get("severity", ""), f.get("evidence", "")] for f in findings], set()))

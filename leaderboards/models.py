@@ -189,6 +189,9 @@ class Submission(models.Model):
     code = models.ForeignKey(Code, on_delete=models.PROTECT, related_name="submissions")
     mode = models.CharField(max_length=12, choices=SubmissionMode.choices, default=SubmissionMode.LEADERBOARD)
     created = models.DateTimeField(auto_now_add=True, db_index=True)
+    precheck = models.JSONField(
+        "pre-check", default=dict, blank=True,
+        help_text="KernelGuard's findings on the source at submission time ({} when it did not run); staff only.")
 
     objects = SubmissionQuerySet.as_manager()
 

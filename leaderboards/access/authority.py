@@ -9,6 +9,8 @@ and `Submission.objects.visible_to(user)` are the same rules as querysets.
 - Its code, and its public runs' details (error, logs, checker messages), are the owner's; everyone who sees the
   submission reads them once the leaderboard's code is public (`code_public_after_deadline`, after the deadline).
 - A secret run's details are for staff only; everyone else sees its outcome class (`leaderboards.serializers`).
+- The pre-check's findings (KernelGuard, `leaderboards.precheck`) are for staff only, the owner included: a second
+  opinion for organisers beside the verdict, not a guide to writing around the detector's rules.
 """
 
 from __future__ import annotations
@@ -67,6 +69,10 @@ def may_see_code(user, submission: Submission) -> bool:
 
 def may_see_run_details(view: RunView, run: Run) -> bool:
     return view is RunView.ALL or (view is RunView.DETAILS and not run.secret)
+
+
+def may_see_precheck(user) -> bool:
+    return user.is_staff
 
 
 def _by_name(queryset, name: str) -> Leaderboard | None:
