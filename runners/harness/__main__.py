@@ -6,9 +6,10 @@ Input: {"mode": "test|benchmark|leaderboard|profile", "workdir": "/abs", "protoc
 (all but mode/workdir optional).
 Output: zero or more {"event": "progress", ...} lines, then exactly one {"event": "result", ...} line.
 Exit code 0 whenever the result line was written. status "error" means the harness (or the problem
-definition) broke, not the submission: the platform may retry. A problem whose own code (reference,
-generate_input) asks for CUDA on a machine without it ends with status "error", the flag "needs-cuda" and the
-error NEEDS_CUDA: the runner, not the submission, is wrong for it.
+definition) broke, not the submission: the platform may retry, except with the flag "problem-error" (the
+problem's own generate_input, ref_kernel or check_implementation raised: retrying repeats it). A problem whose
+own code (reference, generate_input) asks for CUDA on a machine without it ends with status "error", the flag
+"needs-cuda" and the error NEEDS_CUDA: the runner, not the submission, is wrong for it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import sys
 import traceback
 
 from .job import Job, JobError, parse_job
-from .result import NEEDS_CUDA, NEEDS_CUDA_FLAG, Emitter, Result
+from .problem import ProblemError
+from .result import NEEDS_CUDA, NEEDS_CUDA_FLAG, PROBLEM_ERROR_FLAG, Emitter, Result
 
 PR_SET_DUMPABLE = 4
 
@@ -86,6 +88,8 @@ def main() -> int:
             nonce = str(raw.get("nonce") or "")
         job = parse_job(raw)
         del raw
+        if job.gpus:  # the trusted parent works on the run's own GPU, the one the sandbox exposes to the child
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(job.gpus)
         if job.lang == "cu":  # KernelBot's CUDA tasks: nvcc builds eval.out, which speaks POPCORN_FD
             from .cuda import run
         elif job.protocol == "popcorn":
@@ -95,6 +99,16 @@ def main() -> int:
         else:
             from .kernelbot import run
         result = run(job, emitter)
+    except ProblemError as exc:
+        result = Result(mode=mode, protocol=protocol, status="error")
+        if needs_cuda(exc.cause):
+            result.fail("fail", NEEDS_CUDA)
+            result.flags.append(NEEDS_CUDA_FLAG)
+            result.extra["cause"] = f"{type(exc.cause).__name__}: {str(exc.cause)[:500]}"
+        else:
+            result.fail("fail", str(exc))
+            result.flags.append(PROBLEM_ERROR_FLAG)
+            result.extra["problem_error"] = {"where": exc.where, "traceback": exc.traceback}
     except (JobError, json.JSONDecodeError) as exc:
         result = Result(mode=mode, protocol=protocol, status="error")
         result.fail("fail", f"invalid job: {exc}")

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
-import json
 import os
 import select
 import shutil
 import signal
+import socket
 import statistics
 import sys
 import threading
@@ -26,21 +25,19 @@ import torch
 from . import child as child_module
 from . import stats
 from .job import Case, Job
-from .problem import OutputError, Problem, clone, derive_seed, format_spec, load_output, serialize
+from .problem import Problem, backend_flags, derive_seed, format_spec
 from .result import CaseResult, Emitter, Result, tail
 from .sandbox import Outcome, Sandbox
 
 CHILD_SCRIPT = "_harness_child.py"
-MAX_HEADER = 1 << 20
-MIN_PAYLOAD_CAP = 64 << 20
+MIN_OUTPUT_CAP = 64 << 20  # bytes of output a call may return: this or 8 times its inputs
+MAX_OUTPUT_BUFFERS = 1024
 PROFILE_CALLS = 5
 CALIBRATION_ROUNDS = 5
 BATCH_S = 0.03  # target duration of one side of an interleaved batch: short against the host's speed drifting
 BATCH_CALLS = (4, 10)  # calls per batch, at least and at most
 FREEZE_WAIT_S = 0.5
 STOPPED_STATES = (b"T", b"t", b"Z", b"X", b"x", b"D")  # /proc states that run no user code (D: until it stops)
-F_SETPIPE_SZ = 1031
-PIPE_BYTES = 1 << 20
 
 
 class Stop(Exception):
@@ -52,29 +49,27 @@ class Stop(Exception):
 
 
 class ChildSession:
-    """One sandboxed child process and the two pipes to it. Every read has a deadline and a size cap."""
+    """One sandboxed child process and the socket to it. Every read has a deadline; tensors travel in shared
+    buffers (child.py), never as bytes on the socket."""
 
     def __init__(self, job: Job):
         self.job = job
         script = os.path.join(job.workdir, CHILD_SCRIPT)
         shutil.copyfile(child_module.__file__, script)
         os.chmod(script, 0o644)
-        cmd_r, self.cmd_w = os.pipe()
-        self.res_r, res_w = os.pipe()
-        for fd in (self.cmd_w, res_w):  # large pipes: a 16 MB input moves in 16 writes, not 256
-            with contextlib.suppress(OSError):
-                fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_BYTES)
-        os.set_blocking(self.cmd_w, False)
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = {"PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1"}
-        argv = [sys.executable, CHILD_SCRIPT, str(cmd_r), str(res_w)]
+        argv = [sys.executable, CHILD_SCRIPT, str(theirs.fileno())]
         sandbox = Sandbox(job.workdir, job.sandbox_limits(), devices=list(job.gpus) if job.gpus else None,
                           uid=job.sandbox_uid)
         self.description = sandbox.describe()
-        self.proc = sandbox.start(argv, env=env, pass_fds=(cmd_r, res_w))
+        try:
+            self.proc = sandbox.start(argv, env=env, pass_fds=(theirs.fileno(),))
+        finally:
+            theirs.close()
         self.tree = SandboxTree(self.proc.pid)
-        os.close(cmd_r)
-        os.close(res_w)
-        self.buf = bytearray()
+        self.lent = child_module.Pool(torch, first_id=2)  # the parent's buffers: each call's inputs
+        self.outputs = child_module.Imports(torch, writable=False, max_buffers=MAX_OUTPUT_BUFFERS)
         self.next_id = 0
         self.outcome: Outcome | None = None
         self.closed = False
@@ -89,13 +84,13 @@ class ChildSession:
         if not self.closed:
             self.closed = True
             with contextlib.suppress(Stop):
-                self.send("exit", b"", time.monotonic() + 1)
-            os.close(self.cmd_w)
-            os.close(self.res_r)
+                self.send("exit", None, time.monotonic() + 1)
+            self.sock.close()
         self.waiter.join(grace_s)
         if self.waiter.is_alive():
             self.proc.kill()
             self.waiter.join(grace_s)
+        self.outputs.buffers.clear()
         if self.outcome is None:  # never block the result on a process tree that will not die
             return Outcome(None, "", "", False, "the sandbox did not reap the process tree after kill()")
         return self.outcome
@@ -103,53 +98,42 @@ class ChildSession:
     def kill(self) -> None:
         self.proc.kill()
 
-    # -- raw I/O -------------------------------------------------------------------------------------
-    def _write(self, data: bytes, deadline: float) -> None:
-        view = memoryview(data)
-        while view:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([], [self.cmd_w], [], left)[1]:
-                raise Stop("timeout", "")
-            try:
-                view = view[os.write(self.cmd_w, view[:PIPE_BYTES]):]
-            except BlockingIOError:
-                continue
-            except (BrokenPipeError, OSError):
-                raise Stop("crash", "") from None
+    def lend(self, data: Any) -> Any:
+        """The tree describing `data` once copied into the parent's shared buffers (not yet sent)."""
+        return child_module.encode(torch, data, self.lent)
 
-    def _fill(self, n: int, deadline: float) -> bytes:
-        while len(self.buf) < n:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self.res_r], [], [], left)[0]:
-                raise Stop("timeout", "")
-            chunk = os.read(self.res_r, 1 << 20)
-            if not chunk:
-                raise Stop("crash", "")
-            self.buf += chunk
-        data = bytes(self.buf[:n])
-        del self.buf[:n]
-        return data
-
-    def recv(self, deadline: float, payload_cap: int) -> tuple[dict[str, Any], bytes]:
-        hlen, plen = child_module.FRAME.unpack(self._fill(child_module.FRAME.size, deadline))
-        if hlen > MAX_HEADER or plen > payload_cap:
-            raise Stop("hacked", f"protocol violation: oversized frame ({hlen} + {plen} bytes)")
-        try:
-            header = json.loads(self._fill(hlen, deadline))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            raise Stop("hacked", "protocol violation: undecodable frame from the child") from None
-        if not isinstance(header, dict) or not isinstance(header.get("op"), str):
-            raise Stop("hacked", "protocol violation: malformed frame from the child")
-        return header, self._fill(plen, deadline)
-
-    def send(self, op: str, payload: bytes, deadline: float, **extra: Any) -> int:
+    def send(self, op: str, tree: Any, deadline: float, **extra: Any) -> int:
         self.next_id += 1
-        blob = json.dumps({"op": op, "id": self.next_id, **extra}).encode()
-        self._write(child_module.FRAME.pack(len(blob), len(payload)) + blob + payload, deadline)
+        left = deadline - time.monotonic()
+        try:
+            if left <= 0 or not select.select([], [self.sock], [], left)[1]:
+                raise Stop("timeout", "")
+            self.lent.send(self.sock, {"op": op, "id": self.next_id, "data": tree, **extra})
+        except (BrokenPipeError, ConnectionError, OSError) as exc:
+            if isinstance(exc, child_module.ProtocolError):
+                raise
+            raise Stop("crash", "") from None
         return self.next_id
 
-    def expect(self, op: str, rid: int | None, deadline: float, cap: int) -> tuple[dict[str, Any], bytes]:
-        header, payload = self.recv(deadline, cap)
+    def recv(self, deadline: float) -> dict[str, Any]:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.sock], [], [], left)[0]:
+                raise Stop("timeout", "")
+            try:
+                header, fds = child_module.recv_message(self.sock)
+                self.outputs.update(header, fds)
+            except EOFError:
+                raise Stop("crash", "") from None
+            except child_module.ProtocolError as exc:
+                raise Stop("hacked", f"protocol violation: {exc}") from None
+            except OSError:
+                raise Stop("crash", "") from None
+            if header["op"] != "buffers":
+                return header
+
+    def expect(self, op: str, rid: int | None, deadline: float) -> dict[str, Any]:
+        header = self.recv(deadline)
         if header["op"] == "error":
             kind, message = str(header.get("kind")), str(header.get("message", ""))[:4000]
             if kind in ("threads", "tamper"):
@@ -159,7 +143,34 @@ class ChildSession:
             raise Stop("fail", f"{prefix}: {message}")
         if header["op"] != op or header.get("id") != rid:
             raise Stop("hacked", f"protocol violation: expected {op!r} for call {rid}, got {header['op']!r}")
-        return header, payload
+        return header
+
+    def output(self, rid: int, deadline: float, max_bytes: int) -> Any:
+        """The parent's own copy of the output of call `rid`, taken the moment it is announced."""
+        header = self.expect("output", rid, deadline)
+        try:
+            out = child_module.decode(torch, header.get("out"), self.outputs.buffers, copy=True, max_bytes=max_bytes)
+        except child_module.ProtocolError as exc:
+            raise Stop("hacked", f"protocol violation: {exc}") from None
+        if not tensors_only(out):
+            raise Stop("fail", "invalid output: custom_kernel must return a plain torch.Tensor or a tuple of them")
+        return out
+
+
+def tensors_only(out: Any) -> bool:
+    if isinstance(out, torch.Tensor):
+        return True
+    return isinstance(out, tuple | list) and all(tensors_only(o) for o in out)
+
+
+def nbytes(data: Any) -> int:
+    if isinstance(data, torch.Tensor):
+        return data.numel() * data.element_size()
+    if isinstance(data, tuple | list):
+        return sum(nbytes(d) for d in data)
+    if isinstance(data, dict):
+        return sum(nbytes(d) for d in data.values())
+    return 0
 
 
 def run_queue_wait_ns(schedstat: str) -> int:
@@ -252,51 +263,49 @@ class KernelbotRun:
         self.overhead: dict[str, float] = {}  # case spec -> calibrated ns of moving one call's data
         self.waited = 0  # ns this thread and the child's main thread waited for a CPU inside timed calls
         self.child_pid: int | None = None  # the child interpreter's host pid, found before the import
+        self.thread_ns = 0  # the most CPU the child's other threads used during one batch of timed calls
 
     # -- plumbing --------------------------------------------------------------------------------------
     def start_phase(self, phase: str) -> None:
         self.phase = phase
         self.deadline = time.monotonic() + self.job.timeout("test" if phase == "profile" else phase)
 
-    def _payload_cap(self, payload: bytes) -> int:
-        return max(MIN_PAYLOAD_CAP, 8 * len(payload))
-
-    def _decode(self, payload: bytes, data: Any) -> Any:
-        assert self.problem is not None
-        try:
-            return load_output(payload, self.problem.expects_sequence(data))
-        except OutputError as exc:
-            raise Stop("fail", str(exc)) from None
+    def _output_cap(self, data: Any) -> int:
+        return max(MIN_OUTPUT_CAP, 8 * nbytes(data))
 
     def call(self, data: Any) -> Any:
         assert self.session is not None
-        payload = serialize(data)
-        rid = self.session.send("call", payload, self.deadline)
-        _, out = self.session.expect("output", rid, self.deadline, self._payload_cap(payload))
-        return self._decode(out, data)
+        tree = self.session.lend(data)
+        rid = self.session.send("call", tree, self.deadline)
+        return self.session.output(rid, self.deadline, self._output_cap(data))
 
     def timed_call(self, data: Any) -> tuple[int, int, Any]:
-        """(reported ns, watched wall ns, output). The wall covers sending inputs to receiving the output."""
+        """(reported ns, watched wall ns, output). The wall covers sending the call to holding a copy of the output."""
         assert self.session is not None
-        payload = serialize(data)
-        cap = self._payload_cap(payload)
+        tree = self.session.lend(data)
+        cap = self._output_cap(data)
         waited = self.run_queue_waits()
         t0 = time.perf_counter_ns()
-        rid = self.session.send("time", payload, self.deadline)
-        header, _ = self.session.expect("sample", rid, self.deadline, 0)
-        _, out = self.session.expect("output", rid, self.deadline, cap)
+        rid = self.session.send("time", tree, self.deadline)
+        header = self.session.expect("sample", rid, self.deadline)
+        out = self.session.output(rid, self.deadline, cap)
         wall = time.perf_counter_ns() - t0
         self.waited += self.run_queue_waits() - waited
         ns = header.get("ns")
         if not isinstance(ns, int) or isinstance(ns, bool):
             raise Stop("hacked", "protocol violation: a sample that is not an integer")
-        return ns, wall, self._decode(out, data)
+        return ns, wall, out
 
     def run_queue_waits(self) -> int:
         """ns this thread and the child's main thread have waited for a CPU so far (kernel accounting)."""
         child = self.child_pid
         return run_queue_wait_ns("/proc/thread-self/schedstat") + (
             run_queue_wait_ns(f"/proc/{child}/task/{child}/schedstat") if child else 0)
+
+    def other_threads(self) -> dict[int, int]:
+        """CPU ns so far of every thread of the child interpreter but its main one, read from outside."""
+        child = self.child_pid
+        return child_module.thread_times(str(child), skip=child) if child else {}
 
     def checked(self, spec: str, data: Any, output: Any) -> None:
         assert self.problem is not None
@@ -313,12 +322,13 @@ class KernelbotRun:
             if spec in self.overhead:
                 continue
             data = self.problem.generate(case, self.seed("calibrate", 0, 0, case))
-            inputs, outputs = serialize(data), serialize(self.problem.ref_kernel(clone(data)))
+            output = self.problem.reference(data)
             walls = []
             for _ in range(CALIBRATION_ROUNDS):
+                tree = self.session.lend((data, output))
                 t0 = time.perf_counter_ns()
-                rid = self.session.send("echo", inputs + outputs, self.deadline, split=len(inputs))
-                self.session.expect("echo", rid, self.deadline, self._payload_cap(outputs))
+                rid = self.session.send("echo", tree, self.deadline)
+                self.session.output(rid, self.deadline, self._output_cap((data, output)))
                 walls.append(time.perf_counter_ns() - t0)
             self.overhead[spec] = statistics.median(walls)
         self.child_pid = self.session.tree.leaf()
@@ -353,7 +363,7 @@ class KernelbotRun:
                 if cuda:
                     torch.cuda.synchronize()
                 t0 = time.perf_counter_ns()
-                self.problem.ref_kernel(data)
+                self.problem.reference(data)
                 if cuda:
                     torch.cuda.synchronize()
                 samples.append(time.perf_counter_ns() - t0)
@@ -387,6 +397,7 @@ class KernelbotRun:
             reason = None
             while reason is None:
                 batch = []
+                threads_before = self.other_threads()
                 for _ in range(calls):
                     data = gen(case, self.seed(phase, i, k, case))
                     ns, wall, output = self.timed_call(data)
@@ -394,6 +405,11 @@ class KernelbotRun:
                     batch.append(ns)
                     walls.append(wall)
                     k += 1
+                used, tids = child_module.busy_threads(threads_before, self.other_threads())
+                if used > child_module.THREAD_CPU_NS * calls:
+                    raise Stop("hacked", f"{phase} {spec}: threads of the submission other than the timed one ran "
+                               f"for {used / 1e6:.1f} ms during {calls} timed calls (work outside the timed call)")
+                self.thread_ns = max(self.thread_ns, used)
                 samples += batch
                 reference = self.time_reference(case, self.seed(phase, i, k, case), calls)
                 batches.append((min(batch), min(reference), stats.median(batch), stats.median(reference)))
@@ -427,11 +443,10 @@ class KernelbotRun:
             raise Stop("fail", "nothing to profile: the job has no benchmarks or tests")
         case = cases[-1]
         data = self.problem.generate(case, self.seed("profile", 0, 0, case))
-        payload = serialize(data)
-        rid = self.session.send("profile", payload, self.deadline, calls=PROFILE_CALLS)
-        header, _ = self.session.expect("profile", rid, self.deadline, 0)
-        _, out = self.session.expect("output", rid, self.deadline, self._payload_cap(payload))
-        self.checked(format_spec(case), data, self._decode(out, data))
+        rid = self.session.send("profile", self.session.lend(data), self.deadline, calls=PROFILE_CALLS)
+        header = self.session.expect("profile", rid, self.deadline)
+        out = self.session.output(rid, self.deadline, self._output_cap(data))
+        self.checked(format_spec(case), data, out)
         device = "cuda" if torch.cuda.is_available() else "cpu"
         self.result.extra["profile"] = str(header.get("report", ""))[:64000]
         self.result.extra["profiler"] = (
@@ -454,8 +469,8 @@ class KernelbotRun:
             self.session = ChildSession(job)
             if job.mode in ("benchmark", "leaderboard"):
                 self.calibrate(job.benchmarks)  # ranked cases are among the benchmarks
-            self.session.send("import", b"", self.deadline)
-            self.session.expect("hello", None, self.deadline, 0)
+            self.session.send("import", None, self.deadline, flags=backend_flags())
+            self.session.expect("hello", None, self.deadline)
             if job.mode == "profile":
                 self.run_profile()
             if job.mode in ("test", "leaderboard"):
@@ -478,9 +493,22 @@ class KernelbotRun:
                 outcome = self.session.close()
                 result.stdout, result.stderr = outcome.stdout, outcome.stderr
                 result.sandbox = self.session.description
+                result.extra["transport"] = self.transport()
+                if self.session.lent.host_staged:
+                    result.flags.append("transport:host-staged")
+                if self.thread_ns:
+                    result.extra["other_threads_ns"] = self.thread_ns
                 if outcome.timed_out and result.verdict == "pass":
                     result.fail("timeout", f"the sandbox wall-time limit was exceeded ({outcome.reason})")
         return result
+
+    def transport(self) -> str:
+        assert self.session is not None
+        kinds = {buf.kind for slots in self.session.lent.slots.values() for buf in slots.values()}
+        if self.session.lent.host_staged:
+            return f"CUDA tensors staged through host shared memory ({self.session.lent.host_staged})"
+        return " and ".join(sorted({"cpu": "shared memory (memfd)", "cuda": "device memory shared by descriptor "
+                                    "(cuMemCreate)"}[k] for k in kinds)) or "none"
 
     def stopped(self, stop: Stop) -> None:
         result, phase = self.result, self.phase

@@ -7,7 +7,7 @@ keys ignored, size caps, a duplicated key means forgery) and marks every result 
 `popcorn:untrusted-eval`. Port problems to the kernelbot interface to get trustworthy rankings.
 
 Run: `python <main> <mode> <cases-file>` with POPCORN_FD (a pipe), POPCORN_SEED (derived from the job
-seed, never the seed itself) and POPCORN_GPUS.
+seed, never the seed itself) and POPCORN_GPUS (the number of GPUs, as KernelBot sets it).
 """
 
 from __future__ import annotations
@@ -161,8 +161,7 @@ def run_program(sandbox: Sandbox, argv: list[str], cases: Sequence[Case], job: J
     with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "w") as f:
         f.write("".join(format_spec(c) + "\n" for c in cases))
     read_fd, write_fd = os.pipe()
-    env = {"POPCORN_FD": str(write_fd), "POPCORN_SEED": str(seed), "POPCORN_GPUS": ",".join(job.gpus),
-           "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1"}
+    env = popcorn_env(job, write_fd, seed)
     try:
         proc = sandbox.start([*argv, CASES_FILE], env=env, pass_fds=(write_fd,))
     finally:
@@ -174,6 +173,15 @@ def run_program(sandbox: Sandbox, argv: list[str], cases: Sequence[Case], job: J
     reader.join(5)
     os.close(read_fd)
     return outcome, b"".join(chunks).decode(errors="replace")
+
+
+def popcorn_env(job: Job, fd: int, seed: int) -> dict[str, str]:
+    """The program's environment as KernelBot's run_eval sets it: POPCORN_GPUS is the number of GPUs the run has
+    (its eval.py sizes a process pool with it), left unset without GPUs (eval.py then assumes 1)."""
+    env = {"POPCORN_FD": str(fd), "POPCORN_SEED": str(seed), "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1"}
+    if job.gpus:
+        env["POPCORN_GPUS"] = str(len(job.gpus))
+    return env
 
 
 def judge(result: Result, outcome: Outcome, text: str, limit: float, program: str = "eval.py") -> Result:

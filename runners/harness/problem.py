@@ -6,19 +6,21 @@ The snapshot is taken before any untrusted process starts, so a submission that 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
-import io
 import os
 import re
 import shutil
 import sys
 import tempfile
+import traceback
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from . import child
 from .job import Case
 
 SUBMISSION = "submission.py"
@@ -55,12 +57,6 @@ def derive_seed(secret: int, phase: str, case_index: int, call_index: int, publi
     return int.from_bytes(digest[:4], "big")
 
 
-def serialize(obj: Any) -> bytes:
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getvalue()
-
-
 def clone(obj: Any) -> Any:
     if isinstance(obj, torch.Tensor):
         return obj.clone()
@@ -71,31 +67,28 @@ def clone(obj: Any) -> Any:
     return obj
 
 
-class OutputError(ValueError):
-    """What the child sent back is not an acceptable output (wrong type, aliasing, undecodable)."""
+class ProblemError(Exception):
+    """The problem's own code raised in the trusted parent: the problem is broken, not the submission."""
+
+    def __init__(self, where: str, exc: BaseException):
+        super().__init__(f"the problem's own code failed: {where}: {type(exc).__name__}: {str(exc)[:500]}")
+        self.where, self.cause = where, exc
+        self.traceback = "".join(traceback.format_exception(exc, limit=-12))[-8000:]
 
 
-def _check_tensor(t: Any) -> None:
-    if type(t) is not torch.Tensor:
-        raise OutputError(f"the output must be a plain torch.Tensor, got {type(t).__name__}")
-    if t.layout != torch.strided or t.is_quantized or t.is_meta:
-        raise OutputError(f"the output must be a dense strided tensor, got layout {t.layout}")
-    if any(st == 0 and sz > 1 for st, sz in zip(t.stride(), t.shape, strict=True)) or (
-        torch._debug_has_internal_overlap(t) == 1
-    ):
-        raise OutputError("the output has overlapping memory (an expanded/strided alias), no own storage")
-
-
-def load_output(payload: bytes, expect_sequence: bool) -> Any:
-    """Decode an output the (untrusted) child sent: weights_only, plain tensors, no self-aliasing."""
-    try:
-        out = torch.load(io.BytesIO(payload), weights_only=True)
-    except Exception as exc:
-        raise OutputError(f"the output could not be decoded as plain tensors: {str(exc)[:300]}") from None
-    items = list(out) if isinstance(out, tuple | list) and expect_sequence else [out]
-    for t in items:
-        _check_tensor(t)
-    return out
+def backend_flags() -> dict[str, bool]:
+    """This process's torch backend switches (TF32 and friends), to start the child from the same."""
+    flags = {}
+    for name in child.BACKEND_FLAGS:
+        owner, attr = name.rsplit(".", 1)
+        obj: Any = torch
+        with contextlib.suppress(AttributeError):
+            for part in owner.split(".")[1:]:
+                obj = getattr(obj, part)
+            value = getattr(obj, attr)
+            if isinstance(value, bool):
+                flags[name] = value
+    return flags
 
 
 def _normalise_check(result: Any) -> tuple[bool, str]:
@@ -107,7 +100,9 @@ def _normalise_check(result: Any) -> tuple[bool, str]:
 
 
 class Problem:
-    """The reference module, imported from a private snapshot of the working directory."""
+    """The reference module, imported from a private snapshot of the working directory. Every call into the
+    problem's own code raises ProblemError when that code fails, so a broken problem is never blamed on a
+    submission (or retried as the runner's fault)."""
 
     def __init__(self, workdir: str):
         self.snapshot = tempfile.mkdtemp(prefix="harness-problem-")
@@ -115,25 +110,44 @@ class Problem:
                         ignore=shutil.ignore_patterns(SUBMISSION, "__pycache__"))
         sys.path.insert(0, self.snapshot)
         sys.dont_write_bytecode = True
-        self.reference = importlib.import_module("reference")
-        self.generate_input: Callable[..., Any] = self.reference.generate_input
-        self.ref_kernel: Callable[[Any], Any] = self.reference.ref_kernel
-        self._check: Callable[[Any, Any], Any] = self.reference.check_implementation
+        try:
+            module = importlib.import_module("reference")
+            self.generate_input: Callable[..., Any] = module.generate_input
+            self.ref_kernel: Callable[[Any], Any] = module.ref_kernel
+            self._check: Callable[[Any, Any], Any] = module.check_implementation
+        except Exception as exc:
+            self.close()
+            raise ProblemError("importing reference.py", exc) from exc
 
     def close(self) -> None:
         shutil.rmtree(self.snapshot, ignore_errors=True)
 
     def generate(self, case: Case, seed: int) -> Any:
-        return self.generate_input(**{**case_args(case), "seed": seed})
+        try:
+            return self.generate_input(**{**case_args(case), "seed": seed})
+        except Exception as exc:
+            raise ProblemError("generate_input", exc) from exc
 
-    def expects_sequence(self, data: Any) -> bool:
-        return isinstance(self.ref_kernel(clone(data)), tuple | list)
+    def reference(self, data: Any) -> Any:
+        """ref_kernel on `data` itself (callers pass fresh inputs or a copy)."""
+        try:
+            return self.ref_kernel(data)
+        except Exception as exc:
+            raise ProblemError("ref_kernel", exc) from exc
 
     def check(self, pristine: Any, output: Any) -> tuple[bool, str]:
-        """Compare `output` with the reference computed on a copy of the pristine inputs."""
+        """Compare `output` with the reference computed on a copy of the pristine inputs. A checker that raises
+        is asked again about the reference's own output: if it raises there too the problem is broken,
+        otherwise the output made it fail."""
         try:
             return _normalise_check(self._check(clone(pristine), output))
-        except Exception as exc:  # a malformed output may crash the checker: that is the output's fault
+        except Exception as exc:
+            try:
+                self._check(clone(pristine), self.reference(clone(pristine)))
+            except ProblemError:
+                raise
+            except Exception as again:
+                raise ProblemError("check_implementation", again) from again
             return False, f"the checker rejected the output: {type(exc).__name__}: {str(exc)[:300]}"
 
 

@@ -16,6 +16,13 @@ VERDICTS = ("pass", "fail", "compile_error", "crash", "timeout", "hacked", "memo
 # Status "error" with this flag: the problem cannot run on this runner at all; the platform ends the run at once.
 NEEDS_CUDA = "this problem needs a CUDA GPU; this runner has none"
 NEEDS_CUDA_FLAG = "needs-cuda"
+# Status "error" with this flag: the problem's own code (generate_input, ref_kernel, check_implementation) raised in
+# the trusted parent. `error` is "the problem's own code failed: ..." (for organisers), the result's
+# "problem_error" holds {"where": "generate_input|ref_kernel|check_implementation", "traceback": ...}. Not the
+# submission's fault and not the runner's: the platform ends the run once, does not retry or charge it, and tells
+# the organisers.
+PROBLEM_ERROR_FLAG = "problem-error"
+PROBLEM_BROKEN = "this problem is broken; the organisers have been told"
 OUTPUT_CAP = 16 << 10  # characters of child stdout/stderr kept in the result
 
 

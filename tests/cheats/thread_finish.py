@@ -1,7 +1,8 @@
 # Attack: return an empty tensor at once and fill it in from a background thread after the timer stops.
-# Defence: the child refuses to time/return while the submission has threads alive (and the parent's wall
-# time would expose the hidden work).
-# expected: hacked
+# Defence: the parent checks its own copy of the output, taken when the call returns (the thread has not
+# written it yet: wrong output); a thread that does run during a timed call gets timing refused, and the
+# parent's wall time would expose the hidden work.
+# expected: fail|hacked
 # mode: leaderboard
 import threading
 import time

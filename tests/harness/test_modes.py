@@ -61,3 +61,25 @@ def test_crash_reports_stderr_tail(tmp_path):
 def test_invalid_job_is_an_infrastructure_error(stdin):
     result, _ = run_harness(stdin)
     assert result["status"] == "error" and result["passed"] is False and "invalid job" in result["error"]
+
+
+def test_torch_compile_honest_code_is_timed(tmp_path):
+    """torch.compile's worker threads (ThreadPoolExecutor, InductorSubproc, tqdm_monitor) idle during timed calls:
+    they are not the submission's, and the run ranks."""
+    result = run_submission(tmp_path, SUBMISSIONS / "compiled.py", "leaderboard",
+                            timeouts={"test": 240, "benchmark": 240, "ranked": 240})
+    assert (result["verdict"], result["passed"]) == ("pass", True), result["error"]
+    assert result["ranked"] and result["ranked"][0]["time"] > 0
+
+
+def test_child_starts_with_the_problems_backend_flags(tmp_path):
+    """eval.py runs the submission in the process that imported the problem; the child starts from the parent's
+    torch backend switches once the problem is imported (here: TF32 off), like that process would."""
+    workdir = make_workdir(tmp_path, SUBMISSIONS / "reads_flags.py")
+    reference = workdir / "reference.py"
+    reference.write_text("import torch\ntorch.backends.cudnn.allow_tf32 = False\n"
+                         "torch.backends.cuda.matmul.allow_tf32 = False\n" + reference.read_text())
+    result, _ = run_harness(job_for(workdir, "test"))
+    assert (result["verdict"], result["passed"]) == ("pass", True), result["error"]
+    result, _ = run_harness(job_for(make_workdir(tmp_path / "default", SUBMISSIONS / "reads_flags.py"), "test"))
+    assert result["verdict"] == "fail"  # torch's default cudnn.allow_tf32 is True: the submission sees it
