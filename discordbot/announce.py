@@ -1,7 +1,8 @@
-"""Announcements of a board's changes: a new first place, a personal best, a first successful submission. Each is
-claimed as a unique `Announcement` row before it is posted, so it is posted once however many bot processes hear
-the event, and a restarted bot neither repeats nor (for recent changes) misses one. A claim whose post was never
-recorded is claimed again later (`claim_stale`)."""
+"""Announcements of a board's changes: a new first place, a personal best, a first successful submission; and, in
+the report channel, a problem version whose own code failed (`claim_broken_problems`). Each is claimed as a unique
+`Announcement` row before it is posted, so it is posted once however many bot processes hear the event, and a
+restarted bot neither repeats nor (for recent changes) misses one. A claim whose post was never recorded is claimed
+again later (`claim_stale`)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
-from leaderboards.models import BoardEntry, Run, RunStatus, SubmissionMode
+from leaderboards.models import BoardEntry, Problem, Run, RunStatus, SubmissionMode
+from leaderboards.serializers import problem_error_of
+from runners.harness.result import PROBLEM_BROKEN
 
 from . import render
 from .models import Announcement, Guild
@@ -81,19 +84,59 @@ def claim_recent() -> list[Claimed]:
     return claim(_entries().filter(updated__gte=timezone.now() - RECENT))
 
 
+def _broken_text(problem: Problem) -> str:
+    """Says which version broke and where, not how: the report channel may be read by competitors, and the error's
+    message and traceback (which may show the problem's inputs) are for the admin."""
+    run = problem.broken_run
+    where = problem_error_of(run.result).get("where") if run else None
+    boards = ", ".join(sorted(b.name for b in problem.leaderboards.all() if not b.internal)) or "no leaderboard"
+    text = (f"⚠️ Problem **{problem}** ({boards}) is broken: its own code failed"
+            + (f" in `{where}`" if where else "") + (f" (run {run.pk})" if run else "")
+            + f". Competitors' runs of it end with “{PROBLEM_BROKEN}” and are not charged to their quotas; the "
+            "error and traceback are in the admin, where the version is marked fixed.")
+    if url := render.link("admin:leaderboards_problem_change", problem.pk):
+        text += f"\n{url}"
+    return render.clip(text)
+
+
+def claim_broken_problems() -> list[Claimed]:
+    """Claims, in every guild with a report channel, one message per broken problem version and per time it broke
+    (`Problem.broken_since`, set when a run's harness reports that the problem's own code failed, cleared when an
+    organiser marks it fixed). Every bot sweeps this; the unique key makes one of them post it."""
+    guilds = list(Guild.objects.filter(enabled=True, report_channel_id__isnull=False))
+    problems = list(Problem.objects.filter(broken_since__isnull=False).select_related("broken_run")
+                    .prefetch_related("leaderboards")) if guilds else []
+    wanted = {f"{guild.guild_id}:problem-broken:{problem.pk}:{problem.broken_since:%Y%m%dT%H%M%S.%f}":
+              (guild, problem) for guild in guilds for problem in problems}
+    taken = set(Announcement.objects.filter(key__in=list(wanted)).values_list("key", flat=True))
+    claimed = []
+    for key, (guild, problem) in wanted.items():
+        if key in taken:
+            continue
+        text = _broken_text(problem)
+        try:
+            with transaction.atomic():
+                row = Announcement.objects.create(key=key, guild=guild, text=text, channel_id=guild.report_channel_id)
+        except IntegrityError:
+            log.info("announcement %s was claimed already", key)  # by another process since we looked
+            continue
+        claimed.append(Claimed(row.pk, guild.report_channel_id, text))
+    return claimed
+
+
 def claim_stale() -> list[Claimed]:
     """Claims whose post was never recorded (the bot that claimed it died, or Discord refused the post), claimed
     again by exactly one process once they are older than DISCORD_ANNOUNCE_RETRY_SECONDS."""
     now = timezone.now()
     claimed = []
     stale = Announcement.objects.filter(
+        Q(channel_id__isnull=False) | Q(guild__announcement_channel_id__isnull=False),
         message_id__isnull=True, created__gte=now - RECENT, guild__enabled=True,
-        guild__announcement_channel_id__isnull=False,
         claimed_at__lt=now - timedelta(seconds=settings.DISCORD_ANNOUNCE_RETRY_SECONDS)).select_related("guild")
     for row in stale:
         if Announcement.objects.filter(pk=row.pk, message_id__isnull=True, claimed_at=row.claimed_at).update(
                 claimed_at=now, attempts=F("attempts") + 1):
-            claimed.append(Claimed(row.pk, row.guild.announcement_channel_id, row.text))
+            claimed.append(Claimed(row.pk, row.channel_id or row.guild.announcement_channel_id, row.text))
     return claimed
 
 

@@ -51,6 +51,8 @@ class Announcement(models.Model):
     key = models.CharField(max_length=120, unique=True)
     guild = models.ForeignKey(Guild, on_delete=models.CASCADE, related_name="announcements")
     text = models.TextField()
+    channel_id = models.BigIntegerField(null=True, blank=True, help_text="Where it is posted (a broken problem: "
+                                        "the report channel); empty: the guild's announcement channel.")
     message_id = models.BigIntegerField(null=True, blank=True)
     created = models.DateTimeField(auto_now_add=True)
     claimed_at = models.DateTimeField(default=timezone.now)

@@ -34,6 +34,7 @@ from .models import (
     RunAttempt,
     Submission,
 )
+from .serializers import problem_error_detail
 from .taskfile import TaskFileError, load_task_from_zip
 
 
@@ -76,13 +77,49 @@ class CompetitionAdmin(admin.ModelAdmin):
     list_display = ["name", "deadline"]
 
 
+def _mark_fixed(problem: Problem) -> str:
+    if lifecycle.do_mark_problem_fixed(problem):
+        return f"{problem} is no longer marked broken; a new problem error marks it again."
+    return f"{problem} was not marked broken."
+
+
+MARK_FIXED_CONSEQUENCE = ("The broken mark and its error go. Runs the error ended stay ended (requeue them to run "
+                          "them again); a new problem error marks the version again and tells the organisers again.")
+
+
+@admin.display(description="problem state")
+def broken_note(problem: Problem) -> str:
+    """The marker organisers look for: this version's own code failed in a run (`Run.problem_error`)."""
+    if problem.broken_since is None:
+        return "ok"
+    return format_html('<strong style="color:#ba2121">⚠ broken</strong> since {} (<a href="{}">error</a>)',
+                       problem.broken_since.strftime("%Y-%m-%d %H:%M"),
+                       reverse("admin:leaderboards_problem_change", args=[problem.pk]))
+
+
 @admin.register(Problem)
-class ProblemAdmin(NoAddAdmin):  # problems come from "Import problem (zip)" or import_problems
-    list_display = ["name", "version", "lang", "harness", "short_hash", "created"]
-    list_filter = ["lang", "harness"]
+class ProblemAdmin(ObjectActionsMixin, NoAddAdmin):  # problems come from "Import problem (zip)" or import_problems
+    list_display = ["name", "version", "lang", "harness", "short_hash", "created", "broken"]
+    list_filter = ["lang", "harness", ("broken_since", admin.EmptyFieldListFilter)]
     search_fields = ["name"]
-    readonly_fields = ["name", "version", "content_hash", "lang", "definition", "created"]
+    readonly_fields = ["name", "version", "content_hash", "lang", "definition", "created", "broken",
+                       "broken_error_text", "broken_run_link"]
+    exclude = ["broken_since", "broken_error", "broken_run"]
     change_list_template = "admin/leaderboards/problem/change_list.html"
+    object_actions = (ObjectAction("mark_fixed", "Mark fixed", "Mark {obj} fixed?", MARK_FIXED_CONSEQUENCE,
+                                   _mark_fixed, shown=lambda problem: problem.broken_since is not None),)
+
+    @admin.display(description="state", ordering="broken_since")
+    def broken(self, problem: Problem) -> str:
+        return broken_note(problem)
+
+    @admin.display(description="latest problem error")
+    def broken_error_text(self, problem: Problem) -> str:
+        return format_html("<pre>{}</pre>", problem.broken_error) if problem.broken_error else "–"
+
+    @admin.display(description="latest broken run")
+    def broken_run_link(self, problem: Problem) -> str:
+        return admin_link(problem.broken_run) if problem.broken_run_id else "–"
 
     @admin.display(description="content hash")
     def short_hash(self, problem: Problem) -> str:
@@ -139,8 +176,10 @@ RESCORE_CONSEQUENCE = ("Every passing ranked run's score is recomputed from its 
 
 @admin.register(Leaderboard)
 class LeaderboardAdmin(ObjectActionsMixin, admin.ModelAdmin):
-    list_display = ["name", "problem", "deadline", "ranking_by", "visibility", "gpus", "public_link"]
+    list_display = ["name", "problem", "problem_state", "deadline", "ranking_by", "visibility", "gpus",
+                    "public_link"]
     list_filter = ["visibility", "ranking_by", "competition"]
+    readonly_fields = ["problem_state"]
     search_fields = ["name"]
     filter_horizontal = ["gpu_types"]
     actions = ["rescore"]
@@ -149,6 +188,10 @@ class LeaderboardAdmin(ObjectActionsMixin, admin.ModelAdmin):
 
     def view_on_site(self, leaderboard: Leaderboard) -> str:
         return public_url(leaderboard)
+
+    @admin.display(description="problem state")
+    def problem_state(self, leaderboard: Leaderboard) -> str:
+        return broken_note(leaderboard.problem) if leaderboard.problem_id else "–"
 
     @admin.display(description="GPU types")
     def gpus(self, leaderboard: Leaderboard) -> str:
@@ -320,7 +363,7 @@ CANCEL_CONSEQUENCE = "The run stops where it is and is never scored; its submiss
 class RunAdmin(PrecheckForStaffMixin, ObjectActionsMixin, NoAddAdmin):
     list_display = ["id", "submission", "gpu_type", "kind", "status", "verdict", "score_text", "queued_at",
                     "public_link"]
-    list_filter = ["status", "secret", "gpu_type", "submission__mode"]
+    list_filter = ["status", "secret", "gpu_type", "submission__mode", "problem_error"]
     search_fields = ["submission__user__username", "submission__leaderboard__name"]
     fieldsets = [
         (None, {"fields": ["submission_link", "gpu", "kind", "status", "attempt", "runner", "verdict",
@@ -372,6 +415,10 @@ class RunAdmin(PrecheckForStaffMixin, ObjectActionsMixin, NoAddAdmin):
 
     @admin.display(description="error")
     def error_text(self, run: Run) -> str:
+        if shown := problem_error_detail(run):  # competitors read only run.error (PROBLEM_BROKEN); staff read why
+            return format_html("<strong>The problem's own code failed</strong> in <code>{}</code> (problem version "
+                               "{}); competitors read “{}”.<pre>{}</pre><pre>{}</pre>", shown["where"] or "?",
+                               admin_link(run.submission.problem), run.error, shown["error"], shown["traceback"])
         return format_html("<pre>{}</pre>", run.error) if run.error else "–"
 
     @admin.display(description="tests")

@@ -15,7 +15,8 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from runners.backends.base import (
@@ -29,14 +30,15 @@ from runners.backends.base import (
     queue_timeout,
 )
 from runners.harness.probe import device_is
-from runners.harness.result import NEEDS_CUDA, NEEDS_CUDA_FLAG
+from runners.harness.result import NEEDS_CUDA, NEEDS_CUDA_FLAG, PROBLEM_BROKEN, PROBLEM_ERROR_FLAG
 from runners.jobs import gpu_count, job_payload, total_timeout
 from runners.models import GpuPool, GpuType
 from runners.queue import enqueue_on_commit
 
 from . import events, ranks
-from .models import Run, RunAttempt, RunStatus, SubmissionMode
+from .models import Problem, Run, RunAttempt, RunStatus, SubmissionMode
 from .scoring import final_progress, phase_totals, ratio_fields, ratio_from_result, score_from_result
+from .serializers import problem_error_of
 
 log = logging.getLogger(__name__)
 DISPATCH_TASK = "leaderboards.tasks.dispatch_run"
@@ -270,6 +272,9 @@ def do_ingest_result(run_id: int, attempt: int, result: dict) -> bool:
         if not isinstance(result, dict):
             _infrastructure_failure(run, "the runner sent a result that is not a JSON object")
             return True
+        if result.get("status") != "ok" and PROBLEM_ERROR_FLAG in (result.get("flags") or []):
+            _problem_error(run, result)
+            return True
         if result.get("status") != "ok" and NEEDS_CUDA_FLAG in (result.get("flags") or []):
             # the problem cannot run on this runner at all: retrying here only repeats it (not the user's fault)
             run.update_status(RunStatus.ERROR, infra_failures=run.infra_failures + 1, reason=result["error"],
@@ -299,6 +304,23 @@ def do_ingest_result(run_id: int, attempt: int, result: dict) -> bool:
             system_info=result.get("system", {}), stdout=str(result.get("stdout", "")),
             stderr=str(result.get("stderr", "")))
         return True
+
+
+def _problem_error(run: Run, result: dict) -> None:
+    """The problem's own code (generate_input, ref_kernel or check_implementation) raised in the harness's trusted
+    parent: neither the submission's fault nor the runner's, and another attempt would only raise again. The run
+    ends once, in ERROR with `problem_error` set (never retried, never charged to the user's quota); its `error` is
+    the plain PROBLEM_BROKEN that competitors read, while the harness's error and traceback stay in `result` and on
+    the problem version, marked broken for the organisers (the admin; the Discord bot's report channel)."""
+    detail = problem_error_of(result)
+    error = str(result.get("error") or "the problem's own code failed")
+    run.update_status(RunStatus.ERROR, problem_error=True, error=PROBLEM_BROKEN, reason=error, result=result,
+                      system_info=result.get("system") or {})
+    traceback = str(detail.get("traceback") or "")
+    Problem.objects.filter(pk=run.submission.problem_id).update(  # broken since the first error; the latest error
+        broken_since=Coalesce("broken_since", Value(timezone.now())), broken_error=f"{error}\n\n{traceback}".strip(),
+        broken_run=run)
+    log.warning("run %s: problem %s is broken: %s", run.pk, run.submission.problem_id, error)
 
 
 def do_report_failure(run_id: int, attempt: int, reason: str) -> bool:
@@ -481,9 +503,17 @@ def do_requeue_run(run: Run, reason: str = "requeued by an organiser") -> None:
                 if board[1] == run.gpu_type_id:
                     enqueue_on_commit(ranks.RECOMPUTE_TASK, *board)
         # the previous attempt's results go (its reason stays in RunAttempt): no page shows them as this run's
-        run.update_status(RunStatus.QUEUED, infra_failures=0, error=reason, verdict="", passed=None, score=None,
-                          **ratio_fields(None), progress={}, result={}, system_info={}, stdout="", stderr="")
+        run.update_status(RunStatus.QUEUED, infra_failures=0, problem_error=False, error=reason, verdict="",
+                          passed=None, score=None, **ratio_fields(None), progress={}, result={}, system_info={},
+                          stdout="", stderr="")
         enqueue_on_commit(DISPATCH_TASK, run.pk)
+
+
+def do_mark_problem_fixed(problem: Problem) -> bool:
+    """An organiser dealt with a broken problem version: the mark goes (a later problem error marks it again and
+    tells the organisers again). Runs it ended stay ended; requeue them to run them again. False if not marked."""
+    return Problem.objects.filter(pk=problem.pk, broken_since__isnull=False).update(
+        broken_since=None, broken_error="", broken_run=None) == 1
 
 
 def do_cancel_run(run: Run, reason: str = "cancelled by an organiser") -> bool:

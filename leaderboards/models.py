@@ -69,6 +69,13 @@ class Problem(models.Model):
     definition = models.JSONField(help_text="The parsed task (files inlined), as the harness receives it.")
     harness = models.CharField(max_length=16, choices=HarnessProtocol.choices, default=HarnessProtocol.KERNELBOT)
     created = models.DateTimeField(auto_now_add=True)
+    # Set when a run's harness reported that this version's own code raised (lifecycle.do_ingest_result); cleared
+    # by an organiser ("mark fixed" in the admin). The Discord bot tells each guild's report channel once per episode.
+    broken_since = models.DateTimeField(null=True, blank=True, help_text="When a run first found this version's "
+                                        "own code failing (generate_input, ref_kernel or check_implementation).")
+    broken_error = models.TextField(blank=True, help_text="The latest problem error and its traceback (staff only).")
+    broken_run = models.ForeignKey("Run", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+                                   help_text="The latest run that found it failing.")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["name", "version"], name="problem_unique_version")]
@@ -279,6 +286,9 @@ class Run(models.Model):
     stderr = models.TextField(blank=True)
     progress = models.JSONField(default=dict, blank=True)
     infra_failures = models.PositiveIntegerField(default=0)
+    problem_error = models.BooleanField(  # db_default: the one-statement submit (actions.py) inserts runs in SQL
+        default=False, db_default=False, help_text="It ended because the problem's own code failed (status error): "
+        "not the competitor's failure, never charged to their quota.")
     on_finish = models.CharField(max_length=200, blank=True, help_text="Dotted path of the task called with the "
                                  "run's id after commit whenever the run ends or an ended run is requeued.")
     pool = models.ForeignKey("runners.GpuPool", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",

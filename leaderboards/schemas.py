@@ -58,6 +58,12 @@ class CaseOut(Schema):
     message: str | None = None
 
 
+class ProblemErrorOut(Schema):
+    error: str = Field(description="the problem's own code failed: <where>: <exception>: <message>")
+    where: str = Field(description="generate_input, ref_kernel or check_implementation")
+    traceback: str
+
+
 class RunOut(Schema):
     """`leaderboards.serializers.run_out`: a secret run shows its outcome class only, except to staff; a public
     run's error, logs and checker messages show to its author (and to everyone once the code is public)."""
@@ -67,7 +73,8 @@ class RunOut(Schema):
     secret: bool
     status: str
     outcome: str | None = Field(description="When finished: passed, wrong_output, timed_out, crashed, "
-                                "limit_exceeded, rejected or not_evaluated.")
+                                "limit_exceeded, rejected, not_evaluated or problem_broken (the problem's own "
+                                "code failed; not the submission's fault, not charged).")
     passed: bool | None
     score: float | None
     ratio: float | None = Field(description="Time / the reference's time, with its 95 % interval below.")
@@ -82,6 +89,9 @@ class RunOut(Schema):
     benchmarks: list[CaseOut]
     stdout: str
     stderr: str
+    problem_error: ProblemErrorOut | None = Field(
+        None, description="Staff only: how the problem's own code failed (outcome problem_broken); everyone else "
+        "reads the plain error \"this problem is broken; the organisers have been told\".")
 
 
 class SubmissionOut(Schema):

@@ -8,6 +8,8 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from runners.harness.result import PROBLEM_BROKEN
+
 from .access.authority import RunView, may_see_run_details
 from .models import TERMINAL_STATUSES, Run, RunStatus, SubmissionMode
 from .ranking import Interval, slower_run
@@ -26,9 +28,11 @@ class Outcome:
     LIMIT_EXCEEDED = "limit_exceeded"
     REJECTED = "rejected"  # the harness refused the results (status hacked)
     NOT_EVALUATED = "not_evaluated"  # cancelled, or given up after infrastructure failures
+    PROBLEM_BROKEN = "problem_broken"  # the problem's own code failed (`Run.problem_error`): not the competitor's
 
     TEXT = {PASSED: "passed", WRONG_OUTPUT: "wrong output", TIMED_OUT: "timed out", CRASHED: "crashed",
-            LIMIT_EXCEEDED: "limit exceeded", REJECTED: "rejected by the harness", NOT_EVALUATED: "not evaluated"}
+            LIMIT_EXCEEDED: "limit exceeded", REJECTED: "rejected by the harness", NOT_EVALUATED: "not evaluated",
+            PROBLEM_BROKEN: PROBLEM_BROKEN}
 
 
 # how a sandbox kill is reported in the first line of a crash (runners/harness/sandbox.py _SIGNAL_REASONS)
@@ -41,6 +45,8 @@ def outcome(run: Run) -> str | None:
     verdict = run.verdict
     if run.status == RunStatus.SUCCEEDED and run.passed:
         return Outcome.PASSED
+    if run.status == RunStatus.ERROR and run.problem_error:
+        return Outcome.PROBLEM_BROKEN
     if run.status in (RunStatus.CANCELLED, RunStatus.ERROR):
         return Outcome.NOT_EVALUATED
     if run.status == RunStatus.HACKED:
@@ -64,10 +70,34 @@ def iso(value) -> str | None:
     return value.isoformat() if value else None
 
 
+def problem_error_of(result: dict[str, Any]) -> dict[str, Any]:
+    """The harness's `{"where", "traceback"}` of a problem error (its `Result.extra`, which travels at the top level
+    of the result); {} for any other result."""
+    found = (result or {}).get("problem_error")
+    return found if isinstance(found, dict) else {}
+
+
+def problem_error_detail(run: Run) -> dict[str, Any] | None:
+    """Where and how the problem's own code failed, with its traceback (None for other runs): staff only
+    (`RunView.ALL`, the admin), since a problem's code and its inputs are the organisers'. Everyone else reads the
+    plain PROBLEM_BROKEN."""
+    if not run.problem_error:
+        return None
+    detail = problem_error_of(run.result)
+    return {"error": str((run.result or {}).get("error") or run.error), "where": str(detail.get("where") or ""),
+            "traceback": str(detail.get("traceback") or "")}
+
+
 def run_out(run: Run, view: RunView) -> dict[str, Any]:
-    """Everything a viewer with `view` may know of a run. Needs `run.gpu_type`."""
+    """Everything a viewer with `view` may know of a run. Needs `run.gpu_type`. A run the problem's own code broke
+    shows every viewer but staff the plain PROBLEM_BROKEN and nothing of what the harness sent back."""
     details = may_see_run_details(view, run)
     timings = details or not run.secret  # a public run's score, progress and timings go with its outcome
+    problem_error = problem_error_detail(run) if view is RunView.ALL else None
+    error = run.error if details else ""
+    if run.problem_error:
+        error = problem_error["error"] if problem_error else PROBLEM_BROKEN
+        details = timings = details and problem_error is not None
     result = (run.result or {}) if timings else {}
     cases = {phase: [case_out(c, details) for c in result.get(phase) or []]
              for phase in ("tests", "benchmarks", "ranked")}
@@ -78,8 +108,9 @@ def run_out(run: Run, view: RunView) -> dict[str, Any]:
             "queued_at": run.queued_at, "dispatched_at": run.dispatched_at, "started_at": run.started_at,
             "finished_at": run.finished_at, **cases,
             "system_info": run.system_info if timings else {},
-            "error": run.error if details else "", "stdout": run.stdout if details else "",
-            "stderr": run.stderr if details else "", "profile": result.get("profile") if details else None}
+            "error": error, "stdout": run.stdout if details else "",
+            "stderr": run.stderr if details else "", "profile": result.get("profile") if details else None,
+            "problem_error": problem_error}
 
 
 def submission_scores(mode: str, runs: Iterable[Run]) -> dict[str, float]:
@@ -101,8 +132,9 @@ def score_rule(mode: str) -> str:
 
 
 def failure_text(shown: dict[str, Any]) -> str:
-    """A failed run's error as this viewer may read it: the error itself, or else its outcome class."""
-    if shown["error"]:
+    """A failed run's error as this viewer may read it: the error itself, or else its outcome class (a broken
+    problem's plain message is everyone's)."""
+    if shown["error"] or shown["outcome"] == Outcome.PROBLEM_BROKEN:
         return shown["error"]
     kind = "secret run" if shown["secret"] else "run"
     return f"{kind} on {shown['gpu']}: {Outcome.TEXT.get(shown['outcome'], shown['status'])}" + \

@@ -159,7 +159,8 @@ def check_may_submit(user, leaderboard: Leaderboard, mode: str) -> None:
     modes = [SubmissionMode.LEADERBOARD] if kind == QuotaKind.RANKED else \
         [m for m in SubmissionMode.values if m != SubmissionMode.LEADERBOARD]
     since = timezone.now() - timedelta(seconds=window)
-    recent = Submission.objects.filter(user=user, leaderboard=leaderboard, mode__in=modes, created__gte=since)
+    recent = Submission.objects.filter(user=user, leaderboard=leaderboard, mode__in=modes, created__gte=since) \
+        .exclude(runs__problem_error=True)  # a run the problem's own code broke is not charged
     stats = recent.aggregate(n=Count("pk"), oldest=Min("created"))
     if stats["n"] >= limit:
         retry = max(1, int((stats["oldest"] + timedelta(seconds=window) - timezone.now()).total_seconds()) + 1)
