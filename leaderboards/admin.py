@@ -20,7 +20,7 @@ from .admin_tables import (
     timings_table,
 )
 from .forms import ProblemUploadForm
-from .importing import ImportRejected, do_import_task
+from .importing import ImportRejected, do_import_task, previewed
 from .models import (
     Board,
     BoardEntry,
@@ -129,32 +129,46 @@ class ProblemAdmin(ObjectActionsMixin, NoAddAdmin):  # problems come from "Impor
         return [path("upload/", self.admin_site.admin_view(self.upload), name="leaderboards_problem_upload"),
                 *super().get_urls()]
 
+    FORCE_BOX = "tick “Force” below"  # the refusal's hint on this form (the command line says --force)
+
     def upload(self, request):
+        """Import a zip. One that would change an existing leaderboard is previewed first: the page lists what
+        changes, and the organiser confirms (the zip is kept meanwhile) or changes the fields."""
         form = ProblemUploadForm(request.POST or None, request.FILES or None)
+        preview = staged = None
         if request.method == "POST" and form.is_valid():
             data = form.cleaned_data
             name = data["leaderboard"] or None
+            archive, filename = form.archive_bytes()
+            options = {"leaderboard": name, "deadline": data["deadline"], "gpus": data["gpu_names"] or None,
+                       "harness": data["harness"], "force": data["force"], "force_hint": self.FORCE_BOX}
             try:
-                task = load_task_from_zip(data["archive"].read())
-                report = do_import_task(task, leaderboard=name, deadline=data["deadline"],
-                                        gpus=data["gpu_names"] or None, harness=data["harness"],
-                                        force=data["force"])
+                task = load_task_from_zip(archive, filename=filename)
+                if name and request.POST.get("confirmed") != "yes":
+                    preview = previewed(do_import_task, task, **options)
+                    if any(preview.changes.values()):
+                        staged = {"token": data.get("staged") or form.stage(archive), "name": filename}
+                if not staged:
+                    report = do_import_task(task, **options)
+                    form.unstage()
+                    for line in report.lines:
+                        self.message_user(request, self._imported(line, name), messages.SUCCESS)
+                    if name:
+                        return redirect("admin:leaderboards_leaderboard_change",
+                                        Leaderboard.objects.get(name=name).pk)
+                    return redirect("admin:leaderboards_problem_changelist")
             except TaskFileError as exc:
                 form.add_error("archive", exc.errors)
             except ImportRejected as exc:
                 form.add_error(None, exc.errors)
-            else:
-                for line in report.lines:
-                    self.message_user(request, self._imported(line, name), messages.SUCCESS)
-                if name:
-                    return redirect("admin:leaderboards_leaderboard_change", Leaderboard.objects.get(name=name).pk)
-                return redirect("admin:leaderboards_problem_changelist")
-        if form.is_bound:
+            if not staged and data.get("staged"):  # refused after a preview: the kept zip stays kept
+                staged = {"token": data["staged"], "name": data.get("staged_name") or ""}
+        if form.is_bound and not staged:
             form.ask_for_the_file_again()
         context = {**self.admin_site.each_context(request), "form": form, "title": "Import a problem",
-                   "opts": self.model._meta}
-        return render(request, "admin/leaderboards/problem/upload.html", context,
-                      status=400 if request.method == "POST" else 200)
+                   "opts": self.model._meta, "preview": preview if staged else None, "staged": staged}
+        refused = request.method == "POST" and (form.errors or not staged)
+        return render(request, "admin/leaderboards/problem/upload.html", context, status=400 if refused else 200)
 
     @staticmethod
     def _imported(line: str, leaderboard: str | None) -> str:
@@ -343,15 +357,22 @@ def _cancel(run: Run) -> str:
     return f"Cancelled run {run.pk}." if lifecycle.do_cancel_run(run) else f"Run {run.pk} had already finished."
 
 
+def runs_text(count: int) -> str:
+    return f"{count} run" if count == 1 else f"{count} runs"
+
+
 def _requeue_all(queryset: QuerySet) -> str:
     for run in queryset:
         lifecycle.do_requeue_run(run)
-    return f"Requeued {len(queryset)} runs."
+    return f"Requeued {runs_text(len(queryset))}."
 
 
 def _cancel_all(queryset: QuerySet) -> str:
     cancelled = sum(lifecycle.do_cancel_run(run) for run in queryset)
-    return f"Cancelled {cancelled} runs; finished runs were left alone."
+    left = len(queryset) - cancelled
+    if not left:
+        return f"Cancelled {runs_text(cancelled)}."
+    return f"Cancelled {runs_text(cancelled)}; {runs_text(left)} had already finished and stayed as they were."
 
 
 REQUEUE_CONSEQUENCE = ("The run's verdict, score, timings and output are discarded and it is queued to run again "

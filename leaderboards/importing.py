@@ -10,7 +10,8 @@ from django.utils import timezone
 
 from runners.models import GpuType
 
-from .models import Competition, HarnessProtocol, Leaderboard, Problem
+from .actions import do_rescore_leaderboard
+from .models import Competition, HarnessProtocol, Leaderboard, Problem, RankingRule
 from .taskfile import CompetitionDefinition, TaskDefinition, leaderboard_name_error
 
 DEFAULT_OPEN_DAYS = 365  # no deadline given anywhere: open a year, as KernelBot's problem sync does
@@ -28,6 +29,7 @@ class ImportReport:
     updated: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)  # one per leaderboard or problem, for the organiser
+    changes: dict[str, list[str]] = field(default_factory=dict)  # leaderboard → what the import changes on it
 
     def __str__(self) -> str:
         return "\n".join(self.lines) or "nothing to import"
@@ -108,51 +110,108 @@ def gpu_types_named(names: list[str], where: str) -> list[GpuType]:
     return [known[n.lower()] for n in names]
 
 
-def upsert_leaderboard(name: str, task: TaskDefinition, deadline: datetime | None, gpu_names: list[str], *,
+FORCE_HINT = "pass --force"  # how a front-end's user forces a change; the admin's form says which box to tick
+
+
+def _changes(existing: Leaderboard, values: dict, gpu_types: list[GpuType]) -> list[str]:
+    """What an import changes on an existing leaderboard, as the organiser reads it (the preview and the report)."""
+    shown = {"problem": "problem", "deadline": "deadline", "ranking_by": "ranking rule", "competition": "competition"}
+    found = []
+    for key, label in shown.items():
+        before, after = getattr(existing, key), values[key]
+        if before == after:
+            continue
+        if key == "deadline":
+            before, after = (f"{v.astimezone(UTC):%Y-%m-%d %H:%M} UTC" for v in (before, after))
+        elif key == "ranking_by":
+            before, after = RankingRule(before).label.lower(), RankingRule(after).label.lower()
+        found.append(f"{label} {before or 'none'} → {after or 'none'}")
+    old_gpus = sorted(g.name for g in existing.gpu_types.all())
+    if old_gpus != sorted(g.name for g in gpu_types):
+        found.append(f"GPU types {', '.join(old_gpus) or 'none'} → {', '.join(sorted(g.name for g in gpu_types))}")
+    return found
+
+
+def upsert_leaderboard(name: str, task: TaskDefinition, deadline: datetime | None, gpu_names: list[str] | None, *,
                        harness: str = "auto", competition: Competition | None = None, force: bool = False,
-                       report: ImportReport) -> Leaderboard:
-    """Create or update leaderboard `name`. `deadline` None keeps an existing board's deadline, else opens it
-    for a year. A standalone import (no `competition`) keeps the board's competition; a competition import
-    refuses a board another competition owns unless forced."""
+                       force_hint: str = FORCE_HINT, report: ImportReport) -> Leaderboard:
+    """Create or update leaderboard `name`. What the organiser set stays unless this import names it: `deadline`
+    None keeps an existing board's deadline (a new one opens for a year), `gpu_names` None its GPU types (a new one
+    takes the task's), and a ranking rule changed in the admin stays (one still equal to its problem's follows the
+    task, and a changed rule rescores the board). No board is ever left without a GPU type. A standalone import (no
+    `competition`) keeps the board's competition; a competition import refuses a board another competition owns
+    unless forced."""
     if message := leaderboard_name_error(name):
         raise ImportRejected([f"leaderboard {name[:120]}: {message}"])
-    gpu_types = gpu_types_named(gpu_names, f"leaderboard {name}")
     existing = Leaderboard.objects.select_related("problem", "competition").filter(name=name).first()
+    if gpu_names:
+        gpu_types = gpu_types_named(gpu_names, f"leaderboard {name}")
+    else:
+        gpu_types = (list(existing.gpu_types.all()) if existing else []) or \
+            gpu_types_named(task.gpus, f"leaderboard {name}")
+    if not gpu_types:
+        raise ImportRejected([f"leaderboard {name}: no GPU type to run on: name at least one (--gpu, or the GPU "
+                              "types field), or list gpus in task.yml"])
     if existing and competition and existing.competition not in (None, competition) and not force:
         raise ImportRejected([f"leaderboard {name} belongs to the competition {existing.competition.name!r}; "
                               f"importing {competition.name!r} would take it over. Rename it in this file, or "
-                              "pass --force to move it into this competition"])
+                              f"{force_hint} to move it into this competition"])
     if existing and existing.problem.content_hash != task.content_hash and existing.is_open \
             and existing.submissions.exists() and not force:
         raise ImportRejected([f"leaderboard {name} is running with {existing.submissions.count()} submissions; "
-                              "changing its files or benchmarks needs an explicit force (--force)"])
+                              f"changing its files or benchmarks needs an explicit force: {force_hint}"])
     problem, _ = store_problem(task, harness)
     note = ""
     if deadline is None:
         deadline = existing.deadline if existing else timezone.now() + timedelta(days=DEFAULT_OPEN_DAYS)
         note = " (none given: kept)" if existing else f" (none given: {DEFAULT_OPEN_DAYS} days from now)"
+    ranking_by = task.ranking_by
+    if existing and existing.ranking_by != existing.problem.definition.get("ranking_by", RankingRule.LAST):
+        ranking_by = existing.ranking_by  # an organiser's choice in the admin outlives the task's default
     # The problem carries its description; a leaderboard's own description holds organisers' extra notes.
-    values = {"problem": problem, "deadline": deadline, "ranking_by": task.ranking_by,
+    values = {"problem": problem, "deadline": deadline, "ranking_by": ranking_by,
               "competition": competition or (existing.competition if existing else None)}
+    changes: list[str] = []
     if existing is None:
         leaderboard = Leaderboard.objects.create(name=name, **values)
         status = report.created
     else:
         leaderboard = existing
-        changed = any(getattr(leaderboard, k) != v for k, v in values.items()) or \
-            set(leaderboard.gpu_types.all()) != set(gpu_types)
+        changes = _changes(existing, values, gpu_types)
+        rule_changed = existing.ranking_by != ranking_by
         for k, v in values.items():
             setattr(leaderboard, k, v)
         leaderboard.save()
-        status = report.updated if changed else report.unchanged
+        status = report.updated if changes else report.unchanged
     leaderboard.gpu_types.set(gpu_types)
+    if existing is not None and rule_changed:
+        do_rescore_leaderboard(leaderboard)
+        changes.append("its scores are recomputed with the new rule")
+    report.changes[name] = changes
     report.add(status, name, f"leaderboard {name}: problem {problem}, {describe_harness(problem)}, deadline "
                              f"{deadline.astimezone(UTC):%Y-%m-%d %H:%M} UTC{note}, GPUs "
-                             f"{', '.join(g.name for g in gpu_types)}")
+                             f"{', '.join(g.name for g in gpu_types)}"
+                             + (f" (changed: {'; '.join(changes)})" if changes else ""))
     return leaderboard
 
 
-def do_import_competition(definition: CompetitionDefinition, *, force: bool = False) -> ImportReport:
+class _Preview(Exception):
+    """Raised inside a preview's transaction to roll back what it wrote."""
+
+
+def previewed(do_import, *args, **kwargs) -> ImportReport:
+    """What `do_import` (do_import_task or do_import_competition) would do, without doing it: it runs in a
+    transaction rolled back at the end, so the preview checks and reports exactly as the import would."""
+    try:
+        with transaction.atomic():
+            report = do_import(*args, **kwargs)
+            raise _Preview(report)
+    except _Preview as done:
+        return done.args[0]
+
+
+def do_import_competition(definition: CompetitionDefinition, *, force: bool = False,
+                          force_hint: str = FORCE_HINT) -> ImportReport:
     report = ImportReport()
     with transaction.atomic():
         competition = Competition.objects.filter(name=definition.name).first()
@@ -167,7 +226,7 @@ def do_import_competition(definition: CompetitionDefinition, *, force: bool = Fa
                 with transaction.atomic():
                     boards.append(upsert_leaderboard(
                         entry.name, entry.task, entry.deadline, entry.gpus, harness=entry.harness,
-                        competition=competition, force=force, report=report))
+                        competition=competition, force=force, force_hint=force_hint, report=report))
             except ImportRejected as exc:
                 errors.extend(exc.errors)
         if errors:
@@ -182,12 +241,14 @@ def do_import_competition(definition: CompetitionDefinition, *, force: bool = Fa
 
 
 def do_import_task(task: TaskDefinition, *, leaderboard: str | None = None, deadline: datetime | None = None,
-                   gpus: list[str] | None = None, harness: str = "auto", force: bool = False) -> ImportReport:
+                   gpus: list[str] | None = None, harness: str = "auto", force: bool = False,
+                   force_hint: str = FORCE_HINT) -> ImportReport:
+    """`gpus` None (or empty): a new leaderboard takes the task's GPU types, an existing one keeps its own."""
     report = ImportReport()
     with transaction.atomic():
         if leaderboard:
-            upsert_leaderboard(leaderboard, task, deadline, gpus or task.gpus, harness=harness, force=force,
-                               report=report)
+            upsert_leaderboard(leaderboard, task, deadline, gpus or None, harness=harness, force=force,
+                               force_hint=force_hint, report=report)
         else:
             problem, created = store_problem(task, harness)
             report.add(report.created if created else report.unchanged, str(problem),

@@ -232,10 +232,11 @@ def load_task(task_dir: Path, *, root: Path | None = None) -> TaskDefinition:
     return _load_task(task_dir, root, task_dir.name, lambda p: p.relative_to(root.parent), hint)
 
 
-def load_task_from_zip(data: bytes, *, name: str | None = None) -> TaskDefinition:
+def load_task_from_zip(data: bytes, *, name: str | None = None, filename: str | None = None) -> TaskDefinition:
     """Load an uploaded archive holding one `task.yml` (at the top or in a folder, with shared files
-    anywhere in the archive). `name` defaults to the task's folder name, or "upload"."""
-    label = Path(f"{name or 'upload'}.zip")
+    anywhere in the archive). `name` defaults to the task's folder name, or "upload"; errors name the archive
+    `filename` (the uploaded file's name), else `<name>.zip`."""
+    label = Path(Path(filename).name if filename else f"{name or 'upload'}.zip")
     report = _Report(label, name or "upload")
     with tempfile.TemporaryDirectory(prefix="kernelbot-task-") as tmp:
         top = Path(tmp).resolve()
@@ -243,7 +244,9 @@ def load_task_from_zip(data: bytes, *, name: str | None = None) -> TaskDefinitio
         found = sorted(top.rglob("task.yml"))
         if len(found) != 1:
             listed = ", ".join(str(p.relative_to(top)) for p in found) or "none"
-            report.add(None, f"the archive must contain exactly one task.yml, found {listed}")
+            report.add(None, f"the archive must contain exactly one task.yml, found {listed}: zip one problem "
+                             "folder (with the shared files it names); a whole collection is imported from its "
+                             "competition file (import_problems set.yaml)")
             report.check()
         task_dir = found[0].parent
         problem = name or (task_dir.name if task_dir != top else "upload")
