@@ -73,8 +73,9 @@ class RunOut(Schema):
     secret: bool
     status: str
     outcome: str | None = Field(description="When finished: passed, wrong_output, timed_out, crashed, "
-                                "limit_exceeded, rejected, not_evaluated or problem_broken (the problem's own "
-                                "code failed; not the submission's fault, not charged).")
+                                "limit_exceeded, rejected, not_evaluated, cancelled (stopped by an organiser; never "
+                                "scored) or problem_broken (the problem's own code failed; not the submission's "
+                                "fault, not charged).")
     passed: bool | None
     score: float | None
     ratio: float | None = Field(description="Time / the reference's time, with its 95 % interval below.")

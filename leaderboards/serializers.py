@@ -27,12 +27,13 @@ class Outcome:
     CRASHED = "crashed"
     LIMIT_EXCEEDED = "limit_exceeded"
     REJECTED = "rejected"  # the harness refused the results (status hacked)
-    NOT_EVALUATED = "not_evaluated"  # cancelled, or given up after infrastructure failures
+    NOT_EVALUATED = "not_evaluated"  # given up after infrastructure failures
+    CANCELLED = "cancelled"  # an organiser (or the platform: a failed pool check, a deleted submission) stopped it
     PROBLEM_BROKEN = "problem_broken"  # the problem's own code failed (`Run.problem_error`): not the competitor's
 
     TEXT = {PASSED: "passed", WRONG_OUTPUT: "wrong output", TIMED_OUT: "timed out", CRASHED: "crashed",
             LIMIT_EXCEEDED: "limit exceeded", REJECTED: "rejected by the harness", NOT_EVALUATED: "not evaluated",
-            PROBLEM_BROKEN: PROBLEM_BROKEN}
+            CANCELLED: "cancelled by an organiser", PROBLEM_BROKEN: PROBLEM_BROKEN}
 
 
 # how a sandbox kill is reported in the first line of a crash (runners/harness/sandbox.py _SIGNAL_REASONS)
@@ -47,7 +48,9 @@ def outcome(run: Run) -> str | None:
         return Outcome.PASSED
     if run.status == RunStatus.ERROR and run.problem_error:
         return Outcome.PROBLEM_BROKEN
-    if run.status in (RunStatus.CANCELLED, RunStatus.ERROR):
+    if run.status == RunStatus.CANCELLED:
+        return Outcome.CANCELLED
+    if run.status == RunStatus.ERROR:
         return Outcome.NOT_EVALUATED
     if run.status == RunStatus.HACKED:
         return Outcome.REJECTED
@@ -94,7 +97,9 @@ def run_out(run: Run, view: RunView) -> dict[str, Any]:
     details = may_see_run_details(view, run)
     timings = details or not run.secret  # a public run's score, progress and timings go with its outcome
     problem_error = problem_error_detail(run) if view is RunView.ALL else None
-    error = run.error if details else ""
+    # an unfinished run has no error: what `error` holds then is why the last attempt ended ("requeued by an
+    # organiser", an infrastructure retry), which its attempts keep for staff
+    error = run.error if details and run.status in TERMINAL_STATUSES else ""
     if run.problem_error:
         error = problem_error["error"] if problem_error else PROBLEM_BROKEN
         details = timings = details and problem_error is not None

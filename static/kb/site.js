@@ -140,9 +140,11 @@
       const terminal = isTerminal(r.status);
       for (const li of $$(".timeline li", card)) {
         const step = li.dataset.step, idx = order.indexOf(step), cur = order.indexOf(r.status);
+        const stopped = r.status === "cancelled";  // an organiser's cancel is no failure of the submission
         li.classList.toggle("done", terminal ? (step !== "done" || r.passed) : idx <= cur && idx >= 0 && (idx < cur || step === "queued"));
         li.classList.toggle("now", !terminal && step === r.status);
-        li.classList.toggle("bad", terminal && step === "done" && !r.passed);
+        li.classList.toggle("bad", terminal && step === "done" && !r.passed && !stopped);
+        li.classList.toggle("stopped", terminal && step === "done" && stopped);
         const stamp = { queued: r.queued_at, dispatched: r.dispatched_at, running: r.started_at, done: r.finished_at }[step];
         $("span", li).textContent = stamp ? hhmmss(stamp) : "";
       }
