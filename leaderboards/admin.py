@@ -8,6 +8,7 @@ from django.utils.html import format_html
 from kernelbot.admin_actions import ObjectAction, ObjectActionsMixin, confirmed_list_action
 
 from . import actions, lifecycle
+from .access import actions as access_actions
 from .access.authority import may_see_precheck
 from .access.models import ApiToken, Ban, Invite, JobSwitch, Membership, PendingLogin, SubmissionQuota
 from .admin_tables import (
@@ -30,6 +31,7 @@ from .models import (
     LiveEvent,
     Problem,
     Profile,
+    RankingRule,
     Run,
     RunAttempt,
     Submission,
@@ -202,6 +204,35 @@ class LeaderboardAdmin(ObjectActionsMixin, admin.ModelAdmin):
 
     def view_on_site(self, leaderboard: Leaderboard) -> str:
         return public_url(leaderboard)
+
+    def formfield_for_dbfield(self, db_field, request, **kwargs):
+        field = super().formfield_for_dbfield(db_field, request, **kwargs)
+        if db_field.name == "ranking_by" and request.resolver_match and \
+                request.resolver_match.url_name.endswith("_add"):
+            field.choices = [("", "The problem's own rule (its task.yml ranking_by)"), *RankingRule.choices]
+            field.required, field.initial = False, ""
+            field.help_text = "Empty: the rule the problem's task.yml names (ranking_by)."
+        return field
+
+    def save_model(self, request, leaderboard: Leaderboard, form, change: bool) -> None:
+        if not leaderboard.ranking_by:
+            leaderboard.ranking_by = leaderboard.problem.definition.get("ranking_by") or RankingRule.LAST
+        super().save_model(request, leaderboard, form, change)
+
+    def response_change(self, request, leaderboard: Leaderboard):
+        """A changed ranking rule leaves every stored score computed with the old one: offer the rescore at once."""
+        form_changed = getattr(request, "_kb_rule_changed", False)
+        response = super().response_change(request, leaderboard)
+        if form_changed and "_continue" not in request.POST and "_addanother" not in request.POST:
+            self.message_user(request, f"The ranking rule of {leaderboard} is now "
+                              f"“{leaderboard.get_ranking_by_display().lower()}”; its scores still follow the old "
+                              "rule until you rescore.", messages.WARNING)
+            return redirect("admin:leaderboards_leaderboard_do", leaderboard.pk, "rescore")
+        return response
+
+    def save_form(self, request, form, change: bool):
+        request._kb_rule_changed = change and "ranking_by" in form.changed_data
+        return super().save_form(request, form, change)
 
     @admin.display(description="problem state")
     def problem_state(self, leaderboard: Leaderboard) -> str:
@@ -561,14 +592,40 @@ class BanAdmin(admin.ModelAdmin):
     search_fields = ["user__username"]
 
 
+def _pause(switch: JobSwitch) -> str:
+    access_actions.do_set_accepting_jobs(False, switch.reason)
+    return "Submissions are paused on every front-end; every page shows a banner until you resume them."
+
+
+def _resume(switch: JobSwitch) -> str:
+    access_actions.do_set_accepting_jobs(True)
+    return "Submissions are accepted again."
+
+
 @admin.register(JobSwitch)
-class JobSwitchAdmin(admin.ModelAdmin):
-    """The one switch (pk=1): edited in place; saving it takes effect at once (its post_save forgets the cache)."""
+class JobSwitchAdmin(ObjectActionsMixin, admin.ModelAdmin):
+    """The one switch (pk=1): its list opens the switch itself, whose page offers Pause or Resume as a button; saving
+    the form takes effect at once too (its post_save forgets the cache)."""
 
     list_display = ["accepting", "reason", "changed"]
+    object_actions = (
+        ObjectAction("pause", "Pause submissions", "Pause all new submissions?", "Every front-end (site, API, "
+                     "popcorn, Discord) refuses new submissions with the reason until you resume; runs already "
+                     "queued go on.", _pause, shown=lambda switch: switch.accepting),
+        ObjectAction("resume", "Resume submissions", "Resume submissions?", "Every front-end accepts new "
+                     "submissions again.", _resume, shown=lambda switch: not switch.accepting),
+    )
+
+    def changelist_view(self, request: HttpRequest, extra_context=None):
+        return redirect("admin:leaderboards_jobswitch_change", 1)
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field=None):
+        if object_id == "1":
+            JobSwitch.objects.get_or_create(pk=1)  # no row reads as accepting; the page needs one to show
+        return super().get_object(request, object_id, from_field)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
-        return not JobSwitch.objects.exists()
+        return False
 
     def has_delete_permission(self, request: HttpRequest, obj: JobSwitch | None = None) -> bool:
         return False

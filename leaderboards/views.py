@@ -18,6 +18,7 @@ from django.utils import timezone
 from runners.actions import gpu_availability
 
 from . import actions
+from .access.actions import accepting_jobs
 from .access.authority import RunView, access_leaderboard, access_submission, may_see_run_details, run_view
 from .board_rows import PAGE_ROWS, attach_breakdown, name_of, records_html, row_html
 from .errors import AccessDenied, Refused
@@ -172,7 +173,7 @@ def submit(request: HttpRequest) -> HttpResponse:
     unavailable = {gpu_types[pk]: why for pk, why in gpu_availability(list(gpu_types)).items() if why}
     form = SubmitForm(request.POST or None, request.FILES or None, leaderboards=choices, unavailable=unavailable,
                       initial={"leaderboard": request.GET.get("leaderboard"), "gpu": request.GET.get("gpu")})
-    status = 200
+    status, paused = 200, False
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         try:
@@ -181,11 +182,12 @@ def submit(request: HttpRequest) -> HttpResponse:
         except Refused as exc:
             form.add_error(None, exc.message)
             status = exc.status
+            paused = status == 503 and not accepting_jobs().accepting  # the banner says why, once
         else:
             sub = actions.do_submit(request.user, checked)
             messages.success(request, f"Submission #{sub.pk} is queued.", extra_tags="queued-note")
             return redirect("submission", pk=sub.pk)
     elif request.method == "POST":
         status = 400
-    return render(request, "leaderboards/submit.html", {"form": form, "leaderboards": choices,
+    return render(request, "leaderboards/submit.html", {"form": form, "leaderboards": choices, "paused_refusal": paused,
                                                         "unavailable": sorted(unavailable.items())}, status=status)

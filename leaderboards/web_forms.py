@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+
 from django import forms
 from django.conf import settings
 
@@ -17,11 +19,15 @@ class SubmitForm(forms.Form):
 
     def __init__(self, *args, leaderboards: list, unavailable: dict[str, str] | None = None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.fields["leaderboard"].widget = forms.Select(choices=[(lb.name, lb.name) for lb in leaderboards])
-        gpus = sorted({g.name for lb in leaderboards for g in lb.gpu_types.all()})
         unavailable = unavailable or {}
-        self.fields["gpu"].widget = forms.Select(choices=[(g, f"{g} (unavailable)" if g in unavailable else g)
-                                                          for g in gpus])
+        board_gpus = {lb.name: [(g.name, f"{g.name} (unavailable)" if g.name in unavailable else g.name)
+                                for g in lb.gpu_types.all()] for lb in leaderboards}
+        # the GPU types of the chosen leaderboard only (site.js swaps them when another one is chosen)
+        chosen = self.data.get("leaderboard") or self.initial.get("leaderboard")
+        chosen = chosen if chosen in board_gpus else next(iter(board_gpus), None)
+        self.fields["leaderboard"].widget = forms.Select(choices=[(lb.name, lb.name) for lb in leaderboards],
+                                                         attrs={"data-gpus": json.dumps(board_gpus)})
+        self.fields["gpu"].widget = forms.Select(choices=board_gpus.get(chosen, []))
 
     def clean(self):
         data = super().clean()

@@ -166,6 +166,17 @@
     }, subLive);
   }
 
+  // The submit form offers the chosen leaderboard's GPU types only.
+  const boardSelect = $("select[name=leaderboard][data-gpus]"), gpuSelect = $("select[name=gpu]");
+  if (boardSelect && gpuSelect) {
+    const gpusOf = JSON.parse(boardSelect.dataset.gpus);
+    boardSelect.addEventListener("change", () => {
+      const was = gpuSelect.value;
+      gpuSelect.innerHTML = (gpusOf[boardSelect.value] || []).map(([value, label]) =>
+        `<option value="${esc(value)}"${value === was ? " selected" : ""}>${esc(label)}</option>`).join("");
+    });
+  }
+
   // Step charts as inline SVG: x = time, y = score (log scale).
   function chart(el, series, onHover) {
     const W = el.clientWidth || 800, H = 260, P = 48;
