@@ -102,8 +102,10 @@ def submission_out(submission: Submission, runs: list[Run], view: RunView, queue
         -> dict[str, Any]:
     done, status, _ = job_state(runs, view)
     shown = [run_out(r, view) for r in runs]
+    scores = submission_scores(submission.mode, runs)  # the page's and the board's, per GPU type
     return {"id": submission.pk, "leaderboard": submission.leaderboard.name, "file_name": submission.file_name,
             "mode": submission.mode, "created": submission.created, "done": done, "status": status,
+            "score": min(scores.values(), default=None), "scores": scores,
             "runs": [{**r, "tests": [case(c) for c in r["tests"]], "benchmarks": [case(c) for c in r["benchmarks"]]}
                      for r in shown], "queue": queue}
 

@@ -24,7 +24,8 @@ class LeaderboardOut(Schema):
 class RankingEntryOut(Schema):
     rank: int
     user: str
-    score: float = Field(description="Seconds: the slower of the submission's public and secret runs.")
+    score: float = Field(description="Seconds: the time of the submission's public or secret run, whichever ranks "
+                         "lower (the larger ratio to the reference; the longer time when a run has none).")
     ratio: float | None = Field(description="Time / the problem's reference time, measured interleaved; what the "
                                 "board ranks on when every entry has one.")
     ratio_low: float | None = Field(description="95 % interval of the ratio, low end.")
@@ -103,6 +104,12 @@ class SubmissionOut(Schema):
     created: datetime
     done: bool
     status: str
+    score: float | None = Field(description="Seconds: the submission's one score, as the board, its page and the "
+                                "list show it (its best GPU type's; see `scores`); null until it has one.")
+    scores: dict[str, float] = Field(description="GPU type → the submission's score there: for a ranked submission "
+                                     "the time of its public or secret run, whichever ranks lower (the larger "
+                                     "ratio to the reference; the longer time when a run has none); otherwise its "
+                                     "public run's time.")
     runs: list[RunOut]
     queue: QueueOut | None
 

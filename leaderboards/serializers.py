@@ -14,7 +14,8 @@ from .access.authority import RunView, may_see_run_details
 from .models import TERMINAL_STATUSES, Run, RunStatus, SubmissionMode
 from .ranking import Interval, slower_run
 
-SCORE_RULES = {SubmissionMode.LEADERBOARD: "the slower of its public and secret runs, as ranked"}
+SCORE_RULES = {SubmissionMode.LEADERBOARD: "the time of its public or secret run, whichever ranks lower (the larger "
+                                           "ratio to the reference; the longer time when a run has none)"}
 PUBLIC_RUN_SCORE = "its public run's time"
 
 

@@ -141,6 +141,9 @@ def status_table(sub: dict[str, Any]) -> Table:
     queue = sub.get("queue")
     if queue and not sub["done"]:
         table.caption = f"queue position {queue['position']} on {queue['gpu']}, ETA ~{queue['eta_seconds']} s"
+    elif sub.get("score") is not None:  # the board's score: the run that ranks lower, not always the longer time
+        table.caption = f"score {fmt_seconds(sub['score'])}" + (
+            " (the time of the run that ranks lower)" if sub["mode"] == "leaderboard" else "")
     return table
 
 

@@ -51,4 +51,5 @@ def tokens(request):
         status = exc.status
     return render(request, "leaderboards/access/tokens.html", {
         "created": created, "tokens": ApiToken.objects.filter(user=request.user, revoked__isnull=True),
-        "api_url": request.build_absolute_uri("/popcorn").rstrip("/")}, status=status)
+        "api_url": request.build_absolute_uri("/popcorn").rstrip("/"),
+        "site_url": request.build_absolute_uri("/").rstrip("/")}, status=status)

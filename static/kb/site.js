@@ -63,7 +63,8 @@
   if (live && !live.hasAttribute("data-off")) {
     let version = Number(live.dataset.version), fetching = null;
     const refetch = () => {
-      fetching = fetching || swapFromServer(["#ranking tbody", "#pager", "#records", "#chart-data"]).then((doc) => {
+      fetching = fetching || swapFromServer(["#ranking tbody", "#pager", "#records", "#chart-data", "#rank-basis",
+                                             "#ratio-note"]).then((doc) => {
         const fresh = doc && $("#live-status", doc);
         if (fresh) version = Number(fresh.dataset.version), (live.dataset.version = version);
         if (window.kbChartReload) window.kbChartReload();
@@ -78,6 +79,8 @@
     };
     const applyDelta = (msg) => {
       const tbody = $("#ranking tbody");
+      // the first rows of an empty board: what it ranks on (ratio or time) is the server's to say
+      if ($("tr.empty", tbody)) return refetch();
       for (const u of msg.removed) { const tr = $(`tr[data-user="${u}"]`, tbody); if (tr) tr.remove(); }
       if (msg.shift) { // the other rows ranked first..last (null: to the end) moved by `by`
         const [first, last, by] = msg.shift, moved = new Set(msg.entries.map((e) => String(e.user)));
@@ -186,7 +189,8 @@
     const x0 = Math.min(...xs), x1 = Math.max(...xs, x0 + 1, Date.now()), y0 = Math.min(...ys), y1 = Math.max(...ys, y0 + 1e-9);
     const X = (t) => P + ((t - x0) / (x1 - x0)) * (W - P - 10), Y = (v) => 10 + (1 - (Math.log(v) - y0) / (y1 - y0 || 1)) * (H - 40);
     let svg = `<svg viewBox="0 0 ${W} ${H}" role="img" aria-label="score over time"><line class="axis" x1="${P}" y1="${H - 30}" x2="${W}" y2="${H - 30}"/>`;
-    svg += `<text x="2" y="14">${formatNs(Math.exp(y0) * 1e9)}</text><text x="2" y="${H - 32}">${formatNs(Math.exp(y1) * 1e9)}</text>`;
+    // the slowest time at the top, the fastest at the bottom, as Y places them
+    svg += `<text x="2" y="14" class="y-top">${formatNs(Math.exp(y1) * 1e9)}</text><text x="2" y="${H - 32}" class="y-bottom">${formatNs(Math.exp(y0) * 1e9)}</text>`;
     svg += `<text x="${P}" y="${H - 12}">${new Date(x0).toLocaleDateString()}</text><text x="${W - 90}" y="${H - 12}">${new Date(x1).toLocaleDateString()}</text>`;
     for (const s of series) {
       let d = "", last = null;

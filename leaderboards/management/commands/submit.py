@@ -1,3 +1,4 @@
+import secrets
 import time
 from pathlib import Path
 
@@ -14,20 +15,25 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("file")
         parser.add_argument("--user", required=True, help="Username (created if missing with --create-user).")
-        parser.add_argument("--create-user", action="store_true")
+        parser.add_argument("--create-user", action="store_true", help="Create the user if missing, with --password "
+                            "or a generated one that is printed (for the site's log-in and `kernelbot login`).")
+        parser.add_argument("--password", help="With --create-user: the new user's password.")
         parser.add_argument("--leaderboard", required=True)
         parser.add_argument("--gpu", action="append", dest="gpus", required=True)
         parser.add_argument("--mode", default="leaderboard")
         parser.add_argument("--wait", action="store_true", help="Wait for the runs to finish and print them.")
         parser.add_argument("--timeout", type=float, default=600)
 
-    def handle(self, file, user, create_user, leaderboard, gpus, mode, wait, timeout, **options):
+    def handle(self, file, user, create_user, password, leaderboard, gpus, mode, wait, timeout, **options):
         User = get_user_model()
         account = User.objects.filter(username=user).first()
         if account is None:
             if not create_user:
                 raise CommandError(f"no user '{user}' (pass --create-user to create one)")
-            account = User.objects.create_user(user)
+            chosen = password or secrets.token_urlsafe(12)
+            account = User.objects.create_user(user, password=chosen)
+            self.stdout.write(f"created user {user}" + ("" if password else f" with password {chosen}") +
+                              f" (log in on the site, or `kernelbot login --username {user}`)")
         path = Path(file)
         if not path.is_file():
             raise CommandError(f"{file}: no such file")
