@@ -22,13 +22,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from runners.actions import (
-    NodeRejected,
-    check_local_devices,
-    do_record_node_sandbox,
-    node_containment,
-    probe_this_machine,
-)
+from runners.actions import agentless_nodes, node_containment
 from runners.models import CheckOutcome, GpuPool, GpuType, PoolCheck, PoolHealth
 
 from . import actions, lifecycle
@@ -86,16 +80,11 @@ def _start_round(pool: GpuPool) -> list[PoolCheck]:
     now = timezone.now()
     checks = []
     failing, passing = [], []
-    if pool.is_local:
-        try:
-            report = probe_this_machine()  # from this worker: its sandbox settings and cgroup are what runs get
-            if detail := "; ".join(check_local_devices(pool, report).values()):
-                failing.append(detail + " (disabled: fix or delete the device rows, then check again)")
-            else:
-                passing.append("this machine's devices are as claimed")
-            do_record_node_sandbox(pool, report)
-        except (NodeRejected, OSError, ValueError) as exc:
-            failing.append(f"device check failed: {exc}")
+    if pool.is_local and (absent := agentless_nodes(pool)):
+        failing.append(f"no agent on {', '.join(absent)} (start `python -m runners.harness.node --pool {pool.name}` "
+                       "there: docs/operations.md); its devices get no run")
+    elif pool.is_local and (live := list(pool.nodes.filter(enabled=True).values_list("hostname", flat=True))):
+        passing.append(f"node agents are live on {', '.join(live)}")
     for node in node_containment(pool):
         if node.problem:
             failing.append(node.problem)

@@ -31,9 +31,10 @@ from runners.backends.base import (
 )
 from runners.harness.probe import device_is
 from runners.harness.result import NEEDS_CUDA, NEEDS_CUDA_FLAG, PROBLEM_BROKEN, PROBLEM_ERROR_FLAG
-from runners.jobs import gpu_count, job_payload, total_timeout
-from runners.models import GpuPool, GpuType
+from runners.jobs import gpu_count, job_payload, run_limits, sandbox_uid, total_timeout
+from runners.models import Gpu, GpuPool, GpuType, Node, RunnerBackendName
 from runners.queue import enqueue_on_commit
+from runners.reservations import allocator
 
 from . import events, ranks
 from .models import Problem, Run, RunAttempt, RunStatus, SubmissionMode
@@ -66,12 +67,21 @@ def candidate_pools(run: Run) -> list[GpuPool]:
     pool whatever that pool's state: the check is how a failing or disabled pool proves itself."""
     pools = GpuPool.objects.filter(pk=run.pool_id) if run.pool_id else GpuPool.objects.taking_runs(run.gpu_type)
     tried = list(RunAttempt.objects.filter(run=run, pool__isnull=False).values_list("pool_id", flat=True))
-    return sorted(pools, key=lambda pool: (tried.count(pool.pk), pool.pk))
+    unserved = {pool.pk for pool in pools if pool.is_local and not agent_serves(pool, run.gpu_type)}
+    return sorted(pools, key=lambda pool: (pool.pk in unserved, tried.count(pool.pk), pool.pk))
+
+
+def agent_serves(pool: GpuPool, gpu_type: GpuType) -> bool:
+    """A live node agent of `pool` has an enabled device of `gpu_type`."""
+    since = timezone.now() - timedelta(seconds=settings.AGENT_DEADLINE)
+    return Gpu.objects.filter(node__pool=pool, node__enabled=True, enabled=True, gpu_type=gpu_type,
+                              node__agent_seen_at__gte=since).exists()
 
 
 def dispatch_run(run_id: int) -> None:
-    """Hand a queued run to a pool's backend (the django-q task). A remote backend submits and returns; the local
-    one runs the harness here. Idempotent: anything but a queued run is left alone."""
+    """Hand a queued run to a pool's backend (the django-q task): a remote backend submits and returns; on a local
+    pool the run waits, dispatched, for one of the pool's node agents to claim it (`do_claim_runs`). Never runs the
+    harness here. Idempotent: anything but a queued run is left alone."""
     with transaction.atomic():
         run = Run.objects.select_for_update(of=("self",)).select_related("gpu_type").filter(pk=run_id).first()
         if run is None or run.status != RunStatus.QUEUED:
@@ -89,7 +99,7 @@ def dispatch_run(run_id: int) -> None:
         except BackendUnavailable as exc:  # configuration, not chance: retrying would not help
             run.update_status(RunStatus.ERROR, error=str(exc))
             return
-        deadline = settings.RUN_HEARTBEAT_DEADLINE if not backend.remote else queue_timeout(pool)
+        deadline = queue_timeout(pool)
         run.update_status(RunStatus.DISPATCHED, attempt=run.attempt + 1, runner=str(pool)[:60],
                           deadline_seconds=deadline, attempt_fields={"pool": pool, "nonce": secrets.token_hex(16)})
         attempt = run.attempt
@@ -207,13 +217,15 @@ def do_record_progress(run_id: int, attempt: int, progress: dict, *, remote: boo
         run = _locked_run(run_id)
         if run.attempt != attempt or run.status != RunStatus.RUNNING:
             return False
-        fields = ["progress"]
+        fields = ["progress", "status_deadline"]
         run.progress = scrub(progress)
-        if remote:
-            later = timezone.now() + timedelta(seconds=settings.RUN_REMOTE_MARGIN)
-            if run.status_deadline is None or run.status_deadline < later:
-                run.status_deadline = later
-                fields.append("status_deadline")
+        later = timezone.now() + timedelta(seconds=settings.RUN_REMOTE_MARGIN if remote
+                                           else settings.RUN_HEARTBEAT_DEADLINE)
+        if not remote:  # a node agent's run: a progress post is a heartbeat
+            run.status_deadline = later
+            allocator.renew_attempt_holds(run_id, attempt, allocator.run_lease_seconds())
+        elif run.status_deadline is None or run.status_deadline < later:
+            run.status_deadline = later
         run.save(update_fields=fields)
         _news(run)
         transaction.on_commit(lambda: events.run_changed(run))
@@ -227,11 +239,90 @@ def do_heartbeat(run_id: int, attempt: int, status: str | None = None, *, remote
     statuses = [status] if status else [RunStatus.DISPATCHED, RunStatus.RUNNING]
     runs = Run.objects.filter(pk=run_id, attempt=attempt, status__in=statuses)
     if not remote:
-        return runs.update(status_deadline=timezone.now() + timedelta(seconds=settings.RUN_HEARTBEAT_DEADLINE)) == 1
+        alive = runs.update(status_deadline=timezone.now() + timedelta(seconds=settings.RUN_HEARTBEAT_DEADLINE)) == 1
+        if alive:
+            allocator.renew_attempt_holds(run_id, attempt, allocator.run_lease_seconds())
+        return alive
     later = timezone.now() + timedelta(seconds=settings.RUN_REMOTE_MARGIN)
     runs.filter(status_deadline__lt=later).update(status_deadline=later)
     RunAttempt.objects.filter(run_id=run_id, number=attempt).update(last_news_at=timezone.now())
     return runs.exists()
+
+
+# --- node agents -------------------------------------------------------------------------------------------------
+
+def agent_job_id(node: Node, devices: list[int]) -> str:
+    """A node agent's attempt's `external_id`: which node and devices hold it."""
+    return f"node:{node.pk}:{','.join(map(str, devices))}"
+
+
+def do_claim_runs(node: Node, free: list[int]) -> list[dict]:
+    """A node's agent asks for work for its `free` device indices (it is also the node's heartbeat). Each claim is
+    the oldest run dispatched to the node's pool that a free device's type serves, with the devices it needs held
+    (the allocator: never a held device, nor one a reservation is about to start on); the run is RUNNING from here,
+    its deadline moved by the agent's heartbeats. Returns what the agent needs to run each (the same per-attempt
+    routes and token as a remote agent)."""
+    now = timezone.now()
+    Node.objects.filter(pk=node.pk).update(agent_seen_at=now)
+    if not node.enabled:
+        return []
+    gpus = list(Gpu.objects.select_related("gpu_type", "node__pool").filter(node=node, enabled=True, index__in=free)
+                .order_by("index"))
+    claims: list[dict] = []
+    for gpu_type in {g.gpu_type for g in gpus}:
+        while free_of_type := [g for g in gpus if g.gpu_type == gpu_type]:
+            claim = _claim_one(node, free_of_type)
+            if claim is None:
+                break
+            claims.append(claim)
+            gpus = [g for g in gpus if g.index not in claim["devices"]]
+    return claims
+
+
+def _claim_one(node: Node, gpus: list[Gpu]) -> dict | None:
+    gpu_type = gpus[0].gpu_type
+    with transaction.atomic():
+        waiting = (Run.objects.select_for_update(of=("self",), skip_locked=True)
+                   .select_related("submission__problem", "submission__leaderboard", "gpu_type")
+                   .filter(status=RunStatus.DISPATCHED, gpu_type=gpu_type, attempts__number=F("attempt"),
+                           attempts__pool_id=node.pool_id, attempts__external_id="")
+                   .order_by("queued_at", "pk"))
+        for run in waiting[:20]:  # the oldest that fits the free devices (a multi-GPU run may not)
+            count = gpu_count(run)
+            if count > len(gpus):
+                continue
+            holds = allocator.acquire_on_node(
+                gpus, count, run_id=run.pk, attempt=run.attempt, user_id=run.submission.user_id,
+                leaderboard=run.submission.leaderboard.name, seconds=total_timeout(run),
+                lease_seconds=allocator.run_lease_seconds())
+            if not holds:
+                return None  # the free devices are promised to a reservation: nothing fits now
+            held = sorted(h.gpu_id for h in holds)
+            devices = [g.index for g in gpus if g.pk in held]
+            attempt = _attempt(run)
+            RunAttempt.objects.filter(pk=attempt.pk).update(external_id=agent_job_id(node, devices),
+                                                            last_news_at=timezone.now())
+            run.update_status(RunStatus.RUNNING, deadline_seconds=settings.RUN_HEARTBEAT_DEADLINE,
+                              runner=f"{node.pool.name} / {node.hostname}"[:60])
+            _news(run)
+            first = next(g for g in gpus if g.pk == held[0])
+            return {"run": run.pk, "attempt": run.attempt, "nonce": attempt.nonce, "devices": devices,
+                    "gpus": [] if gpu_type.is_cpu else devices,
+                    "job": {"limits": run_limits(first), "sandbox_uid": sandbox_uid(first)},
+                    "heartbeat_s": max(0.5, settings.RUN_HEARTBEAT_DEADLINE / 4)}
+    return None
+
+
+def do_node_restarted(node: Node) -> int:
+    """A node's agent (re)registered holding nothing: the runs a previous agent there held are retried now, not at
+    their heartbeat deadline. Returns how many."""
+    attempts = RunAttempt.objects.filter(pool_id=node.pool_id, external_id__startswith=f"node:{node.pk}:",
+                                         number=F("run__attempt"),
+                                         run__status__in=[RunStatus.DISPATCHED, RunStatus.RUNNING])
+    retried = 0
+    for run_id, number in attempts.values_list("run_id", "number"):
+        retried += do_report_failure(run_id, number, f"the agent on {node.hostname} restarted while running it")
+    return retried
 
 
 def _news(run: Run) -> None:
@@ -363,7 +454,8 @@ def _infrastructure_failure(run: Run, reason: str, **fields) -> None:
 def _remote_attempts(runs) -> list[RunAttempt]:
     """The current attempts of `runs` that a remote backend holds (they have an external id)."""
     return list(RunAttempt.objects.select_related("pool").filter(
-        run__in=runs, number=F("run__attempt"), external_id__gt="", pool__isnull=False))
+        run__in=runs, number=F("run__attempt"), external_id__gt="", pool__isnull=False).exclude(
+        pool__backend=RunnerBackendName.LOCAL))  # node agents beat their runs: a silent one is late, not polled
 
 
 def poll_remote_runs(now=None) -> int:
@@ -440,18 +532,21 @@ def do_reap_overdue_runs(now=None) -> int:
     reaped = 0
     overdue = Run.objects.overdue(now)
     polls = {a.run_id: (a, _poll(a)) for a in _remote_attempts(overdue)}
+    lost = []
     for run_id in overdue.values_list("pk", flat=True):
         with transaction.atomic():
             run = _locked_run(run_id)
             if run.is_terminal or run.status_deadline is None or run.status_deadline >= now:
                 continue
             if run.status == RunStatus.QUEUED:
-                _requeue_lost(run, now)
+                lost += _requeue_lost(run, now)
                 reaped += 1
                 continue
             attempt, poll = polls.get(run.pk, (None, None))
             if attempt is not None and attempt.number != run.attempt:
                 continue  # moved on since we polled
+            if run.status == RunStatus.DISPATCHED and _waits_its_turn(run, now):
+                continue
             if (attempt is not None and poll is not None and poll.state == RemoteState.RUNNING
                     and not attempt.extended and run.status == RunStatus.RUNNING):
                 run.status_deadline = now + timedelta(seconds=running_deadline(run, remote=True))
@@ -464,30 +559,46 @@ def do_reap_overdue_runs(now=None) -> int:
             detail = f"; the service says {poll.state}{_detail(poll)}" if poll is not None else ""
             _infrastructure_failure(run, f"the runner did not report back while {run.status}{detail}")
             reaped += 1
+    for run_id in lost:
+        dispatch_run(run_id)
     return reaped
 
 
-def _requeue_lost(run: Run, now) -> None:
-    """A queued run past its deadline may have lost its broker message: send another (dispatch is
-    idempotent, so a duplicate is harmless). Waiting is not the user's fault, so it is not charged."""
+def _waits_its_turn(run: Run, now) -> bool:
+    """A run dispatched to a local pool waits for a device of its node agents: while a live agent serves its type it
+    is only waiting its turn (its deadline moves on, nothing is charged), up to KERNELBOT_MAX_QUEUED_SECONDS."""
+    attempt = _attempt(run)
+    if attempt is None or attempt.pool is None or not attempt.pool.is_local or attempt.external_id:
+        return False
+    if now - run.queued_at > timedelta(seconds=settings.RUN_MAX_QUEUED_SECONDS) \
+            or not agent_serves(attempt.pool, run.gpu_type):
+        return False
+    run.status_deadline = now + timedelta(seconds=queue_timeout(attempt.pool))
+    run.save(update_fields=["status_deadline"])
+    return True
+
+
+def _requeue_lost(run: Run, now) -> list[int]:
+    """A queued run past its deadline may have lost its broker message: the reaper dispatches it itself (no new
+    message: the broker holds at most one per queued run). Waiting is not the user's fault, so it is not charged."""
     if now - run.queued_at > timedelta(seconds=settings.RUN_MAX_QUEUED_SECONDS):
         run.update_status(RunStatus.ERROR, error=f"no runner picked the run up within "
                           f"{settings.RUN_MAX_QUEUED_SECONDS // 3600} h")
-        return
+        return []
     run.update_status(RunStatus.QUEUED)
-    enqueue_on_commit(DISPATCH_TASK, run.pk)
+    return [run.pk]
 
 
 def do_resend_queued_runs(queued_before=None) -> int:
-    """Send every queued run's dispatch message again (those queued before `queued_before`): a killed or wedged
-    worker cluster takes the messages it had already pulled from the broker with it. Dispatch is idempotent, so a
-    duplicate costs one query."""
+    """Dispatch every queued run (those queued before `queued_before`) here, without the broker: a killed or wedged
+    worker cluster takes the messages it had already pulled with it, and a copy per run per restart would fill the
+    broker. Dispatch is short (a local pool's agents pull their runs) and idempotent."""
     runs = Run.objects.filter(status=RunStatus.QUEUED)
     if queued_before is not None:
         runs = runs.filter(queued_at__lt=queued_before)
     run_ids = list(runs.values_list("pk", flat=True))
     for run_id in run_ids:
-        enqueue_on_commit(DISPATCH_TASK, run_id)
+        dispatch_run(run_id)
     return len(run_ids)
 
 

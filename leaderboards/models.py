@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from runners.models import GpuType
 from runners.queue import enqueue_on_commit
+from runners.reservations import allocator
 
 # API tokens, CLI logins, quotas, invitations, bans and the jobs switch are defined in access/models.py; the
 # import below registers them with this app (and lets `from leaderboards.models import ApiToken` work).
@@ -344,10 +345,11 @@ class Run(models.Model):
         if status == RunStatus.DISPATCHED:
             RunAttempt.objects.create(run=self, number=self.attempt, runner=self.runner, dispatched_at=now,
                                       **(attempt_fields or {}))
-        elif previous in (RunStatus.DISPATCHED, RunStatus.RUNNING):
+        elif previous in (RunStatus.DISPATCHED, RunStatus.RUNNING) and status != RunStatus.RUNNING:
             RunAttempt.objects.filter(run=self, number=self.attempt).update(
                 finished_at=now, outcome="retried" if status == RunStatus.QUEUED else status,
                 reason=self.error if reason is None else reason)
+            allocator.end_attempt_holds(self.pk, self.attempt)  # the attempt left its devices
         transaction.on_commit(lambda: events.run_changed(self))
         if self.on_finish and (status in TERMINAL_STATUSES or previous in TERMINAL_STATUSES):
             enqueue_on_commit(self.on_finish, self.pk)

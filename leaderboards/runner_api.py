@@ -19,8 +19,11 @@ from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
+from runners.actions import NodeRejected, do_register_agent
 from runners.backends.base import runner_key
 from runners.harness.agent import runner_token
+from runners.harness.node import node_token
+from runners.models import GpuPool, Node
 
 from . import lifecycle
 from .models import Run, RunAttempt, RunStatus
@@ -72,7 +75,8 @@ def _body(request: HttpRequest) -> dict:
 def _endpoint(handler):
     def view(request: HttpRequest, run_id: int, attempt: int) -> HttpResponse:
         try:
-            run, _ = _authorise(request, run_id, attempt)
+            run, current = _authorise(request, run_id, attempt)
+            request.remote_runner = not current.pool.is_local  # a node agent's run beats like a local one
             return handler(request, run, attempt)
         except Refused as exc:
             return _error(exc.status, exc.detail)
@@ -85,7 +89,7 @@ def _endpoint(handler):
 def job(request: HttpRequest, run: Run, attempt: int) -> HttpResponse:
     """The job (code and seed included): only for the current attempt's valid token. Fetching it marks the run
     running."""
-    if not lifecycle.do_mark_running(run.pk, attempt, remote=True):
+    if not lifecycle.do_mark_running(run.pk, attempt, remote=request.remote_runner):
         raise Refused(409, "the attempt is no longer current")
     return JsonResponse(lifecycle.AttemptReporter(run.pk, attempt).job())
 
@@ -96,11 +100,11 @@ def progress(request: HttpRequest, run: Run, attempt: int) -> HttpResponse:
     """A harness progress event (also a heartbeat: extends the running deadline); {"heartbeat": true} only beats."""
     body = _body(request)
     if body.get("heartbeat") is True:
-        alive = lifecycle.do_heartbeat(run.pk, attempt, remote=True)
+        alive = lifecycle.do_heartbeat(run.pk, attempt, remote=request.remote_runner)
     else:
         if body.get("event") != "progress":
             raise Refused(400, 'a progress event needs "event": "progress"')
-        alive = lifecycle.do_record_progress(run.pk, attempt, body, remote=True)
+        alive = lifecycle.do_record_progress(run.pk, attempt, body, remote=request.remote_runner)
     if not alive:
         raise Refused(409, "the attempt is not running")
     return JsonResponse({"running": True})
@@ -129,6 +133,73 @@ def failure(request: HttpRequest, run: Run, attempt: int) -> HttpResponse:
     return JsonResponse({"accepted": True})
 
 
+# --- node agents (runners/harness/node.py) --------------------------------------------------------------------------
+
+def _node_request(request: HttpRequest) -> tuple[GpuPool, str, dict]:
+    """The local pool and hostname a node agent speaks for, authorised by Bearer HMAC(pool's key,
+    "node:pool:hostname")."""
+    body = _body(request)
+    pool_name, hostname = body.get("pool"), body.get("hostname")
+    for name, value, limit in (("pool", pool_name, 60), ("hostname", hostname, 120)):
+        if not isinstance(value, str) or not value.strip() or len(value) > limit or "\x00" in value:
+            raise Refused(400, f'"{name}" must be a non-empty string of at most {limit} characters')
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Refused(401, "missing Bearer token")
+    pool = GpuPool.objects.filter(name=pool_name).first()
+    key = runner_key(pool) if pool is not None else ""
+    expected = node_token(key, pool_name, hostname) if key else ""
+    if not hmac.compare_digest(token.strip().encode(), (expected or "0" * 64).encode()) or not expected:
+        raise Refused(403, f"invalid token for node {hostname} of pool {pool_name}")
+    if not pool.is_local:
+        raise Refused(409, f"pool {pool.name} runs on {pool.get_backend_display()}, not on node agents")
+    return pool, hostname, body
+
+
+def _node_endpoint(handler):
+    @csrf_exempt
+    @require_POST
+    def view(request: HttpRequest) -> HttpResponse:
+        try:
+            return handler(request, *_node_request(request))
+        except Refused as exc:
+            return _error(exc.status, exc.detail)
+    view.__name__ = handler.__name__
+    return view
+
+
+@_node_endpoint
+def node_register(request: HttpRequest, pool: GpuPool, hostname: str, body: dict) -> HttpResponse:
+    """The agent's probe of its machine becomes the node's device rows (`runners.actions.do_register_agent`); runs
+    an earlier agent there held are retried at once."""
+    report, info = body.get("probe"), body.get("agent") or {}
+    if not isinstance(report, dict) or not isinstance(report.get("devices", []), list) or not isinstance(info, dict):
+        raise Refused(400, '"probe" must be the JSON object `python -m runners.harness.probe` prints')
+    try:
+        registration = do_register_agent(pool, hostname, lifecycle.scrub(report), lifecycle.scrub(info))
+    except NodeRejected as exc:
+        raise Refused(409, str(exc)) from exc
+    except (KeyError, TypeError, ValueError) as exc:
+        raise Refused(400, f"the probe report is malformed: {type(exc).__name__}: {exc}") from exc
+    retried = lifecycle.do_node_restarted(registration.node)
+    gpus = registration.node.gpus.select_related("gpu_type").order_by("index")
+    return JsonResponse({"node": registration.node.pk, "retried": retried, "devices": [
+        {"index": g.index, "gpu_type": g.gpu_type.name, "enabled": g.enabled} for g in gpus]})
+
+
+@_node_endpoint
+def node_poll(request: HttpRequest, pool: GpuPool, hostname: str, body: dict) -> HttpResponse:
+    """The node's heartbeat and its ask for work: runs for its free devices (`lifecycle.do_claim_runs`)."""
+    free = body.get("free", [])
+    if not isinstance(free, list) or len(free) > 256 or not all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 1024 for i in free):
+        raise Refused(400, '"free" must be a list of device indices')
+    node = Node.objects.select_related("pool").filter(pool=pool, hostname=hostname).first()
+    if node is None:
+        raise Refused(404, f"{hostname} is not registered in pool {pool.name}: register first")
+    return JsonResponse({"claims": lifecycle.do_claim_runs(node, sorted(set(free)))})
+
+
 @cache
 def harness_tarball() -> bytes:
     """runners/harness (with the agent) as runners/harness/... plus an empty runners/__init__.py, so
@@ -154,5 +225,7 @@ urlpatterns = [
     path("runs/<int:run_id>/<int:attempt>/progress", progress, name="runner-progress"),
     path("runs/<int:run_id>/<int:attempt>/result", result, name="runner-result"),
     path("runs/<int:run_id>/<int:attempt>/failure", failure, name="runner-failure"),
+    path("nodes/register", node_register, name="runner-node-register"),
+    path("nodes/poll", node_poll, name="runner-node-poll"),
     path("harness.tar.gz", harness, name="runner-harness"),
 ]

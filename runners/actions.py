@@ -4,18 +4,19 @@ taking runs. The admin, `manage.py register_node` and the health check call thes
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from .harness.probe import device_is, device_mismatch
-from .models import Gpu, GpuPool, GpuType, GpuVendor, Node, PoolHealth
+from .models import Gpu, GpuPool, GpuType, GpuVendor, Node, PoolHealth, RunnerBackendName
 from .pools import Containment, containment
 
 
@@ -39,17 +40,33 @@ def claim_mismatch(gpu_type: GpuType, index: int, report: dict) -> str | None:
     return device_mismatch(gpu_type.name, gpu_type.vendor, index, report)
 
 
+def agentless_nodes(pool: GpuPool) -> list[str]:
+    """The enabled nodes of a local pool with enabled devices and no live agent (they get no run), by hostname."""
+    since = timezone.now() - timedelta(seconds=settings.AGENT_DEADLINE)
+    return list(pool.nodes.filter(enabled=True, gpus__enabled=True).exclude(agent_seen_at__gte=since)
+                .order_by("hostname").values_list("hostname", flat=True).distinct())
+
+
 def check_local_devices(pool: GpuPool, report: dict | None = None) -> dict[Gpu, str]:
-    """Compare every device row of a local pool with this machine's probe; record what matched (device name, uuid,
-    memory, checked time) and disable what did not. Returns each mismatching row with why."""
+    """Compare the device rows of a local pool's node that is this machine with this machine's probe; record what
+    matched (device name, uuid, memory, checked time) and disable what did not. Rows of other nodes are theirs to
+    confirm (their agents register what they find): one without a live agent is reported, not confirmed. Returns
+    each row found wanting with why."""
     report = report if report is not None else probe_this_machine()
     devices = {d["index"]: d for d in report.get("devices", [])}
     problems: dict[Gpu, str] = {}
     now = timezone.now()
+    here = report.get("hostname") or socket.gethostname()
+    names = {here, socket.gethostname(), "localhost"}
+    absent = set(agentless_nodes(pool))
     with transaction.atomic():
         rows = Gpu.objects.select_for_update(of=("self",)).select_related("gpu_type", "node")
-        for gpu in rows.filter(node__pool=pool):
-            if why := claim_mismatch(gpu.gpu_type, gpu.index, report):
+        for gpu in rows.filter(node__pool=pool).exclude(node__hostname__in=names):
+            if gpu.node.hostname in absent and gpu.enabled:
+                problems[gpu] = f"no agent on {gpu.node.hostname}: its devices are unconfirmed and get no run"
+        for gpu in rows.filter(node__pool=pool, node__hostname__in=names):
+            if why := claim_mismatch(gpu.gpu_type, gpu.index, report) or (
+                    gpu.gpu_type.is_cpu and gpu.index > 0 and f"{here} is one CPU device (#0), not #{gpu.index}"):
                 problems[gpu] = why
                 gpu.enabled = False
                 gpu.save(update_fields=["enabled"])
@@ -138,6 +155,25 @@ def do_register_node(pool: GpuPool, report: dict, *, hostname: str = "",
         gone = list(node.gpus.exclude(index__in=[d["index"] for d in devices]).filter(enabled=True))
         Gpu.objects.filter(pk__in=[g.pk for g in gone]).update(enabled=False)
     return Registration(node, created, updated, gone)
+
+
+def do_register_agent(pool: GpuPool, hostname: str, report: dict, agent: dict) -> Registration:
+    """A node agent started on `hostname` for `pool` (a local pool): its probe `report` becomes the node's device
+    rows (`do_register_node`: types recognised by name, rows it does not find disabled), and the node is live. One
+    machine, and each of its devices, serves one pool: refused when another local pool already has them."""
+    local = RunnerBackendName.LOCAL
+    other = Node.objects.filter(hostname=hostname, pool__backend=local).exclude(pool=pool).select_related("pool")
+    if other := other.first():
+        raise NodeRejected(f"{hostname} already belongs to pool {other.pool.name}: a machine serves one pool (delete "
+                           f"its node there, or start this agent with --pool {other.pool.name})")
+    uuids = [d["uuid"] for d in report.get("devices", []) if d.get("uuid")]
+    if taken := Gpu.objects.filter(uuid__in=uuids, node__pool__backend=local).exclude(
+            node__pool=pool, node__hostname=hostname).select_related("node__pool").first():
+        raise NodeRejected(f"device {taken.uuid} is already {taken} in pool {taken.node.pool.name}")
+    with transaction.atomic():
+        registration = do_register_node(pool, {**report, "hostname": hostname}, hostname=hostname)
+        Node.objects.filter(pk=registration.node.pk).update(agent=agent, agent_seen_at=timezone.now())
+    return registration
 
 
 def gpu_availability(gpu_type_ids) -> dict[int, str | None]:

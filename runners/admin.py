@@ -68,12 +68,26 @@ class GpuAdmin(admin.ModelAdmin):
     readonly_fields = ["uuid", "device_name", "memory_mib", "checked_at"]
 
 
+def agent_html(node: Node) -> SafeString:
+    if node.agent_live():
+        return format_html('<span style="color:#2a7">✔ agent on {} (seen {} UTC)</span>', node.hostname,
+                           f"{node.agent_seen_at:%H:%M:%S}")
+    seen = f" (last seen {node.agent_seen_at:%Y-%m-%d %H:%M} UTC)" if node.agent_seen_at else ""
+    return format_html('<span style="color:#c33">✘ no agent on {}{}: its devices get no run</span>', node.hostname,
+                       seen)
+
+
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
-    list_display = ["hostname", "pool", "enabled", "devices", "memory_containment", "probed_at"]
+    list_display = ["hostname", "pool", "enabled", "devices", "agent_state", "memory_containment", "probed_at"]
     list_editable = ["enabled"]
     list_filter = ["pool", "enabled"]
-    readonly_fields = ["memory_containment", "probed_at", "sandbox"]
+    search_fields = ["hostname"]
+    readonly_fields = ["agent_state", "agent", "memory_containment", "probed_at", "sandbox"]
+
+    @admin.display(description="agent")
+    def agent_state(self, node: Node) -> str:
+        return agent_html(node) if node.pool.is_local else "–"
 
     def get_queryset(self, request: HttpRequest):
         return super().get_queryset(request).select_related("pool").annotate(device_count=Count("gpus"))
@@ -252,7 +266,8 @@ class GpuPoolAdmin(admin.ModelAdmin):
     list_display = ["name", "backend_name", "enabled", "health_mark", "memory_mark", "last_ok_at", "gpu_types_served",
                     "runs_at_once", "history"]
     list_filter = ["backend", "enabled", "health"]
-    readonly_fields = ["health_mark", "health_detail", "memory_containment", "last_checked_at", "last_ok_at", "history",
+    readonly_fields = ["health_mark", "health_detail", "agents", "memory_containment", "last_checked_at", "last_ok_at",
+                       "history",
                        "gpu_types_served", "runs_at_once", "secrets"]
     actions = ["check_health", "check_devices"]
     change_form_template = "admin/runners/gpupool/change_form.html"
@@ -271,7 +286,8 @@ class GpuPoolAdmin(admin.ModelAdmin):
                 "fields": names, "classes": ["backend-settings", f"backend-{choice.name}"],
                 "description": f"Used when the pool runs on {choice.label}. Secrets are never stored here: a field "
                                "ending in “env” names the environment variable that holds one."}))
-        fieldsets.append(("Health and capacity", {"fields": ["health_mark", "health_detail", "memory_containment",
+        fieldsets.append(("Health and capacity", {"fields": ["health_mark", "health_detail", "agents",
+                                                             "memory_containment",
                                                              "last_checked_at", "last_ok_at", "history",
                                                              "gpu_types_served", "runs_at_once", "secrets"]}))
         return fieldsets
@@ -311,6 +327,20 @@ class GpuPoolAdmin(admin.ModelAdmin):
                                    ", ".join(c.hostname for c in hit))
         colour, mark = CONTAINMENT_MARK[Contained.CGROUP]
         return format_html('<span style="color:{}">{} cgroup</span>', colour, mark) if found else "–"
+
+    @admin.display(description="node agents")
+    def agents(self, pool: GpuPool) -> str:
+        """A local pool's machines each run an agent; a node without a live one gets no run."""
+        if not pool.pk or not pool.is_local:
+            return "–"
+        nodes = self.enabled(pool)
+        if not nodes:
+            return "no node yet: run `python -m runners.harness.node` on each machine (docs/operations.md)"
+        return format_html("<ul>{}</ul>", format_html_join("", "<li>{}</li>", ((agent_html(n),) for n in nodes)))
+
+    def enabled(self, pool: GpuPool) -> list[Node]:
+        nodes = getattr(pool, "enabled_nodes", None)
+        return nodes if nodes is not None else list(pool.nodes.filter(enabled=True).order_by("hostname"))
 
     @admin.display(description="memory containment (per node)")
     def memory_containment(self, pool: GpuPool) -> str:

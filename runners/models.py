@@ -1,5 +1,6 @@
 """GPU inventory: which devices exist, on which node, and which runner backend reaches them."""
 
+from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
@@ -96,8 +97,14 @@ class Node(models.Model):
                                          "the memory cgroup runs are nested in or why none is usable); empty: never "
                                          "probed.")
     probed_at = models.DateTimeField("probed", null=True, blank=True, editable=False,
-                                     help_text="When its sandbox facts were reported (a health check of a pool on "
-                                               "this machine, or `manage.py register_node`).")
+                                     help_text="When its sandbox facts were reported (its agent's registration, or "
+                                               "`manage.py register_node`).")
+    agent_seen_at = models.DateTimeField("agent last seen", null=True, blank=True, editable=False,
+                                         help_text="When the node's agent (`python -m runners.harness.node`) last "
+                                                   "asked for work; a node whose agent is not live gets no run.")
+    agent = models.JSONField(default=dict, blank=True, editable=False,
+                             help_text="What its agent said when it registered: pid, python, harness version, the "
+                                       "device indices it found, when it started.")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["pool", "hostname"], name="node_unique_per_pool")]
@@ -105,6 +112,12 @@ class Node(models.Model):
 
     def __str__(self) -> str:
         return self.hostname
+
+    def agent_live(self, now=None) -> bool:
+        """Its agent asked for work within KERNELBOT_AGENT_DEADLINE seconds."""
+        now = now or timezone.now()
+        return self.agent_seen_at is not None and (now - self.agent_seen_at).total_seconds() <= \
+            settings.AGENT_DEADLINE
 
 
 class Gpu(models.Model):

@@ -4,11 +4,10 @@ django-q2 restarts a worker that dies, but not a cluster that stops making progr
 `multiprocessing.Queue.get()` leaves the queue's reader lock held and every other worker blocks on it, and
 SIGTERM then no longer stops the cluster. So the cluster runs as a child process group of this supervisor, which
 
-- restarts it (killing the whole group) when its main process exits or when runs have waited `STALL` seconds
-  while no worker is busy and none started a task: first it re-sends the waiting runs' messages (one may have
-  been lost), and if a fresh message is not picked up within `STALL` seconds either, the cluster is wedged;
-- re-sends every queued run's message whenever it (re)starts the cluster, since the old cluster took the
-  messages it had pulled from the broker with it;
+- when runs have waited `STALL` seconds while no worker is busy and none started a task, dispatches them itself
+  (their message may have died with a killed cluster; dispatch is short and idempotent, and sending copies
+  instead filled the broker), and restarts the cluster (killing the whole group) when messages still wait in the
+  broker then: the cluster is wedged. It also restarts it when its main process exits;
 - runs the periodic run checks of `settings.CLUSTER_TICKS` (dotted path → interval): reaping overdue runs every
   `REAP_INTERVAL` seconds, from outside the cluster it rescues (runners heartbeat, so a run whose worker died is
   retried within seconds), and polling remote runs every `POLL_INTERVAL` seconds (django-q schedules have minute
@@ -40,6 +39,8 @@ from django.db import connection
 from django.utils import timezone
 from django.utils.module_loading import import_string
 from django_q.signals import post_execute_in_worker, post_spawn, pre_execute
+
+from runners.queue import broker
 
 log = logging.getLogger(__name__)
 HEARTBEATS_ENV = "KERNELBOT_CLUSTER_HEARTBEATS"
@@ -146,11 +147,6 @@ class Supervisor:
     def _start(self) -> None:
         shutil.rmtree(self.heartbeats, ignore_errors=True)
         self.heartbeats.mkdir(parents=True)
-        try:
-            if resent := self.resend():
-                log.info("re-sent %s queued runs' messages before starting the cluster", resent)
-        except Exception:
-            log.exception("could not re-send the queued runs' messages")
         self.cluster = subprocess.Popen(self.command, cwd=settings.BASE_DIR, start_new_session=True,
                                         env={**os.environ, HEARTBEATS_ENV: str(self.heartbeats)},
                                         preexec_fn=die_with_parent)
@@ -159,21 +155,20 @@ class Supervisor:
         log.info("started the worker cluster (process group %s)", self.cluster.pid)
 
     def _check_progress(self) -> None:
+        """No worker busy and none started a task for a stall period: dispatch the waiting runs here (no broker
+        message); if messages still wait in the broker, the cluster is wedged: restart it."""
         busy = self._read_heartbeats()
-        if self.resent_at is not None and self.last_task > self.resent_at:
-            self.resent_at = None  # a task started after the re-send: the cluster is alive
         quiet_since = max(self.started_at, self.last_task, self.resent_at or 0.0)
         if busy or time.time() - quiet_since < self.stall:
             return
-        waiting_since = timezone.now() - timedelta(seconds=self.stall)
-        if self.resent_at is None:
-            if resent := self.resend(queued_before=waiting_since):
-                log.warning("runs have waited %.0f s while no worker started a task; re-sent %s messages",
-                            self.stall, resent)
-                self.resent_at = time.time()
+        if dispatched := self.resend(queued_before=timezone.now() - timedelta(seconds=self.stall)):
+            log.warning("runs waited %.0f s while no worker started a task; dispatched %s of them here",
+                        self.stall, dispatched)
+        self.resent_at = time.time()
+        if (waiting := broker().queue_size()) == 0:
             return
-        log.error("the worker cluster made no progress for %.0f s after the waiting runs' messages were re-sent; "
-                  "restarting it", self.stall)
+        log.error("the worker cluster started no task for %.0f s while %s messages wait in the broker; restarting it",
+                  self.stall, waiting)
         self._kill_cluster()
         self.restart_at = 0.0
 

@@ -12,11 +12,13 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 from django.core.cache import cache
+from django.utils import timezone
 from django_q.conf import Conf
 
+from leaderboards import tasks
 from leaderboards.taskfile import load_task
 
-from . import factories
+from . import agents, factories
 
 REPO = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -74,8 +76,17 @@ def _isolated_runtime(settings, tmp_path):
 
 @pytest.fixture
 def sync_queue(monkeypatch):
-    """django-q2 runs tasks inline; combine with django_capture_on_commit_callbacks(execute=True)."""
+    """django-q2 runs tasks inline; combine with django_capture_on_commit_callbacks(execute=True). A run dispatched
+    to a local pool is then taken at once by its nodes' agents, run in this process through the runner API
+    (tests/agents.py), as if their agents had been polling."""
     monkeypatch.setattr(Conf, "SYNC", True)
+    dispatch = tasks.dispatch_run
+
+    def dispatch_and_drain(run_id: int) -> None:
+        dispatch(run_id)
+        agents.drain_local_pools()
+
+    monkeypatch.setattr(tasks, "dispatch_run", dispatch_and_drain)
 
 
 RUNNER_KEY = "test-runner-key-0123456789abcdef"
@@ -105,7 +116,10 @@ def demo_task():
 
 @pytest.fixture
 def cpu_pool(db):
-    return factories.local_cpu_pool()
+    """This machine as a local pool whose node agent is live (the in-process one `sync_queue` drains with)."""
+    pool = factories.local_cpu_pool()
+    pool.nodes.update(agent_seen_at=timezone.now())
+    return pool
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from .runner import run_harness, write_workdir
@@ -41,31 +42,60 @@ class Gone(Exception):
     """The platform says this attempt is no longer current (409)."""
 
 
+class Refused(Exception):
+    """The platform refused a call (a 4xx other than 409): retrying would not help."""
+
+    def __init__(self, status: int, detail: str):
+        super().__init__(f"HTTP {status}: {detail}")
+        self.status, self.detail = status, detail
+
+
+# method, URL, body, headers → status, body: urllib over the network; tests may route it elsewhere
+Transport = Callable[[str, str, bytes | None, dict[str, str]], tuple[int, bytes]]
+
+
+def http(method: str, url: str, data: bytes | None, headers: dict[str, str]) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def call(transport: Transport, url: str, token: str, body: dict | None = None, retries: int = RETRIES) -> dict:
+    """GET (no body) or POST JSON; retries connection errors and 5xx with backoff, raises Gone on 409 and Refused
+    on any other 4xx."""
+    data = None if body is None else json.dumps(body).encode()
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    for attempt in range(retries):
+        try:
+            status, content = transport("GET" if data is None else "POST", url, data, headers)
+        except OSError as exc:  # URLError is one
+            if attempt == retries - 1:
+                raise
+            print(f"{url}: {exc}; retrying", file=sys.stderr)
+        else:
+            if status < 300:
+                return json.loads(content or b"{}")
+            detail = content.decode(errors="replace")[:500]
+            if status == 409:
+                raise Gone(detail)
+            if status < 500 or attempt == retries - 1:
+                raise Refused(status, detail)
+        time.sleep(min(30.0, 0.5 * 2 ** attempt))
+    raise RuntimeError("unreachable")
+
+
 class Platform:
-    def __init__(self, url: str, run_id: int, attempt: int, token: str):
+    """One attempt's routes of the runner API."""
+
+    def __init__(self, url: str, run_id: int, attempt: int, token: str, transport: Transport = http):
         self.base = f"{url.rstrip('/')}/api/runner/v1/runs/{run_id}/{attempt}/"
-        self.token = token
+        self.token, self.transport = token, transport
 
     def call(self, route: str, body: dict | None = None, retries: int = RETRIES) -> dict:
-        """GET (no body) or POST JSON; retries connection errors and 5xx with backoff, raises Gone on 409."""
-        data = None if body is None else json.dumps(body).encode()
-        for attempt in range(retries):
-            request = urllib.request.Request(self.base + route, data=data, method="GET" if data is None else "POST",
-                                             headers={"Authorization": f"Bearer {self.token}",
-                                                      "Content-Type": "application/json"})
-            try:
-                with urllib.request.urlopen(request, timeout=60) as response:
-                    return json.loads(response.read() or b"{}")
-            except urllib.error.HTTPError as exc:
-                if exc.code == 409:
-                    raise Gone(exc.read().decode(errors="replace")) from exc
-                if exc.code < 500 or attempt == retries - 1:
-                    raise
-            except (urllib.error.URLError, OSError):
-                if attempt == retries - 1:
-                    raise
-            time.sleep(min(30.0, 0.5 * 2 ** attempt))
-        raise RuntimeError("unreachable")
+        return call(self.transport, self.base + route, self.token, body, retries)
 
 
 def visible_devices(count: int) -> list[str]:
@@ -76,10 +106,14 @@ def visible_devices(count: int) -> list[str]:
     return (given or [str(i) for i in range(count)])[:count]
 
 
-def run_attempt(platform: Platform, workroot: Path) -> dict:
-    """Fetch and run one attempt, reporting progress; returns its result (raises on infrastructure failure)."""
+def run_attempt(platform: Platform, workroot: Path, *, gpus: list[str] | None = None, job_extra: dict | None = None,
+                python: str = sys.executable, heartbeat_s: float = HEARTBEAT_S) -> dict:
+    """Fetch and run one attempt, reporting progress; returns its result (raises on infrastructure failure).
+    `gpus`: the devices to use (default: the scheduler's, `visible_devices`); `job_extra`: the node's per-device
+    settings (limits are merged into the job's)."""
     payload = platform.call("job")
     workdir = Path(tempfile.mkdtemp(prefix="kernelbot-run-", dir=workroot)) / "work"
+    workdir.parent.chmod(0o755)  # the sandbox's uid owns `work` and must reach it
     lock = threading.Lock()
     wanted = {"alive": True, "last": time.monotonic()}
 
@@ -94,16 +128,19 @@ def run_attempt(platform: Platform, workroot: Path) -> dict:
                 print(f"progress post failed: {exc}", file=sys.stderr)
 
     def still_wanted() -> bool:
-        if time.monotonic() - wanted["last"] >= HEARTBEAT_S:
+        if time.monotonic() - wanted["last"] >= heartbeat_s:
             post_progress({"heartbeat": True})
         return wanted["alive"]
 
     try:
         write_workdir(workdir, payload["files"])
-        job = {**payload["job"], "workdir": str(workdir), "gpus": visible_devices(int(payload.get("gpu_count", 0)))}
-        result, failure = run_harness(job, python=sys.executable, pythonpath=str(Path(__file__).resolve().parents[2]),
+        extra = job_extra or {}
+        job = {**payload["job"], **extra, "limits": {**payload["job"].get("limits", {}), **extra.get("limits", {})},
+               "workdir": str(workdir),
+               "gpus": visible_devices(int(payload.get("gpu_count", 0))) if gpus is None else gpus}
+        result, failure = run_harness(job, python=python, pythonpath=str(Path(__file__).resolve().parents[2]),
                                       timeout=float(payload["timeout_s"]), on_progress=post_progress,
-                                      still_wanted=still_wanted, check_interval=2.0)
+                                      still_wanted=still_wanted, check_interval=min(2.0, heartbeat_s))
     finally:
         shutil.rmtree(workdir.parent, ignore_errors=True)
     if not wanted["alive"]:

@@ -151,6 +151,58 @@ def acquire_for_run(pool: GpuPool, gpu_type: GpuType, *, run_id: int, attempt: i
             ends=soon, lease_until=now + timedelta(seconds=lease_seconds))
 
 
+def acquire_on_node(gpus: list[Gpu], count: int, *, run_id: int, attempt: int, user_id: int | None,
+                    leaderboard: str, seconds: float, lease_seconds: float) -> list[DeviceHold]:
+    """`count` (at least one) of `gpus` — one node's devices of one type that its agent says are free — for a run
+    attempt, or [] when fewer are free of holds and of reservations about to start. Devices kept for competitions
+    come first, as in `acquire_for_run`."""
+    if not gpus:
+        return []
+    count = max(1, count)
+    pool, gpu_type = gpus[0].node.pool, gpus[0].gpu_type
+    with transaction.atomic():
+        lock_gpus(g.pk for g in gpus)
+        now = timezone.now()
+        existing = list(DeviceHold.objects.held().filter(kind=HoldKind.RUN, run_id=run_id, run_attempt=attempt))
+        if existing:
+            return existing
+        for hold in DeviceHold.objects.held().filter(gpu__in=gpus, kind=HoldKind.RUN, lease_until__lt=now):
+            end_hold(hold, hold.lease_until)  # a dead agent's: ended at its last renewal
+        holds = open_holds(g.pk for g in gpus)
+        soon = now + timedelta(seconds=seconds)
+        promised = {pk for r in Reservation.objects.filter(
+                        pool=pool, gpu_type=gpu_type, status=ReservationStatus.PENDING, planned_start__lte=soon)
+                    for pk in r.planned_gpus}
+        kept = kept_for_competitions(PoolPolicy.objects.filter(pool=pool).first(), devices(pool, gpu_type))
+        free = sorted((g for g in gpus if g.pk not in holds and g.pk not in promised),
+                      key=lambda g: (g.pk not in kept, g.pk))
+        if len(free) < count:
+            return []
+        return [DeviceHold.objects.create(
+            gpu=gpu, node_id=gpu.node_id, pool=pool, gpu_type=gpu_type, kind=HoldKind.RUN, run_id=run_id,
+            run_attempt=attempt, user_id=user_id, project=leaderboard, leaderboard=leaderboard, started=now,
+            ends=soon, lease_until=now + timedelta(seconds=lease_seconds)) for gpu in free[:count]]
+
+
+def renew_attempt_holds(run_id: int, attempt: int, lease_seconds: float) -> int:
+    return DeviceHold.objects.held().filter(kind=HoldKind.RUN, run_id=run_id, run_attempt=attempt).update(
+        lease_until=timezone.now() + timedelta(seconds=lease_seconds))
+
+
+def end_attempt_holds(run_id: int, attempt: int) -> int:
+    """End a run attempt's holds now (its run left the device: result, failure, retry, cancel); once each."""
+    now = timezone.now()
+    ended = sum(end_hold(hold, now) for hold in
+                DeviceHold.objects.held().filter(kind=HoldKind.RUN, run_id=run_id, run_attempt=attempt))
+    if ended:
+        for pool_id, gpu_type_id in DeviceHold.objects.filter(run_id=run_id, run_attempt=attempt).values_list(
+                "pool_id", "gpu_type_id").distinct():
+            if Reservation.objects.filter(pool_id=pool_id, gpu_type_id=gpu_type_id,
+                                          status=ReservationStatus.PENDING).exists():
+                enqueue_on_commit("runners.reservations.tasks.plan_pool", pool_id, gpu_type_id)
+    return ended
+
+
 def renew_run_hold(hold_id: int, lease_seconds: float) -> bool:
     return bool(DeviceHold.objects.held().filter(pk=hold_id).update(
         lease_until=timezone.now() + timedelta(seconds=lease_seconds)))

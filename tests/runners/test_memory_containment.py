@@ -11,12 +11,13 @@ import os
 import pytest
 from django.core.management import call_command
 
-from leaderboards import health
 from leaderboards.health import do_start_pool_check
+from runners.actions import probe_this_machine
 from runners.harness import cgroups
 from runners.harness.probe import probe, sandbox_facts
 from runners.models import CheckOutcome, GpuPool, GpuType, GpuVendor, Node, PoolCheck, PoolHealth, RunnerBackendName
 from runners.pools import MEMORY_FIX_DOC, Contained, containment
+from tests.agents import in_process_agent
 
 pytestmark = pytest.mark.django_db
 FIX = f"delegate the memory controller to the runner's service ({MEMORY_FIX_DOC})"
@@ -69,7 +70,8 @@ def test_a_nodes_containment_from_its_facts(facts, state, says):
 def test_under_require_a_node_without_a_memory_cgroup_fails_its_pool_with_the_reason(
         cpu_pool, undelegated, monkeypatch, settings, admin_client, django_capture_on_commit_callbacks):
     monkeypatch.setenv("KERNELBOT_SANDBOX", "require")
-    with django_capture_on_commit_callbacks(execute=False):  # the probe runs for real; the check's run never starts
+    in_process_agent(cpu_pool.nodes.get(), probe_this_machine())  # its agent's probe, for real
+    with django_capture_on_commit_callbacks(execute=False):  # the check's run never starts
         do_start_pool_check(cpu_pool)
     cpu_pool.refresh_from_db()
     reason = (f"node localhost cannot contain memory: {undelegated}; {FIX}. Under KERNELBOT_SANDBOX=require it "
@@ -95,6 +97,7 @@ def test_under_require_a_node_without_a_memory_cgroup_fails_its_pool_with_the_re
 def test_otherwise_the_pool_passes_and_the_admin_warns_of_per_process_limits(
         cpu_pool, undelegated, monkeypatch, sync_queue, admin_client, django_capture_on_commit_callbacks):
     monkeypatch.setenv("KERNELBOT_SANDBOX", "auto")
+    in_process_agent(cpu_pool.nodes.get(), probe_this_machine())
     with django_capture_on_commit_callbacks(execute=True):  # the check's run on the real harness, uncontained
         do_start_pool_check(cpu_pool)
     cpu_pool.refresh_from_db()
@@ -102,7 +105,7 @@ def test_otherwise_the_pool_passes_and_the_admin_warns_of_per_process_limits(
     warning = f"runs on node localhost have per-process memory limits only: {undelegated}; {FIX}"
     check = node_check(cpu_pool)
     assert check.outcome == CheckOutcome.OK
-    assert check.detail == f"this machine's devices are as claimed; {warning}, then set KERNELBOT_SANDBOX=require"
+    assert check.detail == f"node agents are live on localhost; {warning}, then set KERNELBOT_SANDBOX=require"
     run_check = PoolCheck.objects.get(pool=cpu_pool, run_id__isnull=False)
     assert f"with per-process memory limits only ({undelegated})" in run_check.detail
 
@@ -116,13 +119,13 @@ def test_otherwise_the_pool_passes_and_the_admin_warns_of_per_process_limits(
 def test_a_node_with_a_delegated_memory_cgroup_passes_its_check(cpu_pool, monkeypatch, admin_client,
                                                                 django_capture_on_commit_callbacks):
     monkeypatch.setenv("KERNELBOT_SANDBOX", "require")
-    monkeypatch.setattr(health, "probe_this_machine", probe)  # in this process, so memory_parent can be stood in for
     monkeypatch.setattr(cgroups, "memory_parent", lambda: cgroups.MemoryParent("v2", DELEGATED))
+    in_process_agent(cpu_pool.nodes.get(), probe())  # in this process, so memory_parent can be stood in for
     with django_capture_on_commit_callbacks(execute=False):
         do_start_pool_check(cpu_pool)
     cpu_pool.refresh_from_db()
     check = node_check(cpu_pool)
-    assert (check.outcome, check.detail) == (CheckOutcome.OK, "this machine's devices are as claimed")
+    assert (check.outcome, check.detail) == (CheckOutcome.OK, "node agents are live on localhost")
     assert cpu_pool.health != PoolHealth.FAILING and GpuPool.objects.taking_runs(cpu_pool.cpu).exists()
     page = admin_client.get(f"/admin/runners/gpupool/{cpu_pool.pk}/change/").content.decode()
     assert f"✔</span> localhost: each run&#x27;s memory is contained by a cgroup in v2 {DELEGATED}" in page

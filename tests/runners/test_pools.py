@@ -188,6 +188,7 @@ def test_bad_backend_settings_are_form_errors_and_nothing_is_saved(admin_client,
 
 def test_a_pool_with_settings_and_devices_is_made_on_one_page(admin_client, backends, l4, monkeypatch):
     monkeypatch.setenv("FAKE_CLUSTER_KEY", "secret")
+    monkeypatch.delenv("KERNELBOT_RUNNER_KEY", raising=False)
     response = admin_client.post("/admin/runners/gpupool/add/", pool_form(**{
         "slurm-partition": "gpu", "slurm-time_limit_min": "30", "slurm-key_env": "FAKE_CLUSTER_KEY",
         "devices": [{"hostname": "gpu01", "index": "0", "gpu_type": str(l4.pk), "enabled": "on"},

@@ -1,0 +1,188 @@
+"""The node agent: the one thing that runs kernels on a machine. Run it as a service on every machine of a pool with
+backend "local" (`./dev serve` starts one for this machine):
+
+    KERNELBOT_RUNNER_KEY=… python -m runners.harness.node --platform https://kb.example.org --pool lab
+
+Stdlib only, Django-free, shipped in `harness.tar.gz` with the remote agent. It probes the machine (its real
+devices, never typed in) and registers them with the platform, then asks for work every `--poll` seconds while a
+device is free: the platform hands it runs of its pool for its free devices (`/api/runner/v1/nodes/…`, Bearer
+HMAC-SHA256(key, "node:pool:hostname")). Each run goes through the same per-attempt routes and the same harness
+runner as the remote agent (`agent.run_attempt`), one thread per run, each beating its attempt while it runs. A
+restarted agent registers again, and the platform retries at once the runs the previous one held.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import hmac
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from . import agent
+from .agent import KEY_ENV, Gone, Platform, Refused, Transport, http, run_attempt, runner_token
+
+VERSION = "1"
+POLL_S = 0.5
+
+
+def node_token(key: str, pool: str, hostname: str) -> str:
+    return hmac.new(key.encode(), f"node:{pool}:{hostname}".encode(), hashlib.sha256).hexdigest()
+
+
+def probe(python: str) -> dict:
+    """This machine's probe, from the interpreter that runs the harness (its torch is the one runs get)."""
+    done = subprocess.run([python, "-m", "runners.harness.probe"], cwd=Path(__file__).resolve().parents[2],
+                          capture_output=True, text=True, timeout=300, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the device probe ({python} -m runners.harness.probe) failed: {done.stderr[-500:]}")
+    return json.loads(done.stdout)
+
+
+class NodeAgent:
+    def __init__(self, platform: str, pool: str, hostname: str, key: str, *, python: str = sys.executable,
+                 workroot: Path | None = None, poll_s: float = POLL_S, transport: Transport = http):
+        self.platform, self.pool, self.hostname, self.key = platform.rstrip("/"), pool, hostname, key
+        self.python, self.poll_s, self.transport = python, poll_s, transport
+        self.workroot = workroot or Path(tempfile.gettempdir())
+        self.token = node_token(key, pool, hostname)
+        self.devices: list[int] = []
+        self.busy: dict[int, tuple[int, int]] = {}  # device index → (run, attempt)
+        self.threads: list[threading.Thread] = []
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+
+    def _call(self, route: str, body: dict) -> dict:
+        return agent.call(self.transport, f"{self.platform}/api/runner/v1/nodes/{route}", self.token,
+                          {"pool": self.pool, "hostname": self.hostname, **body})
+
+    def register(self, report: dict | None = None) -> dict:
+        """Tell the platform what this machine has; it answers with the devices it will hand runs to."""
+        report = report if report is not None else probe(self.python)
+        answer = self._call("register", {"probe": report, "agent": {
+            "version": VERSION, "pid": os.getpid(), "python": self.python, "started": time.time()}})
+        self.devices = [int(d["index"]) for d in answer.get("devices", []) if d.get("enabled", True)]
+        return answer
+
+    def free(self) -> list[int]:
+        with self.lock:
+            return [index for index in self.devices if index not in self.busy]
+
+    def poll(self) -> list[dict]:
+        """Ask for work for the free devices (this is also the node's heartbeat); start each claimed run."""
+        claims = self._call("poll", {"free": self.free()}).get("claims", [])
+        for claim in claims:
+            self.start(claim)
+        return claims
+
+    def start(self, claim: dict, *, wait: bool = False) -> None:
+        indices = [int(i) for i in claim["devices"]]
+        with self.lock:
+            for index in indices:
+                self.busy[index] = (claim["run"], claim["attempt"])
+        if wait:
+            self.execute(claim, indices)
+            return
+        thread = threading.Thread(target=self.execute, args=(claim, indices), daemon=True,
+                                  name=f"run-{claim['run']}-{claim['attempt']}")
+        self.threads = [t for t in self.threads if t.is_alive()] + [thread]
+        thread.start()
+
+    def execute(self, claim: dict, indices: list[int]) -> None:
+        run_id, number = int(claim["run"]), int(claim["attempt"])
+        platform = Platform(self.platform, run_id, number, runner_token(self.key, run_id, number, claim["nonce"]),
+                            self.transport)
+        try:
+            result = run_attempt(platform, self.workroot, gpus=[str(i) for i in claim.get("gpus", [])],
+                                 job_extra=claim.get("job", {}), python=self.python,
+                                 heartbeat_s=float(claim.get("heartbeat_s", agent.HEARTBEAT_S)))
+            platform.call("result", result)
+        except Gone as exc:
+            print(f"run {run_id} attempt {number} is no longer ours: {exc}", file=sys.stderr)
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            print(f"run {run_id} attempt {number}: infrastructure failure: {reason}", file=sys.stderr)
+            try:
+                platform.call("failure", {"reason": f"node {self.hostname}: {reason}"[:2000]}, retries=3)
+            except Exception as report_exc:
+                print(f"could not report the failure: {report_exc}", file=sys.stderr)
+        finally:
+            with self.lock:
+                for index in indices:
+                    self.busy.pop(index, None)
+
+    def drain(self) -> int:
+        """Take and run, one after the other in this thread, every run the platform has for this node now; how many
+        (tests and one-shot use)."""
+        done = 0
+        while claims := self._call("poll", {"free": self.free()}).get("claims", []):
+            for claim in claims:
+                self.start(claim, wait=True)
+                done += 1
+        return done
+
+    def serve(self) -> None:
+        """Register, then poll while a device is free (and beat the node while none is), until stopped."""
+        while not self.stopping.is_set():
+            try:
+                self.register()
+                print(f"node agent: {self.hostname} in pool {self.pool}: devices {self.devices}", file=sys.stderr)
+                break
+            except Refused:
+                raise
+            except Exception as exc:
+                print(f"node agent: cannot register yet ({exc}); retrying", file=sys.stderr)
+                self.stopping.wait(5)
+        while not self.stopping.is_set():
+            try:
+                self.poll()
+            except Refused as exc:
+                if exc.status == 404:  # the platform forgot this node (deleted in the admin): register again
+                    self.register()
+                else:
+                    print(f"node agent: refused: {exc}", file=sys.stderr)
+                    self.stopping.wait(10)
+            except Exception as exc:
+                print(f"node agent: poll failed ({exc})", file=sys.stderr)
+                self.stopping.wait(2)
+            self.stopping.wait(self.poll_s)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m runners.harness.node", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--platform", required=True, help="the platform's URL, e.g. https://kernelbot.example.org")
+    parser.add_argument("--pool", required=True, help="the GPU pool (backend local) this machine belongs to")
+    parser.add_argument("--hostname", default=socket.gethostname(), help="this machine's name in the pool")
+    parser.add_argument("--python", default=os.environ.get("KERNELBOT_HARNESS_PYTHON") or sys.executable,
+                        help="the interpreter that runs the harness (with torch)")
+    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()), help="where runs unpack")
+    parser.add_argument("--poll", type=float, default=POLL_S, help="seconds between asks for work")
+    args = parser.parse_args(argv)
+    key = os.environ.get(KEY_ENV, "")
+    if not key:
+        print(f"{KEY_ENV} is not set", file=sys.stderr)
+        return 2
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    node = NodeAgent(args.platform, args.pool, args.hostname, key, python=args.python, workroot=args.workdir,
+                     poll_s=args.poll)
+    signal.signal(signal.SIGTERM, lambda *_: node.stopping.set())
+    try:
+        node.serve()
+    except Refused as exc:
+        print(f"node agent: the platform refused this node: {exc.detail}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

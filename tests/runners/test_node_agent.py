@@ -1,0 +1,195 @@
+"""Node agents: the only thing that runs kernels on a machine of a local pool. They register the devices their probe
+finds, claim runs for free devices through the runner API, beat them, and are how a run whose machine died is
+retried. The in-process agent (tests/agents.py) is the real agent code over the real views; the last tests start
+real agent processes against a live server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+
+from leaderboards import lifecycle
+from leaderboards.actions import check_submission, do_submit
+from leaderboards.models import Run, RunStatus, SubmissionMode
+from leaderboards.taskfile import load_task
+from runners.actions import agentless_nodes
+from runners.harness.node import node_token
+from runners.models import Gpu, GpuPool, GpuType, Node
+from runners.reservations.models import DeviceHold
+
+from .. import factories
+from ..agents import drain, in_process_agent, machine_probe, start_agent
+from ..conftest import REPO, reap_group
+from ..factories import UserFactory
+
+CODE = (REPO / "problems" / "demo" / "vectoradd_py" / "solutions" / "correct.py").read_bytes()
+
+
+def submit(leaderboard, user=None, mode=SubmissionMode.TEST, gpu="CPU", code=CODE):
+    user = user or UserFactory()
+    return do_submit(user, check_submission(user, leaderboard.name, [gpu], mode, "k.py", code))
+
+
+def dispatch_all() -> None:
+    for run_id in Run.objects.filter(status=RunStatus.QUEUED).values_list("pk", flat=True):
+        lifecycle.dispatch_run(run_id)
+
+
+def node_call(route: str, body: dict, token: str | None = None):
+    token = token if token is not None else node_token("test-runner-key-0123456789abcdef", body.get("pool", ""),
+                                                       body.get("hostname", ""))
+    return Client().post(f"/api/runner/v1/nodes/{route}", json.dumps(body), content_type="application/json",
+                         headers={"Authorization": f"Bearer {token}"})
+
+
+@pytest.mark.django_db
+def test_a_run_waits_dispatched_until_an_agent_claims_it_and_then_runs_through_the_runner_api(leaderboard, cpu_pool):
+    submission = submit(leaderboard)
+    dispatch_all()
+    run = submission.runs.get()
+    run.refresh_from_db()
+    assert run.status == RunStatus.DISPATCHED  # no worker ran it: it waits for the pool's agents
+    assert drain(cpu_pool) == 1
+    run.refresh_from_db()
+    assert (run.status, run.verdict) == (RunStatus.SUCCEEDED, "pass"), run.error
+    attempt = run.attempts.get()
+    assert attempt.external_id == f"node:{cpu_pool.nodes.get().pk}:0"
+    hold = DeviceHold.objects.get(run_id=run.pk)
+    assert hold.ended is not None  # the device is free again once the result is in
+
+
+@pytest.mark.django_db
+def test_registration_comes_from_the_probe_and_a_made_up_node_gets_no_run(leaderboard, cpu_pool):
+    phantom = Node.objects.create(pool=cpu_pool, hostname="gpu-node-7")
+    Gpu.objects.create(node=phantom, gpu_type=cpu_pool.cpu, index=0)
+    extra = Gpu.objects.create(node=cpu_pool.nodes.get(hostname="localhost"), gpu_type=cpu_pool.cpu, index=1)
+    agent = in_process_agent(cpu_pool.nodes.get(hostname="localhost"))
+    assert agent.devices == [0]  # a CPU machine is one device, whatever rows were typed in
+    extra.refresh_from_db()
+    assert not extra.enabled
+    for _ in range(3):
+        submit(leaderboard)
+    dispatch_all()
+    assert agent.drain() == 3
+    assert not DeviceHold.objects.filter(gpu__node=phantom).exists()
+    assert set(Run.objects.values_list("status", flat=True)) == {RunStatus.SUCCEEDED}
+    assert agentless_nodes(cpu_pool) == ["gpu-node-7"]
+    staff = UserFactory(is_staff=True, is_superuser=True)
+    client = Client()
+    client.force_login(staff)
+    page = client.get(reverse("admin:runners_gpupool_change", args=[cpu_pool.pk])).content.decode()
+    assert "no agent on gpu-node-7" in page
+
+
+@pytest.mark.django_db
+def test_one_machine_serves_one_pool_and_bad_calls_get_precise_refusals(cpu_pool):
+    other = GpuPool.objects.create(name="other")
+    in_process_agent(cpu_pool.nodes.get())
+    report = {"pool": "other", "hostname": "localhost", "probe": machine_probe()}
+    refused = node_call("register", report)
+    assert refused.status_code == 409 and "already belongs to pool local" in refused.json()["detail"]
+    assert not other.nodes.exists()
+    assert node_call("register", report, token="0" * 64).status_code == 403
+    assert node_call("poll", {"pool": "local", "hostname": "localhost", "free": ["x"]}).status_code == 400
+    assert node_call("poll", {"pool": "local", "hostname": "nowhere", "free": [0]}).status_code == 404
+    assert node_call("poll", {"pool": "local\x00", "hostname": "localhost"}).status_code == 400
+    assert node_call("register", {"pool": "local", "hostname": "localhost", "probe": []}).status_code == 400
+    gpu_pool = GpuPool.objects.create(name="h100s")
+    GpuType.objects.create(name="H100")
+    answer = node_call("register", {"pool": "h100s", "hostname": "cpu-box", "probe": {**machine_probe(),
+                                    "devices": [{"index": 0, "name": "NVIDIA A10", "vendor": "nvidia"}]}})
+    assert answer.status_code == 409 and "no GPU type matches device #0 (NVIDIA A10)" in answer.json()["detail"]
+    assert not gpu_pool.nodes.filter(gpus__isnull=False).exists()
+
+
+@pytest.mark.django_db
+def test_a_restarted_agent_gets_its_dead_predecessors_runs_retried_at_once(leaderboard, cpu_pool):
+    agent = in_process_agent(cpu_pool.nodes.get())
+    submit(leaderboard)
+    dispatch_all()
+    claims = agent._call("poll", {"free": [0]})["claims"]  # claimed, then the agent "dies"
+    assert len(claims) == 1
+    run = Run.objects.get()
+    assert run.status == RunStatus.RUNNING
+    answer = in_process_agent(cpu_pool.nodes.get())  # the new agent registers holding nothing
+    run.refresh_from_db()
+    assert run.status == RunStatus.QUEUED and "restarted" in run.error and run.infra_failures == 1
+    assert answer.devices == [0]
+    assert DeviceHold.objects.get(run_id=run.pk).ended is not None
+
+
+@pytest.mark.django_db
+def test_a_silent_agents_run_is_retried_at_its_heartbeat_deadline(leaderboard, cpu_pool, settings):
+    agent = in_process_agent(cpu_pool.nodes.get())
+    submit(leaderboard)
+    dispatch_all()
+    assert len(agent._call("poll", {"free": [0]})["claims"]) == 1
+    run = Run.objects.get()
+    assert run.status_deadline <= timezone.now() + timedelta(seconds=settings.RUN_HEARTBEAT_DEADLINE)
+    assert lifecycle.do_reap_overdue_runs(now=run.status_deadline + timedelta(seconds=1)) == 1
+    run.refresh_from_db()
+    assert run.status in (RunStatus.QUEUED, RunStatus.DISPATCHED) and run.infra_failures == 1
+
+
+@pytest.mark.django_db
+def test_a_run_dispatched_to_a_local_pool_waits_its_turn_while_an_agent_serves_it(leaderboard, cpu_pool, settings):
+    in_process_agent(cpu_pool.nodes.get())
+    submit(leaderboard)
+    dispatch_all()
+    run = Run.objects.get()
+    Node.objects.update(agent_seen_at=timezone.now() + timedelta(hours=1))  # its agent stays live meanwhile
+    assert lifecycle.do_reap_overdue_runs(now=run.status_deadline + timedelta(seconds=1)) == 0
+    run.refresh_from_db()
+    assert run.status == RunStatus.DISPATCHED and run.infra_failures == 0  # waiting is not a failure
+
+
+@pytest.fixture
+def live_pool(runner_platform, transactional_db):
+    return factories.local_cpu_pool()
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if found := predicate():
+            return found
+        lifecycle.do_reap_overdue_runs()  # the supervisor's tick
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}: {list(Run.objects.values_list('status', 'error'))}")
+
+
+@pytest.mark.slow
+def test_a_real_agent_runs_kernels_and_a_killed_one_gets_its_run_retried_within_seconds(live_pool, runner_platform,
+                                                                                       settings):
+    task = load_task(REPO / "problems" / "demo" / "vectoradd_py")
+    leaderboard = factories.LeaderboardFactory(problem=factories.problem_from(task), gpu_types=[live_pool.cpu])
+    agent = start_agent(runner_platform.url, live_pool.name, "localhost")
+    try:
+        wait_for(lambda: Node.objects.filter(agent_seen_at__isnull=False).exists(), 120, "the agent's registration")
+        submit(leaderboard)
+        dispatch_all()
+        wait_for(lambda: Run.objects.filter(status=RunStatus.SUCCEEDED).exists(), 120, "the first verdict")
+        # a slow kernel: the agent is killed while it runs it
+        slow = CODE + b"\nimport time as _t\n_orig = custom_kernel\ndef custom_kernel(data):\n    _t.sleep(30)\n" \
+                      b"    return _orig(data)\n"
+        run = submit(leaderboard, code=slow).runs.get()
+        dispatch_all()
+        wait_for(lambda: Run.objects.filter(pk=run.pk, status=RunStatus.RUNNING).exists(), 60, "the slow run")
+        os.killpg(agent.pid, signal.SIGKILL)
+        agent.wait()
+        killed = time.monotonic()
+        wait_for(lambda: Run.objects.filter(pk=run.pk, infra_failures=1).exists(), 30, "the retry")
+        assert time.monotonic() - killed <= settings.RUN_HEARTBEAT_DEADLINE + 5
+        assert not DeviceHold.objects.filter(run_id=run.pk, ended__isnull=True).exists()
+    finally:
+        if agent.poll() is None:
+            os.killpg(agent.pid, signal.SIGKILL)
+        reap_group(agent.pid)
