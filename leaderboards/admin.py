@@ -1,5 +1,7 @@
 from django.contrib import admin, messages
-from django.db.models import QuerySet
+from django.contrib.auth import get_user_model
+from django.contrib.auth.admin import UserAdmin
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 from django.shortcuts import redirect, render
 from django.urls import path, reverse
@@ -9,7 +11,7 @@ from kernelbot.admin_actions import ObjectAction, ObjectActionsMixin, confirmed_
 
 from . import actions, lifecycle
 from .access import actions as access_actions
-from .access.authority import may_see_precheck
+from .access.authority import RunView, may_see_precheck
 from .access.models import ApiToken, Ban, Invite, JobSwitch, Membership, PendingLogin, SubmissionQuota
 from .admin_tables import (
     info_table,
@@ -36,7 +38,7 @@ from .models import (
     RunAttempt,
     Submission,
 )
-from .serializers import problem_error_detail
+from .serializers import job_state, problem_error_detail
 from .taskfile import TaskFileError, load_task_from_zip
 
 
@@ -186,6 +188,33 @@ def _rescore(leaderboard: Leaderboard) -> str:
     return f"{leaderboard}: {changed} scores changed; ranks are being recomputed."
 
 
+def barred_entries(leaderboard: Leaderboard) -> QuerySet:
+    """The board entries of users who may no longer submit there: banned from it (or from everything) or
+    deactivated. They stay ranked until an organiser removes them (`_remove_barred`)."""
+    banned = Ban.objects.filter(Q(leaderboard=leaderboard) | Q(leaderboard__isnull=True)).values("user")
+    return BoardEntry.objects.filter(Q(user__in=banned) | Q(user__is_active=False), leaderboard=leaderboard) \
+        .select_related("user")
+
+
+def _remove_from_rankings(leaderboard: Leaderboard, user_ids: set[int]) -> int:
+    subs = list(Submission.objects.filter(leaderboard=leaderboard, user_id__in=user_ids))
+    for sub in subs:
+        actions.do_delete_submission(sub)
+    return len(subs)
+
+
+def _remove_barred(leaderboard: Leaderboard) -> str:
+    users = {e.user_id: e.user.get_username() for e in barred_entries(leaderboard)}
+    count = _remove_from_rankings(leaderboard, set(users))
+    return (f"Removed {', '.join(sorted(users.values())) or 'nobody'} from {leaderboard}'s rankings "
+            f"({count} submission{'' if count == 1 else 's'} deleted); the rankings are being rebuilt.")
+
+
+REMOVE_BARRED_CONSEQUENCE = ("Every submission to this leaderboard of its banned and deactivated users is deleted "
+                             "(unfinished runs are cancelled) and its rankings are rebuilt without them. Their "
+                             "accounts and their submissions elsewhere stay.")
+
+
 RESCORE_CONSEQUENCE = ("Every passing ranked run's score is recomputed from its stored results with the leaderboard's "
                        "current ranking rule, and every ranking of it is rebuilt. Nothing is run again.")
 
@@ -199,8 +228,22 @@ class LeaderboardAdmin(ObjectActionsMixin, admin.ModelAdmin):
     search_fields = ["name"]
     filter_horizontal = ["gpu_types"]
     actions = ["rescore"]
-    object_actions = (ObjectAction("rescore", "Rescore", "Rescore {obj}?", RESCORE_CONSEQUENCE, _rescore),)
+    object_actions = (
+        ObjectAction("rescore", "Rescore", "Rescore {obj}?", RESCORE_CONSEQUENCE, _rescore),
+        ObjectAction("remove-barred", "Remove banned users from the rankings", "Remove {obj}'s banned and "
+                     "deactivated users from its rankings?", REMOVE_BARRED_CONSEQUENCE, _remove_barred,
+                     shown=lambda leaderboard: barred_entries(leaderboard).exists()),
+    )
     public_link = public_link
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        leaderboard = self.get_object(request, object_id) if request.method == "GET" else None
+        if leaderboard is not None and (barred := list(barred_entries(leaderboard).with_rank())):
+            self.message_user(request, "Still ranked though they may not submit here: " + ", ".join(
+                f"{e.user.get_username()} (#{e.rank} on {e.gpu_type.name}, "
+                f"{'deactivated' if not e.user.is_active else 'banned'})" for e in barred)
+                + ". “Remove banned users from the rankings” above takes them off.", messages.WARNING)
+        return super().change_view(request, object_id, form_url, extra_context)
 
     def view_on_site(self, leaderboard: Leaderboard) -> str:
         return public_url(leaderboard)
@@ -333,8 +376,9 @@ class PrecheckForStaffMixin:
 
 @admin.register(Submission)
 class SubmissionAdmin(PrecheckForStaffMixin, NoAddAdmin):
-    list_display = ["id", "user", "leaderboard", "mode", "file_name", "created", "precheck_flag", "public_link"]
-    list_filter = ["mode", "leaderboard", PrecheckFilter]
+    list_display = ["id", "user", "leaderboard", "mode", "file_name", "created", "status", "precheck_flag",
+                    "public_link"]
+    list_filter = ["mode", "leaderboard", ("user", admin.RelatedOnlyFieldListFilter), PrecheckFilter]
     search_fields = ["user__username", "file_name"]
     readonly_fields = ["user", "leaderboard", "problem", "file_name", "mode", "created", "precheck_text", "source"]
     exclude = ["code", "precheck"]
@@ -344,6 +388,14 @@ class SubmissionAdmin(PrecheckForStaffMixin, NoAddAdmin):
 
     def view_on_site(self, submission: Submission) -> str:
         return public_url(submission)
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("user", "leaderboard").prefetch_related("runs__gpu_type")
+
+    @admin.display(description="status")
+    def status(self, submission: Submission) -> str:
+        """What its runs came to, as the competitor's CLI and popcorn read it (`serializers.job_state`)."""
+        return job_state(list(submission.runs.all()), RunView.ALL)[1]
 
     def get_list_display(self, request):
         shown = super().get_list_display(request)
@@ -415,7 +467,7 @@ CANCEL_CONSEQUENCE = "The run stops where it is and is never scored; its submiss
 class RunAdmin(PrecheckForStaffMixin, ObjectActionsMixin, NoAddAdmin):
     list_display = ["id", "submission", "gpu_type", "kind", "status", "verdict", "score_text", "queued_at",
                     "public_link"]
-    list_filter = ["status", "secret", "gpu_type", "submission__mode", "problem_error"]
+    list_filter = ["status", "submission__leaderboard", "secret", "gpu_type", "submission__mode", "problem_error"]
     search_fields = ["submission__user__username", "submission__leaderboard__name"]
     fieldsets = [
         (None, {"fields": ["submission_link", "gpu", "kind", "status", "attempt", "runner", "verdict",
@@ -520,6 +572,7 @@ class BoardEntryAdmin(NoAddAdmin):
     list_display = ["leaderboard", "gpu_type", "rank", "user", "score_text", "submission", "submitted_at",
                     "public_link"]
     list_select_related = ["leaderboard", "gpu_type", "user", "submission__leaderboard"]
+    search_fields = ["user__username", "leaderboard__name"]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         return super().get_queryset(request).with_rank()
@@ -586,10 +639,47 @@ class MembershipAdmin(admin.ModelAdmin):
     search_fields = ["user__username"]
 
 
+def _remove_banned(queryset: QuerySet) -> str:
+    count = 0
+    for ban in queryset.select_related("user", "leaderboard"):
+        boards = [ban.leaderboard] if ban.leaderboard_id else Leaderboard.objects.filter(entries__user=ban.user)
+        count += sum(_remove_from_rankings(board, {ban.user_id}) for board in set(boards))
+    return f"Deleted {count} submission{'' if count == 1 else 's'} of the banned users; the rankings are being rebuilt."
+
+
 @admin.register(Ban)
 class BanAdmin(admin.ModelAdmin):
-    list_display = ["user", "leaderboard", "reason", "created"]
-    search_fields = ["user__username"]
+    list_display = ["user", "banned_from", "reason", "ranked", "created"]
+    list_filter = [("leaderboard", admin.EmptyFieldListFilter)]
+    search_fields = ["user__username", "leaderboard__name", "reason"]
+    autocomplete_fields = ["user"]
+    actions = ["remove_from_rankings"]
+
+    def formfield_for_dbfield(self, db_field, request, **kwargs):
+        field = super().formfield_for_dbfield(db_field, request, **kwargs)
+        if db_field.name == "leaderboard":
+            field.empty_label = "— every leaderboard —"
+            field.help_text = "Empty: banned from every leaderboard. A ban stops new submissions; the user's " \
+                              "entries stay ranked until you remove them (the action on the ban list, or the " \
+                              "leaderboard's “Remove banned users from the rankings”)."
+        return field
+
+    @admin.display(description="banned from", ordering="leaderboard")
+    def banned_from(self, ban: Ban) -> str:
+        return ban.leaderboard.name if ban.leaderboard_id else "every leaderboard"
+
+    @admin.display(description="still ranked on")
+    def ranked(self, ban: Ban) -> str:
+        entries = BoardEntry.objects.filter(user_id=ban.user_id)
+        if ban.leaderboard_id:
+            entries = entries.filter(leaderboard_id=ban.leaderboard_id)
+        return ", ".join(sorted({e.leaderboard.name for e in entries.select_related("leaderboard")})) or "–"
+
+    remove_from_rankings = admin.action(description="Remove from the rankings they are banned from")(
+        confirmed_list_action("Remove from rankings", "Remove the selected banned users from the rankings?",
+                              "Their submissions to the leaderboards they are banned from (every leaderboard for a "
+                              "ban from everything) are deleted, unfinished runs cancelled, and the rankings rebuilt. "
+                              "Their accounts stay.", _remove_banned))
 
 
 def _pause(switch: JobSwitch) -> str:
@@ -629,3 +719,26 @@ class JobSwitchAdmin(ObjectActionsMixin, admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: JobSwitch | None = None) -> bool:
         return False
+
+
+# --- users: the organiser's deactivate ------------------------------------------------------------
+User = get_user_model()
+
+
+def _deactivate(queryset: QuerySet) -> str:
+    count = queryset.filter(is_active=True).exclude(is_superuser=True).update(is_active=False)
+    return (f"Deactivated {count} user{'' if count == 1 else 's'} (superusers are left alone): they can no longer log "
+            "in or submit. Their entries stay ranked until you remove them (a leaderboard's “Remove banned users "
+            "from the rankings”).")
+
+
+if admin.site.is_registered(User):
+    admin.site.unregister(User)
+
+
+@admin.register(User)
+class KernelbotUserAdmin(UserAdmin):
+    actions = ["deactivate"]
+    deactivate = admin.action(description="Deactivate (no log-in, no submissions)")(confirmed_list_action(
+        "Deactivate", "Deactivate the selected users?", "They can no longer log in, submit or use their API tokens. "
+        "Their submissions and accounts stay; tick “active” on a user's page to undo it.", _deactivate))

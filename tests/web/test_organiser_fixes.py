@@ -2,10 +2,10 @@
 
 import pytest
 
-from leaderboards import lifecycle
+from leaderboards import actions, lifecycle
 from leaderboards.access.actions import do_create_token
-from leaderboards.access.models import JobSwitch
-from leaderboards.models import Leaderboard, RankingRule, Run, RunStatus
+from leaderboards.access.models import Ban, JobSwitch
+from leaderboards.models import BoardEntry, Leaderboard, RankingRule, Run, RunStatus
 from runners.models import GpuType
 
 from ..factories import LeaderboardFactory, UserFactory, submission
@@ -110,3 +110,46 @@ def test_the_submit_form_offers_the_chosen_boards_gpu_types_only(client, leaderb
     gpu_select = page.split('name="gpu"')[1].split("</select>")[0]
     assert ">CPU<" in gpu_select and "H100" not in gpu_select
     assert "H100" in client.get("/submit/?leaderboard=other").content.decode().split('name="gpu"')[1]
+
+
+def ranked_user(leaderboard, username: str):
+    user = UserFactory(username=username)
+    finish(submission(leaderboard, user=user), [1000.0])
+    actions.do_recompute_ranks(leaderboard.pk, leaderboard.gpu_types.get().pk)
+    return user
+
+
+def test_a_banned_user_on_the_ranking_is_pointed_out_and_removed_on_request(admin_client, leaderboard):
+    cheat, honest = ranked_user(leaderboard, "cheat"), ranked_user(leaderboard, "honest")
+    assert BoardEntry.objects.filter(leaderboard=leaderboard).count() == 2
+    form = admin_client.get("/admin/leaderboards/ban/add/").content.decode()
+    assert "— every leaderboard —" in form and "Empty: banned from every leaderboard" in form
+    Ban.objects.create(user=cheat)  # from everything
+    page = admin_client.get(f"/admin/leaderboards/leaderboard/{leaderboard.pk}/change/").content.decode()
+    assert "Still ranked though they may not submit here: cheat (#1 on CPU, banned)" in page
+    assert "Remove banned users from the rankings" in page
+    assert "every leaderboard" in admin_client.get("/admin/leaderboards/ban/").content.decode()
+    admin_client.post(f"/admin/leaderboards/leaderboard/{leaderboard.pk}/do/remove-barred/")
+    assert list(BoardEntry.objects.values_list("user__username", flat=True)) == ["honest"]
+    assert honest.submissions.exists() and not cheat.submissions.exists()
+
+
+def test_a_deactivated_user_is_pointed_out_and_the_user_list_deactivates(admin_client, leaderboard):
+    gone = ranked_user(leaderboard, "gone")
+    response = admin_client.post("/admin/auth/user/", {"action": "deactivate", "_selected_action": [gone.pk],
+                                                       "confirmed": "yes"}, follow=True)
+    assert "Deactivated 1 user" in response.content.decode()
+    gone.refresh_from_db()
+    assert not gone.is_active
+    page = admin_client.get(f"/admin/leaderboards/leaderboard/{leaderboard.pk}/change/").content.decode()
+    assert "gone (#1 on CPU, deactivated)" in page
+
+
+def test_admin_lists_search_and_filter_what_an_organiser_looks_for(admin_client, leaderboard):
+    user = ranked_user(leaderboard, "findme")
+    entries = admin_client.get("/admin/leaderboards/boardentry/?q=findme").content.decode()
+    assert "findme" in entries and "search" in entries
+    subs = admin_client.get(f"/admin/leaderboards/submission/?user__id__exact={user.pk}").content.decode()
+    assert "column-status" in subs and "succeeded" in subs
+    runs = admin_client.get(f"/admin/leaderboards/run/?submission__leaderboard__id__exact={leaderboard.pk}")
+    assert runs.status_code == 200 and "?submission__leaderboard__id__exact=" in runs.content.decode()
