@@ -167,6 +167,17 @@ def _namespace_args(privileged: bool) -> list[str]:
     return args if privileged else ["--unshare-user", "--disable-userns", *args]
 
 
+def _closed_to_others(path: str) -> str:
+    """The first directory on the way to `path` (itself included) that other users cannot enter, else ""."""
+    parts = os.path.realpath(path).split(os.sep)
+    for i in range(2, len(parts) + 1):
+        walked = os.sep.join(parts[:i])
+        with contextlib.suppress(OSError):
+            if os.path.isdir(walked) and not os.stat(walked).st_mode & 0o001:
+                return walked
+    return ""
+
+
 def _python_paths() -> list[str]:
     """Read-only paths the interpreter and its site-packages (torch included) need."""
     cands = {
@@ -234,6 +245,11 @@ class Sandbox:
             raise SandboxUnavailable(f"KERNELBOT_SANDBOX=require but bubblewrap is unusable: {err}")
         self.bwrap = None if err else bwrap
         self.fallback_reason = "" if self.bwrap else ("KERNELBOT_SANDBOX=none" if self.mode == "none" else err)
+        closed = "" if self.bwrap or self.uid is None else _closed_to_others(sys.executable)
+        if closed:  # without bubblewrap's mounts another uid could not even start the interpreter
+            self.uid = None
+            self.fallback_reason += (f"; the interpreter lies under {closed}, which other users cannot enter, so runs "
+                                     "keep this process's uid (install bubblewrap to drop it)")
         self.tree_memory = tree_memory_limit(limits)
         self.cgroup: MemoryParent | None = None
         self.cgroup_error = "KERNELBOT_SANDBOX=none"

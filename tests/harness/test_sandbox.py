@@ -488,6 +488,31 @@ def test_fallback_rlimits_env_session(tmp_path: Path, monkeypatch, how):
     assert int(lines[-1]) != os.getsid(0)  # its own session
 
 
+@root_only
+def test_without_bubblewrap_an_interpreter_other_users_cannot_reach_keeps_the_uid(tmp_path: Path, monkeypatch):
+    """A fresh machine without bubblewrap, where Python lives under a home other users cannot enter (pyenv under
+    /root): dropping to the sandbox uid would only make every run fail to start, so the run keeps this uid and the
+    sandbox description says why and how to do better."""
+    monkeypatch.setattr(sb, "_bwrap_path", lambda: None)
+    monkeypatch.setenv("KERNELBOT_SANDBOX", "auto")
+    home = tmp_path / "home"
+    (home / "bin").mkdir(parents=True)
+    python = home / "bin" / "python3"
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    home.chmod(0o700)
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    monkeypatch.setattr(sys, "executable", str(python))
+    box = Sandbox(str(workdir), Limits(wall_seconds=30), uid=60123)
+    d = box.describe()
+    closed = sb._closed_to_others(str(python))  # home, or an ancestor of it that is closed too (pytest's tmp)
+    assert closed and str(home).startswith(closed)
+    assert not d["uid_dropped"] and f"under {closed}, which other users cannot enter" in d["fallback_reason"]
+    o = box.start([str(python), "-c", "import os; print(os.getuid())"]).wait()
+    assert o.returncode == 0 and o.stdout.split() == ["0"], o
+
+
 def test_fallback_wall_time(tmp_path: Path, monkeypatch):
     monkeypatch.setenv("KERNELBOT_SANDBOX", "none")
     o = Sandbox(str(tmp_path), Limits(wall_seconds=0.5)).start(["/bin/sh", "-c", "sleep 30"]).wait()
