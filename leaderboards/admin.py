@@ -652,7 +652,7 @@ class BanAdmin(admin.ModelAdmin):
     list_display = ["user", "banned_from", "reason", "ranked", "created"]
     list_filter = [("leaderboard", admin.EmptyFieldListFilter)]
     search_fields = ["user__username", "leaderboard__name", "reason"]
-    autocomplete_fields = ["user"]
+    raw_id_fields = ["user"]
     actions = ["remove_from_rankings"]
 
     def formfield_for_dbfield(self, db_field, request, **kwargs):
