@@ -13,6 +13,8 @@ from ninja.errors import HttpError, ValidationError
 
 from leaderboards.errors import Refused
 
+from .dbhealth import connection_lost
+
 log = logging.getLogger(__name__)
 NUL_BYTES = "The request holds a NUL byte, which no name, text or path can contain."
 MAX_OFFSET = 10**9
@@ -64,6 +66,8 @@ def install_error_handlers(api: NinjaAPI, *, validation_status: int = 422) -> No
     only when it is a string, and wants a 400)."""
     def answer(request, exc: Exception):
         found = refusal(exc)
+        if found is None and connection_lost(exc):
+            raise exc  # kernelbot.dbhealth: retried once if safe, else 503 with Retry-After
         if found is None:
             log.exception("API error", exc_info=exc)
             found = "Internal server error; the organisers have been notified.", 500, {}

@@ -58,6 +58,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "kernelbot.dbhealth.DatabaseHealthMiddleware",  # first: a lost connection is retried (safe requests) or a 503
     "django.middleware.security.SecurityMiddleware",
     "kernelbot.middleware.RejectNulBytesMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -94,6 +95,9 @@ DATABASES = {
     "default": dj_database_url.parse(
         os.environ.get("DATABASE_URL", f"sqlite:///{DATA_DIR / 'kernelbot.sqlite3'}"),
         conn_max_age=int(os.environ.get("DB_CONN_MAX_AGE", "0")),
+        # a reused connection (DB_CONN_MAX_AGE; DB_POOL's below) is tested before it serves a request, so one that
+        # died while idle (a database restart) is replaced unseen (kernelbot/dbhealth.py)
+        conn_health_checks=True,
     )
 }
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
@@ -102,8 +106,10 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
         {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"}
     )
 if DATABASES["default"]["ENGINE"].endswith("postgresql") and env_bool("DB_POOL", False):
-    # one pool per process for its request thread, the SSE stream readers and the websocket consumers' threads
-    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    # one pool per process for its request thread, the SSE stream readers and the websocket consumers' threads;
+    # Django's backend, whose checkout swaps a dead pooled connection at once (psycopg_pool's check, which
+    # CONN_HEALTH_CHECKS would install, backs off for seconds per dead connection: kernelbot/postgresql/base.py)
+    DATABASES["default"].update(ENGINE="kernelbot.postgresql", CONN_MAX_AGE=0, CONN_HEALTH_CHECKS=False)
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": 2, "max_size": int(os.environ.get("DB_POOL_SIZE", "16")), "timeout": 30}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -149,7 +155,9 @@ else:
 LIVE_OUTBOX_POLL = float(os.environ.get("KERNELBOT_LIVE_OUTBOX_POLL", "0.25"))
 
 Q_CLUSTER = {
-    "name": "kernelbot",
+    # the broker's queue (Redis: django_q:<name>:q; ORM: its key column), the stats keys and the signing salt:
+    # this deployment's own, so two deployments on one Redis never run each other's tasks
+    "name": DEPLOYMENT,
     "workers": int(os.environ.get("Q_WORKERS", "2")),
     "timeout": int(os.environ.get("Q_TIMEOUT", "1800")),
     "retry": int(os.environ.get("Q_RETRY", "1860")),
@@ -227,7 +235,8 @@ RUNS_DIR = Path(os.environ.get("KERNELBOT_RUNS_DIR", DATA_DIR / "runs"))
 # installations on one host must not share uids: the default base is one of 16000 blocks above 2^20, chosen by
 # this installation's database and runs directory.
 SANDBOX_UID_SLOTS = 1 << 16
-_installation = "|".join(str(DATABASES["default"].get(k, "")) for k in ("ENGINE", "HOST", "PORT", "NAME"))
+_installation = "|".join(str(DATABASES["default"].get(k, "")) for k in ("ENGINE", "HOST", "PORT", "NAME")).replace(
+    "kernelbot.postgresql", "django.db.backends.postgresql")  # the same installation with or without DB_POOL
 SANDBOX_UID_BASE = int(os.environ.get("KERNELBOT_SANDBOX_UID_BASE") or (1 << 20) + SANDBOX_UID_SLOTS * (int.from_bytes(
     hashlib.sha256(f"{_installation}|{RUNS_DIR.resolve()}".encode()).digest()[:8], "big") % 16000))
 if not 1 << 16 <= SANDBOX_UID_BASE <= (1 << 31) - 1 - SANDBOX_UID_SLOTS:

@@ -117,7 +117,7 @@ def guild(db):
 @pytest.fixture
 def live_layer(settings, redis_url, tmp_path):
     """The bot (this process) and the cluster (a subprocess) share one channels-redis layer, as in production."""
-    instance = f"test-discordbot-{os.getpid()}"
+    instance = os.environ["KERNELBOT_INSTANCE"]  # the suite's (tests/settings.py): this process's task queue too
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
                                            "CONFIG": {"hosts": [redis_url], "prefix": f"kb.{instance}"}}}
     channel_layers.backends.clear()
