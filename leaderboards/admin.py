@@ -1,3 +1,5 @@
+import json
+
 from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import UserAdmin
@@ -62,6 +64,22 @@ def admin_link(obj, text: str | None = None) -> str:
                                                       args=[obj.pk]), text or str(obj))
 
 
+class OrganisersBoards(admin.RelatedFieldListFilter):
+    """A leaderboard list filter without the platform's internal boards (pool health checks)."""
+
+    def field_choices(self, field, request, model_admin):
+        return field.get_choices(include_blank=False, limit_choices_to={"internal": False})
+
+
+class NoInternalBoardsMixin:
+    """Leaderboard dropdowns without the internal boards, which organisers never act on."""
+
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        if db_field.related_model is Leaderboard:
+            kwargs.setdefault("queryset", Leaderboard.objects.filter(internal=False))
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+
 class NoAddAdmin(admin.ModelAdmin):
     """Rows made only by an action or an import (a submission, a run, a problem version, a ranking): the admin's
     blank "add" form could only fail or bypass the rules, so it is not offered."""
@@ -106,12 +124,18 @@ class ProblemAdmin(ObjectActionsMixin, NoAddAdmin):  # problems come from "Impor
     list_display = ["name", "version", "lang", "harness", "short_hash", "created", "broken"]
     list_filter = ["lang", "harness", ("broken_since", admin.EmptyFieldListFilter)]
     search_fields = ["name"]
-    readonly_fields = ["name", "version", "content_hash", "lang", "definition", "created", "broken",
+    readonly_fields = ["name", "version", "content_hash", "lang", "definition_text", "created", "broken",
                        "broken_error_text", "broken_run_link"]
-    exclude = ["broken_since", "broken_error", "broken_run"]
+    exclude = ["broken_since", "broken_error", "broken_run", "definition"]
     change_list_template = "admin/leaderboards/problem/change_list.html"
     object_actions = (ObjectAction("mark_fixed", "Mark fixed", "Mark {obj} fixed?", MARK_FIXED_CONSEQUENCE,
                                    _mark_fixed, shown=lambda problem: problem.broken_since is not None),)
+
+    @admin.display(description="definition")
+    def definition_text(self, problem: Problem) -> str:
+        """The parsed task as the harness receives it, indented (its files inline), not one raw JSON line."""
+        return format_html('<pre style="white-space:pre-wrap;max-height:40rem;overflow:auto">{}</pre>',
+                           json.dumps(problem.definition, indent=2, ensure_ascii=False))
 
     @admin.display(description="state", ordering="broken_since")
     def broken(self, problem: Problem) -> str:
@@ -378,7 +402,8 @@ class PrecheckForStaffMixin:
 class SubmissionAdmin(PrecheckForStaffMixin, NoAddAdmin):
     list_display = ["id", "user", "leaderboard", "mode", "file_name", "created", "status", "precheck_flag",
                     "public_link"]
-    list_filter = ["mode", "leaderboard", ("user", admin.RelatedOnlyFieldListFilter), PrecheckFilter]
+    list_filter = ["mode", ("leaderboard", OrganisersBoards), ("user", admin.RelatedOnlyFieldListFilter),
+                   PrecheckFilter]
     search_fields = ["user__username", "file_name"]
     readonly_fields = ["user", "leaderboard", "problem", "file_name", "mode", "created", "precheck_text", "source"]
     exclude = ["code", "precheck"]
@@ -467,7 +492,8 @@ CANCEL_CONSEQUENCE = "The run stops where it is and is never scored; its submiss
 class RunAdmin(PrecheckForStaffMixin, ObjectActionsMixin, NoAddAdmin):
     list_display = ["id", "submission", "gpu_type", "kind", "status", "verdict", "score_text", "queued_at",
                     "public_link"]
-    list_filter = ["status", "submission__leaderboard", "secret", "gpu_type", "submission__mode", "problem_error"]
+    list_filter = ["status", ("submission__leaderboard", OrganisersBoards), "secret", "gpu_type", "submission__mode",
+                   "problem_error"]
     search_fields = ["submission__user__username", "submission__leaderboard__name"]
     fieldsets = [
         (None, {"fields": ["submission_link", "gpu", "kind", "status", "attempt", "runner", "verdict",
@@ -590,7 +616,7 @@ class BoardEntryAdmin(NoAddAdmin):
         return format_html('<a href="{}?gpu={}" target="_blank" rel="noopener">open ↗</a>',
                            public_url(entry.leaderboard), entry.gpu_type.name)
 
-    list_filter = ["leaderboard", "gpu_type"]
+    list_filter = [("leaderboard", OrganisersBoards), "gpu_type"]
     ordering = ["leaderboard", "gpu_type", "rank_key", "submitted_at", "submission"]
 
 
@@ -623,18 +649,18 @@ class PendingLoginAdmin(admin.ModelAdmin):
 
 
 @admin.register(SubmissionQuota)
-class SubmissionQuotaAdmin(admin.ModelAdmin):
+class SubmissionQuotaAdmin(NoInternalBoardsMixin, admin.ModelAdmin):
     list_display = ["leaderboard", "kind", "max_submissions", "window_seconds"]
     list_filter = ["kind"]
 
 
 @admin.register(Invite)
-class InviteAdmin(admin.ModelAdmin):
+class InviteAdmin(NoInternalBoardsMixin, admin.ModelAdmin):
     list_display = ["code", "leaderboard", "uses", "max_uses", "expires", "created"]
 
 
 @admin.register(Membership)
-class MembershipAdmin(admin.ModelAdmin):
+class MembershipAdmin(NoInternalBoardsMixin, admin.ModelAdmin):
     list_display = ["leaderboard", "user", "joined"]
     search_fields = ["user__username"]
 
@@ -648,7 +674,7 @@ def _remove_banned(queryset: QuerySet) -> str:
 
 
 @admin.register(Ban)
-class BanAdmin(admin.ModelAdmin):
+class BanAdmin(NoInternalBoardsMixin, admin.ModelAdmin):
     list_display = ["user", "banned_from", "reason", "ranked", "created"]
     list_filter = [("leaderboard", admin.EmptyFieldListFilter)]
     search_fields = ["user__username", "leaderboard__name", "reason"]

@@ -111,7 +111,10 @@ class LeaderboardQuerySet(models.QuerySet):
                            | Q(pk__in=Membership.objects.filter(user=user).values("leaderboard")))
 
     def listed_for(self, user) -> "LeaderboardQuerySet":
-        """The public leaderboards and the closed ones `user` is a member of."""
+        """The public leaderboards and the closed ones `user` is a member of; for staff every one they may open
+        (closed and unlisted ones too, never the internal ones)."""
+        if user.is_staff:
+            return self.visible_to(user)
         if not user.is_authenticated:
             return self.listed()
         return self.filter(Q(visibility=Visibility.PUBLIC)

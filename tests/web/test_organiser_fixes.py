@@ -1,6 +1,7 @@
 """What organisers do to a live board, as its competitors and the organisers see it (issue 26, items 8–13)."""
 
 import pytest
+from django.contrib.auth import get_user_model
 
 from leaderboards import actions, lifecycle
 from leaderboards.access.actions import do_create_token
@@ -153,3 +154,24 @@ def test_admin_lists_search_and_filter_what_an_organiser_looks_for(admin_client,
     assert "column-status" in subs and "succeeded" in subs
     runs = admin_client.get(f"/admin/leaderboards/run/?submission__leaderboard__id__exact={leaderboard.pk}")
     assert runs.status_code == 200 and "?submission__leaderboard__id__exact=" in runs.content.decode()
+
+
+def test_staff_find_closed_boards_in_every_list_and_internal_boards_nowhere(client, admin_client, leaderboard):
+    from leaderboards.models import Visibility
+    closed = LeaderboardFactory(name="invite-only", problem=leaderboard.problem, visibility=Visibility.CLOSED,
+                                gpu_types=[leaderboard.gpu_types.get()])
+    LeaderboardFactory(name="health-check", problem=leaderboard.problem, internal=True,
+                       gpu_types=[leaderboard.gpu_types.get()])
+    assert closed.name not in client.get("/").content.decode()
+    assert closed.name in admin_client.get("/").content.decode()
+    staff = get_user_model().objects.get(username="admin")
+    assert closed.name in {b["name"] for b in api(client, staff, "/leaderboards")}
+    for url in ["/admin/leaderboards/ban/add/", "/admin/leaderboards/invite/add/", "/admin/leaderboards/run/",
+                "/admin/leaderboards/submission/", "/admin/leaderboards/boardentry/", "/"]:
+        page = admin_client.get(url).content.decode()
+        assert "health-check" not in page, url
+
+
+def test_the_problem_page_shows_its_definition_indented(admin_client, leaderboard):
+    page = admin_client.get(f"/admin/leaderboards/problem/{leaderboard.problem.pk}/change/").content.decode()
+    assert '<pre style="white-space:pre-wrap' in page and '\n  &quot;ranking_by&quot;: &quot;geom&quot;' in page
