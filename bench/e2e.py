@@ -1,26 +1,83 @@
-"""End-to-end latency: N ranked submissions through a real django-q2 cluster and the local runner.
+"""Submit → first verdict on the CPU demo, this tree side by side with a baseline release, each as a newcomer runs
+it: `manage.py serve` on the embedded defaults (SQLite, ORM broker, its node agent or, in older releases, the local
+runner inside a worker), one test-mode submission of vectoradd at a time through `manage.py submit --wait`.
 
-    python bench/e2e.py [-n 20] [--problem vectoradd] [--solution fast]
+    python bench/e2e.py [-n 10] [--baseline REF] [--mode test|leaderboard]
 
-Uses DATABASE_URL / REDIS_URL when set, else a fresh SQLite file and the ORM broker in a temp dir.
-Submissions go one at a time (each waits for its rank), so figures show pipeline overhead, not backlog.
-Prints p50/p95 of submit → ranked, split into queue wait, dispatch, harness and ingest."""
+REF (a commit, e.g. the last release) is checked out with `git worktree` into a temporary directory and measured in
+the same run, alternating submissions, so the machine's drift hits both.
+Figures come from the database of each platform: a run's `queued_at` (the submit) to its `finished_at` (its verdict
+committed), the first run of each submission; one warm-up submission per platform is not counted.
+"""
 
 from __future__ import annotations
 
 import argparse
-import io
+import contextlib
 import os
 import signal
+import socket
+import sqlite3
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+CODE = REPO / "problems" / "demo" / "vectoradd_py" / "solutions" / "correct.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Platform:
+    """`manage.py serve` of one tree on its own data directory and port."""
+
+    def __init__(self, tree: Path, name: str):
+        self.tree, self.name = tree, name
+        self.data = Path(tempfile.mkdtemp(prefix=f"kernelbot-e2e-{name}-"))
+        self.env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")} | {
+            "DEBUG": "1", "KERNELBOT_DATA_DIR": str(self.data), "KERNELBOT_QUOTA_TEST": "0"}
+        port = free_port()
+        self.log = (self.data / "serve.log").open("w")
+        self.process = subprocess.Popen([sys.executable, "manage.py", "serve", "--port", str(port)], cwd=tree,
+                                        env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"{name} did not start: see {self.data / 'serve.log'}")
+
+    def submit(self, mode: str, tag: str) -> float:
+        """One submission, waited for; seconds from its first run's submit to its verdict."""
+        source = self.data / f"{tag}.py"
+        source.write_text(CODE.read_text() + f"\n# {tag}\n")
+        done = subprocess.run([sys.executable, "manage.py", "submit", "--user", "bench", "--create-user",
+                               "--leaderboard", "vectoradd", "--gpu", "CPU", "--mode", mode, "--wait", str(source)],
+                              cwd=self.tree, env=self.env, capture_output=True, text=True, timeout=600)
+        if "succeeded" not in done.stdout:
+            raise RuntimeError(f"{self.name}: {done.stdout[-2000:]}{done.stderr[-2000:]}")
+        with sqlite3.connect(self.data / "kernelbot.sqlite3") as db:
+            queued, finished = db.execute("SELECT queued_at, finished_at FROM leaderboards_run ORDER BY id DESC "
+                                          "LIMIT 1").fetchone()
+        return (datetime.fromisoformat(finished) - datetime.fromisoformat(queued)).total_seconds()
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -28,94 +85,40 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def split(runs, e2e: float) -> dict[str, float]:
-    """Seconds per stage, summed over a submission's runs. The runs share one device, so the secret run
-    waits for the public one: that wait is `device`, not dispatch overhead."""
-    runs = sorted(runs, key=lambda r: r.started_at)
-    harness = sum(r.result["runner_timing"]["harness_s"] for r in runs)
-    row = {"e2e": e2e, "harness": harness, "overhead": e2e - harness, "queue": 0.0, "device": 0.0,
-           "dispatch": 0.0, "ingest": 0.0}
-    for k, r in enumerate(runs):
-        free = max(r.dispatched_at, runs[k - 1].finished_at) if k else r.dispatched_at
-        row["queue"] += (r.dispatched_at - r.queued_at).total_seconds()
-        row["device"] += max(0.0, (free - r.dispatched_at).total_seconds())
-        row["dispatch"] += (r.started_at - free).total_seconds()
-        row["ingest"] += (r.finished_at - r.started_at).total_seconds() - r.result["runner_timing"]["harness_s"]
-    return row
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-n", type=int, default=20)
-    parser.add_argument("--problem", default="vectoradd")
-    parser.add_argument("--solution", default="fast")
+    parser.add_argument("-n", type=int, default=10)
+    parser.add_argument("--baseline", default="", help="a commit to measure side by side (git worktree)")
+    parser.add_argument("--mode", default="test", choices=["test", "leaderboard"])
     args = parser.parse_args()
-
-    os.environ.setdefault("KERNELBOT_DATA_DIR", tempfile.mkdtemp(prefix="kernelbot-bench-"))
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "kernelbot.settings")
-    os.environ.setdefault("Q_WORKERS", "2")
-    import django
-
-    django.setup()
-    from django.conf import settings
-    from django.contrib.auth import get_user_model
-    from django.core.management import call_command
-
-    from leaderboards.actions import check_submission, do_submit
-    from leaderboards.models import BoardEntry, Leaderboard, Run
-
-    Path(settings.DATA_DIR).mkdir(parents=True, exist_ok=True)
-    call_command("migrate", verbosity=0)
-    call_command("load_demo", stdout=io.StringIO())
-    leaderboard = Leaderboard.objects.get(name=args.problem)
-    directory = next(settings.PROBLEMS_DIR.rglob(f"{leaderboard.problem.name}/task.yml")).parent
-    code = (directory / "solutions" / f"{args.solution}.py").read_bytes()
-
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # run the finally below: never orphan the cluster
-    cluster = subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=REPO, start_new_session=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    rows = []
+    trees = {"this tree": REPO}
+    worktree = None
+    if args.baseline:
+        worktree = Path(tempfile.mkdtemp(prefix="kernelbot-baseline-")) / "tree"
+        subprocess.run(["git", "worktree", "add", "--detach", str(worktree), args.baseline], cwd=REPO, check=True,
+                       capture_output=True)
+        trees = {f"baseline {args.baseline}": worktree, **trees}
+    platforms = {}
     try:
-        time.sleep(2)  # let the cluster's workers start before the first submission
-        for i in range(args.n):
-            # one user per submission: a board keeps each user's best entry only
-            user, _ = get_user_model().objects.get_or_create(username=f"bench-{i}")
-            request = check_submission(user, leaderboard.name, ["CPU"], "leaderboard", "bench.py",
-                                       code + f"\n# {i} {time.time()}\n".encode())
-            submitted = time.monotonic()
-            submission = do_submit(user, request)
-            while not BoardEntry.objects.filter(submission=submission).exists():
-                if all(run.is_terminal for run in submission.runs.all()) and \
-                        not BoardEntry.objects.filter(submission=submission).exists():
-                    time.sleep(0.2)
-                    if not BoardEntry.objects.filter(submission=submission).exists():
-                        bad = [(r.status, r.error[:200]) for r in submission.runs.all()]
-                        raise SystemExit(f"submission {submission.pk} was not ranked: {bad}")
-                time.sleep(0.02)
-            row = split(list(Run.objects.filter(submission=submission)), time.monotonic() - submitted)
-            rows.append(row)
-            print(f"  {i + 1:3d}/{args.n}: submit→ranked {row['e2e']:6.2f} s, harness {row['harness']:6.2f} s, "
-                  f"overhead {row['overhead']:5.2f} s", flush=True)
+        for name, tree in trees.items():
+            platforms[name] = Platform(tree, name.split()[0])
+            platforms[name].submit(args.mode, "warm-up")
+        times: dict[str, list[float]] = {name: [] for name in platforms}
+        for i in range(args.n):  # alternating, so drift hits both
+            for name, platform in platforms.items():
+                times[name].append(platform.submit(args.mode, f"k{i}"))
+        print(f"submit → first {args.mode} verdict, {args.n} submissions each, seconds")
+        print(f"{'platform':<30} {'p50':>7} {'p95':>7} {'mean':>7}")
+        for name, values in times.items():
+            print(f"{name:<30} {pct(values, 0.5):7.2f} {pct(values, 0.95):7.2f} {statistics.mean(values):7.2f}")
+        if len(times) == 2:
+            base, this = (pct(v, 0.5) for v in times.values())
+            print(f"ratio this / baseline (p50): {this / base:.2f}")
     finally:
-        os.killpg(cluster.pid, signal.SIGTERM)
-        try:
-            cluster.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(cluster.pid, signal.SIGKILL)
-
-    db = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
-    broker = "redis" if settings.REDIS_URL else "orm"
-    print(f"\n{args.n} ranked submissions of {args.problem}/{args.solution} (2 runs each: public + secret), "
-          f"database {db}, broker {broker}")
-    print(f"{'seconds':<26}{'p50':>8}{'p95':>8}{'mean':>8}")
-    for key, label in [("e2e", "submit → ranked"), ("queue", "  queue wait (both runs)"),
-                       ("device", "  device busy (2nd run)"), ("dispatch", "  dispatch (both runs)"),
-                       ("harness", "  harness (both runs)"),
-                       ("ingest", "  ingest (both runs)"), ("overhead", "overhead (all but harness)")]:
-        values = [row[key] for row in rows]
-        print(f"{label:<26}{pct(values, 0.5):8.3f}{pct(values, 0.95):8.3f}{statistics.mean(values):8.3f}")
-    p50 = pct([row["overhead"] for row in rows], 0.5)
-    print(f"\ntarget p50 overhead ≤ 1 s: {'met' if p50 <= 1 else 'NOT met'} ({p50:.3f} s)")
+        for platform in platforms.values():
+            platform.stop()
+        if worktree is not None:
+            subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=REPO, capture_output=True)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ class GpuType(models.Model):
 
 
 class RunnerBackendName(models.TextChoices):
-    LOCAL = "local", "This machine"
+    LOCAL = "local", "Node agents"
     GITHUB = "github", "GitHub Actions"
     MODAL = "modal", "Modal"
     SLURM = "slurm", "Slurm"

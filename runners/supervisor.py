@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from django.conf import settings
@@ -156,19 +156,24 @@ class Supervisor:
 
     def _check_progress(self) -> None:
         """No worker busy and none started a task for a stall period: dispatch the waiting runs here (no broker
-        message); if messages still wait in the broker, the cluster is wedged: restart it."""
+        message). If some were sent to this cluster (queued since it started), or messages wait in the broker, the
+        cluster is wedged: restart it."""
         busy = self._read_heartbeats()
         quiet_since = max(self.started_at, self.last_task, self.resent_at or 0.0)
         if busy or time.time() - quiet_since < self.stall:
             return
-        if dispatched := self.resend(queued_before=timezone.now() - timedelta(seconds=self.stall)):
-            log.warning("runs waited %.0f s while no worker started a task; dispatched %s of them here",
-                        self.stall, dispatched)
+        cutoff = timezone.now() - timedelta(seconds=self.stall)
+        started = datetime.fromtimestamp(self.started_at, tz=UTC)
+        ignored = self.resend(queued_before=cutoff, queued_after=started)  # their messages went to this cluster
+        lost = self.resend(queued_before=cutoff)  # messages that died with an earlier cluster
         self.resent_at = time.time()
-        if (waiting := broker().queue_size()) == 0:
+        if ignored or lost:
+            log.warning("runs waited %.0f s while no worker started a task; dispatched %s of them here",
+                        self.stall, ignored + lost)
+        if not ignored and (waiting := broker().queue_size()) == 0:
             return
-        log.error("the worker cluster started no task for %.0f s while %s messages wait in the broker; restarting it",
-                  self.stall, waiting)
+        log.error("the worker cluster started no task for %.0f s while %s runs sent to it waited; restarting it",
+                  self.stall, ignored or waiting)
         self._kill_cluster()
         self.restart_at = 0.0
 

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.test import Client
 
+from runners.harness.agent import Refused
 from runners.harness.node import NodeAgent
 from runners.models import GpuPool, Node
 
@@ -51,11 +52,19 @@ def in_process_agent(node: Node, report: dict | None = None) -> NodeAgent:
 
 
 def drain(pool: GpuPool) -> int:
-    """Every node agent of `pool` takes and runs, in this thread, the runs waiting for it; how many ran."""
+    """Every node agent of `pool` takes and runs, in this thread, the runs waiting for it; how many ran. A node
+    whose registration the platform refuses runs nothing (a real agent would keep asking)."""
     done = 0
-    while ran := sum(in_process_agent(node).drain() for node in pool.nodes.filter(enabled=True)):
+    while True:
+        ran = 0
+        for node in pool.nodes.filter(enabled=True):
+            try:
+                ran += in_process_agent(node).drain()
+            except Refused:
+                continue
+        if not ran:
+            return done
         done += ran
-    return done
 
 
 def drain_local_pools() -> int:

@@ -61,8 +61,11 @@ class NodeAgent:
         self.stopping = threading.Event()
 
     def _call(self, route: str, body: dict) -> dict:
-        return agent.call(self.transport, f"{self.platform}/api/runner/v1/nodes/{route}", self.token,
-                          {"pool": self.pool, "hostname": self.hostname, **body})
+        try:
+            return agent.call(self.transport, f"{self.platform}/api/runner/v1/nodes/{route}", self.token,
+                              {"pool": self.pool, "hostname": self.hostname, **body})
+        except Gone as exc:  # a node route's 409 is a refusal of this node, not a stale attempt
+            raise Refused(409, str(exc)) from exc
 
     def register(self, report: dict | None = None) -> dict:
         """Tell the platform what this machine has; it answers with the devices it will hand runs to."""
@@ -136,11 +139,9 @@ class NodeAgent:
                 self.register()
                 print(f"node agent: {self.hostname} in pool {self.pool}: devices {self.devices}", file=sys.stderr)
                 break
-            except Refused:
-                raise
-            except Exception as exc:
+            except Exception as exc:  # the platform may be starting, or refuse this node until an organiser acts
                 print(f"node agent: cannot register yet ({exc}); retrying", file=sys.stderr)
-                self.stopping.wait(5)
+                self.stopping.wait(2)
         while not self.stopping.is_set():
             try:
                 self.poll()
@@ -174,13 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     node = NodeAgent(args.platform, args.pool, args.hostname, key, python=args.python, workroot=args.workdir,
                      poll_s=args.poll)
     signal.signal(signal.SIGTERM, lambda *_: node.stopping.set())
-    try:
-        node.serve()
-    except Refused as exc:
-        print(f"node agent: the platform refused this node: {exc.detail}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        pass
+    signal.signal(signal.SIGINT, lambda *_: node.stopping.set())
+    node.serve()
     return 0
 
 

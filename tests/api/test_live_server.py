@@ -57,6 +57,9 @@ def server(transactional_db, postgres, demo_task, tmp_path):
         except httpx.HTTPError:
             time.sleep(0.2)
     pool = local_cpu_pool()
+    procs.append(subprocess.Popen(  # the machine's node agent, as its systemd unit starts it
+        [sys.executable, "-m", "runners.harness.node", "--platform", base, "--pool", pool.name, "--hostname",
+         "localhost", "--workdir", str(tmp_path / "runs")], cwd=REPO, env=env))
     board = LeaderboardFactory(name="vectoradd-live", problem=problem_from(demo_task), gpu_types=[pool.cpu])
     user = UserFactory(username="cli-user")
     yield base, board, user, do_create_token(user)[1]

@@ -71,7 +71,7 @@ def test_registration_comes_from_the_probe_and_a_made_up_node_gets_no_run(leader
     phantom = Node.objects.create(pool=cpu_pool, hostname="gpu-node-7")
     Gpu.objects.create(node=phantom, gpu_type=cpu_pool.cpu, index=0)
     extra = Gpu.objects.create(node=cpu_pool.nodes.get(hostname="localhost"), gpu_type=cpu_pool.cpu, index=1)
-    agent = in_process_agent(cpu_pool.nodes.get(hostname="localhost"))
+    agent = in_process_agent(cpu_pool.nodes.get(hostname="localhost"), machine_probe())
     assert agent.devices == [0]  # a CPU machine is one device, whatever rows were typed in
     extra.refresh_from_db()
     assert not extra.enabled
@@ -119,7 +119,7 @@ def test_a_restarted_agent_gets_its_dead_predecessors_runs_retried_at_once(leade
     assert len(claims) == 1
     run = Run.objects.get()
     assert run.status == RunStatus.RUNNING
-    answer = in_process_agent(cpu_pool.nodes.get())  # the new agent registers holding nothing
+    answer = in_process_agent(cpu_pool.nodes.get(), machine_probe())  # the new agent registers holding nothing
     run.refresh_from_db()
     assert run.status == RunStatus.QUEUED and "restarted" in run.error and run.infra_failures == 1
     assert answer.devices == [0]

@@ -16,13 +16,15 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 from django.db.models import Count
+from redis import Redis
 
 from leaderboards.actions import check_submission, do_submit
-from leaderboards.models import TERMINAL_STATUSES, Run, RunStatus, Submission
-from runners.models import Gpu
+from leaderboards.lifecycle import do_ingest_result
+from leaderboards.models import TERMINAL_STATUSES, BoardEntry, Run, RunStatus, Submission
 
+from ..agents import start_agent
 from ..conftest import REPO
-from ..factories import UserFactory
+from ..factories import LeaderboardFactory, UserFactory, ranked_result
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 CODE = (REPO / "problems" / "demo" / "vectoradd_py" / "solutions" / "correct.py").read_bytes()
@@ -101,15 +103,6 @@ def workers(cluster: tuple[int, Path]) -> list[int]:
                 if os.getpgid(int(path.name)) == pgid:
                     found.append(int(path.name))
     return found
-
-
-def busy_worker(cluster) -> int | None:
-    """A worker that is running a harness right now."""
-    pool = set(workers(cluster))
-    for pid, ppid in parents().items():
-        if ppid in pool and "runners.harness" in proc(pid, "cmdline"):
-            return ppid
-    return None
 
 
 def queue_lock_holder(cluster, expected_workers: int) -> int | None:
@@ -196,53 +189,69 @@ def assert_each_run_done_once(run_ids: list[int]) -> int:
     return retried
 
 
+def busy_agent(agents: list[subprocess.Popen]) -> subprocess.Popen | None:
+    """A node agent that is running a harness right now."""
+    tree = parents()
+    for agent in agents:
+        if agent.poll() is None and any(ppid == agent.pid and "runners.harness" in proc(pid, "cmdline")
+                                        for pid, ppid in tree.items()):
+            return agent
+    return None
+
+
 @pytest.mark.timeout(900)
-def test_cluster_heals_itself_from_killed_workers_and_a_killed_cluster(capsys, postgres, redis_url, leaderboard,
-                                                                       cpu_pool, tmp_path):
-    Gpu.objects.create(node=cpu_pool.nodes.get(), gpu_type=cpu_pool.cpu, index=1)  # both workers can run a harness
+def test_platform_heals_itself_from_a_killed_agent_a_wedged_queue_and_a_killed_cluster(
+        capsys, postgres, redis_url, leaderboard, cpu_pool, runner_platform, tmp_path):
+    hosts = ["localhost", "second-node"]  # two machines of the pool, each with its agent (both this CPU)
+    agents = {host: start_agent(runner_platform.url, cpu_pool.name, host) for host in hosts}
     with running(tmp_path, "workers") as (supervisor, log):
         first = wait_for(lambda: cluster_of(supervisor.pid), 120, "the supervised cluster")
+        try:
+            # 1. a node agent SIGKILLed while it runs a harness: its run is retried, then systemd restarts it
+            runs = submit(leaderboard, 20)
+            victim = wait_for(lambda: busy_agent(list(agents.values())), 180, "an agent running a harness")
+            host = next(h for h, a in agents.items() if a is victim)
+            killed_run = wait_for(lambda: Run.objects.filter(status=RunStatus.RUNNING, runner__endswith=host)
+                                  .values_list("pk", flat=True).first(), 30, "the killed agent's run")
+            os.killpg(victim.pid, signal.SIGKILL)
+            victim.wait()
+            wait_for(lambda: Run.objects.filter(pk=killed_run, infra_failures=1).exists(), 30,
+                     "the killed agent's run to be retried")
+            agents[host] = start_agent(runner_platform.url, cpu_pool.name, host)
+            wait_for(lambda: all_terminal(runs), 400, "the first batch")
+            assert not shared_database_sockets(supervisor.pid)  # workers were re-forked every 4 tasks (Q_RECYCLE)
 
-        # 1. a busy worker: SIGKILLed while it runs a harness
-        runs = submit(leaderboard, 20)
-        os.kill(wait_for(lambda: busy_worker(first), 180, "a worker running a harness"), signal.SIGKILL)
-        wait_for(lambda: all_terminal(runs), 400, "the first batch")
-        assert not shared_database_sockets(supervisor.pid)  # workers were re-forked every 4 tasks (Q_RECYCLE)
+            # 2. an idle worker holding the task queue's reader lock: the others block on it until the supervisor
+            # acts
+            os.kill(wait_for(lambda: queue_lock_holder(first, 2), 120, "the idle worker holding the queue lock"),
+                    signal.SIGKILL)
+            runs += submit(leaderboard, 20)
+            second = wait_for(lambda: (c := cluster_of(supervisor.pid)) and c[0] != first[0] and c, 180,
+                              "the wedged cluster to be replaced")
+            wait_for(lambda: all_terminal(runs), 400, "the second batch")
+            assert not shared_database_sockets(supervisor.pid)
 
-        # 2. an idle worker holding the task queue's reader lock: the others block on it until the supervisor acts
-        os.kill(wait_for(lambda: queue_lock_holder(first, 2), 120, "the idle worker holding the queue lock"),
-                signal.SIGKILL)
-        runs += submit(leaderboard, 20)
-        second = wait_for(lambda: (c := cluster_of(supervisor.pid)) and c[0] != first[0] and c, 180,
-                          "the wedged cluster to be replaced")
-        wait_for(lambda: all_terminal(runs), 400, "the second batch")
-        assert not shared_database_sockets(supervisor.pid)
-
-        # 3. the whole cluster, with runs in flight near the end of the last batch, so that the printed figure
-        # measures the recovery rather than the time a backlog of runs takes on this machine
-        runs += submit(leaderboard, 20)
-        active = Run.objects.filter(pk__in=runs).exclude(status__in=TERMINAL_STATUSES)
-        wait_for(lambda: active.count() <= 4 and active.filter(status=RunStatus.RUNNING).exists(), 400,
-                 "the last runs of the batch to be running")
-        os.killpg(second[0], signal.SIGKILL)
-        last_kill = time.time()
-        in_flight = list(active.filter(status__in=[RunStatus.DISPATCHED, RunStatus.RUNNING])
-                         .values_list("pk", flat=True))
-        assert in_flight, "the cluster was killed with runs in flight"
-
-        wait_for(lambda: all_terminal(runs), 600, "every run to reach a terminal state")
-        finished = max(Run.objects.filter(pk__in=runs).values_list("finished_at", flat=True)).timestamp()
-        with capsys.disabled():  # the figure the issue asks for, shown in the CI log
-            print(f"\nlast kill ({len(in_flight)} runs in flight) → last terminal state: {finished - last_kill:.1f} s "
-                  "(target ≤ 90 s)")
-        assert wait_for(lambda: (c := cluster_of(supervisor.pid)) and c[0] not in (first[0], second[0]), 60,
-                        "the killed cluster to be replaced")
+            # 3. the whole cluster, with runs in flight: the agents go on; what the cluster had pulled from the broker
+            # is dispatched by the supervisor, and the runs' rank tasks by the new cluster
+            runs += submit(leaderboard, 20)
+            os.killpg(second[0], signal.SIGKILL)
+            last_kill = time.time()
+            wait_for(lambda: all_terminal(runs), 600, "every run to reach a terminal state")
+            finished = max(Run.objects.filter(pk__in=runs).values_list("finished_at", flat=True)).timestamp()
+            with capsys.disabled():  # the figure the issue asks for, shown in the CI log
+                print(f"\nlast kill → last terminal state: {finished - last_kill:.1f} s (target ≤ 90 s)")
+            assert wait_for(lambda: (c := cluster_of(supervisor.pid)) and c[0] not in (first[0], second[0]), 60,
+                            "the killed cluster to be replaced")
+        finally:
+            for agent in agents.values():
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(agent.pid, signal.SIGKILL)
+                agent.wait()
 
     assert len(runs) == 60 and Submission.objects.count() == 60
     retried = assert_each_run_done_once(runs)
-    assert retried > len(in_flight), "the busy worker's run and the killed cluster's runs were retried"
-    assert Run.objects.filter(pk__in=in_flight, attempts__reason__contains="did not report back").count() == \
-        len(in_flight), "a run whose runner died is retried once its heartbeats stop"
+    assert retried >= 1 and Run.objects.get(pk=killed_run).attempts.filter(
+        reason__contains="did not report back").exists(), "a run whose agent died is retried once its heartbeats stop"
     output = log.read_text(errors="replace")
     assert "restarting it" in output
     assert not [error for error in SHARED_SESSION_ERRORS if error in output], output[-5000:]
@@ -267,7 +276,7 @@ def test_serve_recovers_a_wedged_queue_and_stops_everything_on_sigterm(capsys, p
         assert_each_run_done_once(runs)
 
         family = descendants(serve.pid)
-        assert len(family) >= 6  # daphne, the supervisor, qcluster, its sentinel, workers, monitor, pusher
+        assert len(family) >= 7  # daphne, the node agent, the supervisor, qcluster, its sentinel, workers, monitor…
         stopped = time.monotonic()
         serve.send_signal(signal.SIGTERM)
         serve.wait(timeout=60)
@@ -275,4 +284,46 @@ def test_serve_recovers_a_wedged_queue_and_stops_everything_on_sigterm(capsys, p
         with capsys.disabled():
             print(f"\nSIGTERM → every process gone: {time.monotonic() - stopped:.1f} s")
     output = log.read_text(errors="replace")
-    assert "made no progress" in output and "restarting it" in output
+    assert "runs sent to it waited; restarting it" in output
+
+
+@pytest.mark.timeout(600)
+def test_a_busy_pool_never_delays_a_rank_and_the_broker_holds_no_copies(capsys, postgres, redis_url, leaderboard,
+                                                                        cpu_pool, tmp_path):
+    """Every device busy and 50 runs waiting for one: ranked results still reach the board within moments (rank
+    tasks are not queued behind runs: no task waits for a device), and the broker never holds more messages than
+    waiting runs plus schedules, restarts included."""
+    queue_key = f"django_q:{settings.Q_CLUSTER['name']}:q"  # the suite's deployment: this process's and the workers'
+    redis = Redis.from_url(settings.REDIS_URL)
+    redis.delete(queue_key)
+    ranked = LeaderboardFactory(problem=leaderboard.problem, gpu_types=[cpu_pool.cpu])
+    with running(tmp_path, "workers") as (supervisor, log):
+        wait_for(lambda: cluster_of(supervisor.pid), 120, "the supervised cluster")
+        waiting = submit(leaderboard, 50)  # the pool's one device is taken by nobody's agent: they all wait
+        most = 0
+        deadline = time.monotonic() + 120
+        while Run.objects.filter(pk__in=waiting, status=RunStatus.QUEUED).exists() and time.monotonic() < deadline:
+            most = max(most, redis.llen(queue_key))
+            time.sleep(0.05)
+        assert not Run.objects.filter(pk__in=waiting, status=RunStatus.QUEUED).exists(), "every run was dispatched"
+        assert most <= len(waiting) + 2  # schedules: the check and the tick
+        os.killpg(cluster_of(supervisor.pid)[0], signal.SIGKILL)  # a restart re-sends nothing
+        wait_for(lambda: cluster_of(supervisor.pid), 120, "the restarted cluster")
+        assert redis.llen(queue_key) <= 2
+
+        delays = []
+        for i in range(6):
+            user = UserFactory()
+            submission = do_submit(user, check_submission(user, ranked.name, ["CPU"], "leaderboard", "k.py",
+                                                          CODE + f"\n# ranked {i}\n".encode()))
+            wait_for(lambda s=submission: not s.runs.filter(status=RunStatus.QUEUED).exists(), 60, "its dispatch")
+            for run in submission.runs.all():  # its results come in (from a runner elsewhere): it is ranked now
+                assert do_ingest_result(run.pk, run.attempt, ranked_result([1000.0 + i]))
+            finished = time.monotonic()
+            wait_for(lambda u=user: BoardEntry.objects.filter(user=u).exists(), 60, "the board entry")
+            delays.append(time.monotonic() - finished)
+        with capsys.disabled():
+            delays.sort()
+            print(f"\nwith 50 runs waiting for a device: result → on the board p50 {delays[len(delays) // 2]:.2f} s, "
+                  f"max {delays[-1]:.2f} s (target ≤ 2 s); broker held at most {most} messages for 50 runs")
+    assert Run.objects.filter(pk__in=waiting, status=RunStatus.DISPATCHED).count() == 50  # still waiting their turn

@@ -1,4 +1,5 @@
-"""A real django-q2 cluster is killed with SIGKILL in the middle of a batch: nothing is lost or counted twice."""
+"""A real django-q2 cluster and the node agent running the batch are killed with SIGKILL in the middle of it: nothing
+is lost or counted twice."""
 
 import os
 import signal
@@ -15,6 +16,7 @@ from leaderboards.actions import check_submission, do_submit
 from leaderboards.lifecycle import do_reap_overdue_runs
 from leaderboards.models import Run, RunStatus
 
+from ..agents import start_agent
 from ..conftest import REPO, reap_group
 from ..factories import UserFactory
 
@@ -39,33 +41,37 @@ def wait_for(predicate, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}: {list(Run.objects.values_list('status', flat=True))}")
 
 
-def test_killed_worker_loses_no_run_and_counts_none_twice(postgres, leaderboard, tmp_path):
+def test_killed_cluster_and_agent_lose_no_run_and_count_none_twice(postgres, leaderboard, runner_platform, tmp_path):
     user = UserFactory()
     for i in range(4):
         do_submit(user, check_submission(user, leaderboard.name, ["CPU"], "test", f"k{i}.py",
                                          CODE + f"\n# {i}\n".encode()))
     cluster = start_cluster(tmp_path)
+    agent = start_agent(runner_platform.url, leaderboard.gpu_types.get().gpus.get().node.pool.name, "localhost")
     try:
         wait_for(lambda: Run.objects.filter(status=RunStatus.RUNNING).exists(), 120, "a running run")
     finally:
-        os.killpg(cluster.pid, signal.SIGKILL)
-        cluster.wait()
-        # until its last process is gone, a killed worker still blocked on the Redis queue can be handed a task
-        # that is then lost (found under CI load: the reaper's re-sent task vanished)
-        reap_group(cluster.pid)
-    interrupted = set(Run.objects.filter(status__in=[RunStatus.DISPATCHED, RunStatus.RUNNING])
-                      .values_list("pk", flat=True))
+        for process in (cluster, agent):
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            # until its last process is gone, a killed worker still blocked on the Redis queue can be handed a task
+            # that is then lost (found under CI load: the reaper's re-sent task vanished)
+            reap_group(process.pid)
+    interrupted = set(Run.objects.filter(status=RunStatus.RUNNING).values_list("pk", flat=True))
     assert interrupted, "the kill should have caught at least one run mid-flight"
 
-    # The scheduled reaper finds them once their state deadline has passed and retries them.
+    # The scheduled reaper finds the dead agent's runs once their heartbeats stop and retries them; the runs waiting
+    # for a device wait on (their agent comes back), uncharged.
     assert do_reap_overdue_runs(now=timezone.now() + timedelta(minutes=20)) >= len(interrupted)
     cluster = start_cluster(tmp_path)
+    agent = start_agent(runner_platform.url, leaderboard.gpu_types.get().gpus.get().node.pool.name, "localhost")
     try:
         wait_for(lambda: not Run.objects.active().exists(), 240, "all runs to finish")
     finally:
-        os.killpg(cluster.pid, signal.SIGKILL)
-        cluster.wait()
-        reap_group(cluster.pid)
+        for process in (cluster, agent):
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            reap_group(process.pid)
     runs = list(Run.objects.all())
     assert len(runs) == 4
     assert all(run.status == RunStatus.SUCCEEDED and run.passed for run in runs), \

@@ -81,7 +81,12 @@ def platform(postgres, tmp_path, demo_task, monkeypatch):
                          stdout=(logs / "daphne.log").open("w"), stderr=subprocess.STDOUT),
         subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=REPO, env=env, start_new_session=True,
                          stdout=(logs / "qcluster.log").open("w"), stderr=subprocess.STDOUT),
+        subprocess.Popen([sys.executable, "-m", "runners.harness.node", "--platform", f"http://127.0.0.1:{port}",
+                          "--pool", pool.name, "--hostname", "localhost", "--workdir", env["KERNELBOT_RUNS_DIR"],
+                          "--poll", "0.2"], cwd=REPO, env=env, start_new_session=True,
+                         stdout=(logs / "agent.log").open("w"), stderr=subprocess.STDOUT),
     ]
+    Path(env["KERNELBOT_RUNS_DIR"]).mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:

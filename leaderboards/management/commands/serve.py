@@ -68,8 +68,8 @@ class Command(BaseCommand):
         manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
         children = [
             subprocess.Popen([*manage, "workers"]),  # the supervised qcluster (runners/supervisor.py)
-            subprocess.Popen([sys.executable, "-m", "daphne", "-b", host, "-p", str(port),
-                              "kernelbot.asgi:application"], cwd=settings.BASE_DIR),
+            subprocess.Popen([sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "--access-log", os.devnull,
+                              "kernelbot.asgi:application"], cwd=settings.BASE_DIR),  # the agent polls twice a second
         ]
         local = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
         agent = [sys.executable, "-m", "runners.harness.node", "--platform", f"http://{local}:{port}", "--pool", pool,
