@@ -135,19 +135,26 @@ def process_env(instance: str, **extra: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def cluster(postgres, live_layer, tmp_path):
+def cluster(postgres, live_layer, tmp_path, live_server, cpu_pool):
+    """A qcluster on the test database and the CPU pool's node agent against the live server's runner API."""
     env = process_env(live_layer, KERNELBOT_RUNS_DIR=str(tmp_path / "runs"), Q_WORKERS="2", KERNELBOT_REL_CI="0.05",
                       KERNELBOT_CASE_BUDGET_S="0.3", KERNELBOT_MAX_SAMPLES="50")
+    (tmp_path / "runs").mkdir(exist_ok=True)
     log = (tmp_path / "qcluster.log").open("w")
     process = subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=REPO, env=env, start_new_session=True,
                                stdout=log, stderr=subprocess.STDOUT)
+    agent = subprocess.Popen([sys.executable, "-m", "runners.harness.node", "--platform", live_server.url, "--pool",
+                              cpu_pool.name, "--hostname", "localhost", "--workdir", str(tmp_path / "runs"),
+                              "--poll", "0.2"], cwd=REPO, env=env, start_new_session=True, stdout=log,
+                             stderr=subprocess.STDOUT)
     yield process
-    os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-    reap_group(process.pid)
+    for child in (process, agent):
+        os.killpg(child.pid, signal.SIGTERM)
+        try:
+            child.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+        reap_group(child.pid)
 
 
 @pytest.fixture
