@@ -5,6 +5,7 @@ a memory cgroup, and how to fix it when they do not)."""
 from __future__ import annotations
 
 import json
+import socket
 
 from django import forms
 from django.conf import settings
@@ -201,9 +202,14 @@ class DeviceFormSet(BaseModelFormSet):
             if key in seen:
                 form.add_error("index", f"device #{key[1]} of {key[0]} is listed twice")
             seen[key] = form
+        if self.instance is None or not self.instance.is_local:
+            return
+        # this machine's rows can be checked now; another machine's agent registers what it has when it starts (and
+        # is refused in a second local pool), and until then its rows get no run
+        here = {socket.gethostname(), "localhost"}
         claims = [f for f in rows if f.cleaned_data.get("enabled") and f.cleaned_data.get("gpu_type")
-                  and not f.cleaned_data["gpu_type"].is_cpu]
-        if self.instance is None or not self.instance.is_local or not claims:
+                  and not f.cleaned_data["gpu_type"].is_cpu and f.cleaned_data.get("hostname", "").strip() in here]
+        if not claims:
             return
         try:
             report = probe_this_machine()

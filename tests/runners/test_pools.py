@@ -234,6 +234,22 @@ def test_a_pool_on_this_machine_cannot_claim_a_gpu_it_does_not_have(admin_client
     assert not Gpu.objects.filter(gpu_type=l4).exists()
 
 
+def test_another_machines_devices_may_be_typed_and_wait_for_its_agent(admin_client, cpu_pool):
+    """A local pool's other machines are checked by their own agents when they start: typed rows are a forecast,
+    accepted, and get no run until that agent registers what it really has."""
+    h100 = GpuType.objects.create(name="H100")
+    cpu = Gpu.objects.get(node__pool=cpu_pool)
+    response = admin_client.post(f"/admin/runners/gpupool/{cpu_pool.pk}/change/", pool_form(**{
+        "name": cpu_pool.name, "backend": "local", "initial": 1, "devices": [
+            {"id": str(cpu.pk), "hostname": "localhost", "index": "0", "gpu_type": str(cpu.gpu_type_id),
+             "enabled": "on"},
+            {"hostname": "gpu-node-7", "index": "0", "gpu_type": str(h100.pk), "enabled": "on"}]}))
+    assert response.status_code == 302
+    assert Gpu.objects.filter(gpu_type=h100, node__hostname="gpu-node-7").exists()
+    page = admin_client.get(f"/admin/runners/gpupool/{cpu_pool.pk}/change/").content.decode()
+    assert "no agent on gpu-node-7" in page and "agent on localhost" in page
+
+
 def test_a_pool_on_this_machine_may_claim_the_gpu_its_probe_finds(admin_client, cpu_pool, l4, fake_smi):
     cpu = Gpu.objects.get(node__pool=cpu_pool)
     response = admin_client.post(f"/admin/runners/gpupool/{cpu_pool.pk}/change/", pool_form(**{
