@@ -57,7 +57,27 @@ class KernelbotAdminSite(admin.AdminSite):
                                "app_url": f"{index}#group{number}", "has_module_perms": True, "models": chosen})
         return groups
 
+    @staticmethod
+    def sandboxes() -> list[tuple[str, str, bool]]:
+        """(node, what isolates its runs, isolated) for every enabled node that reported its sandbox facts
+        (`runners.harness.probe.sandbox_facts`): whether submissions run in bubblewrap with a memory cgroup."""
+        from runners.models import Node  # the admin site is built before the apps' models load
+
+        shown = []
+        for node in Node.objects.filter(enabled=True).select_related("pool").order_by("pool__name", "hostname"):
+            facts = node.sandbox or {}
+            if not facts:
+                continue
+            backend = str(facts.get("backend") or "unavailable")
+            memory = f"memory cgroup {facts['memory_cgroup']}" if facts.get("memory_cgroup") else \
+                f"no memory cgroup ({facts.get('memory_cgroup_error') or 'none usable'})"
+            isolated = backend == "bubblewrap" and bool(facts.get("memory_cgroup"))
+            why = f" — {facts['error']}" if facts.get("error") else ""
+            shown.append((f"{node.pool.name} / {node.hostname}", f"{backend}, {memory}{why}", isolated))
+        return shown
+
     def index(self, request: HttpRequest, extra_context: dict | None = None):
+        extra_context = {"sandboxes": self.sandboxes(), **(extra_context or {})}
         steps = []
         for label, url_name in START_HERE:
             try:

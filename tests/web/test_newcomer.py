@@ -66,3 +66,32 @@ def test_the_charts_top_label_is_the_slowest_time():
     script = (REPO / "static/kb/site.js").read_text()
     top = re.search(r'<text x="2" y="14" class="y-top">\$\{formatNs\(Math\.exp\((\w+)\)', script).group(1)
     assert top == "y1"  # y1 = the largest log time, which Y() puts at the top
+
+
+@pytest.mark.parametrize("variable", ["KERNELBOT_ADMIN_TOKEN", "KERNELBOT_PUBLIC_URL", "KERNELBOT_RUNNER_KEY",
+                                      "KERNELBOT_RUNS_DIR"])
+def test_the_readme_configuration_table_names_what_its_workflows_use(variable):
+    assert re.search(rf"^\| `{variable}` \|", README, re.M), variable
+    assert variable in (REPO / "kernelbot" / "settings.py").read_text()
+
+
+def test_the_docs_link_nothing_outside_the_repository_and_name_no_device_file_lock():
+    for doc in [REPO / "README.md", *(REPO / "docs").glob("*.md")]:
+        text = doc.read_text()
+        assert "../shared/" not in text, doc
+        assert "file lock per `Gpu` row" not in text, doc
+
+
+def test_the_admin_start_page_says_whether_the_sandbox_is_active(admin_client, cpu_pool):
+    page = admin_client.get("/admin/").content.decode()
+    assert "Sandbox:</strong>" in page and "no node has reported yet" in page
+    node = cpu_pool.nodes.first() or cpu_pool.nodes.create(hostname="box")
+    node.sandbox = {"mode": "auto", "backend": "bubblewrap", "memory_cgroup": "v2 /sys/fs/cgroup/kb"}
+    node.save()
+    page = admin_client.get("/admin/").content.decode()
+    assert f"{cpu_pool.name} / {node.hostname}: active (bubblewrap, memory cgroup v2 /sys/fs/cgroup/kb)" in page
+    node.sandbox = {"mode": "auto", "backend": "rlimits-only", "memory_cgroup": None,
+                    "memory_cgroup_error": "no cgroup v2", "error": "bwrap: not installed"}
+    node.save()
+    page = admin_client.get("/admin/").content.decode()
+    assert "not fully active</strong> (rlimits-only, no memory cgroup (no cgroup v2) — bwrap: not installed)" in page
