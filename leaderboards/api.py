@@ -16,6 +16,7 @@ from ninja.files import UploadedFile
 from kernelbot.api_errors import check_offset
 from kernelbot.cli.directives import parse_directives
 from kernelbot.errors import ErrorOut
+from kernelbot.inputs import Text
 
 from . import actions
 from .access import actions as access
@@ -110,9 +111,10 @@ def submission_out(submission: Submission, runs: list[Run], view: RunView, queue
                      for r in shown], "queue": queue}
 
 
+# `Text = Form(default)`: written as `Form[Text] = default`, ninja loses the default
 @router.post("/submissions", response={201: SubmissionOut, **ERRORS}, auth=token_auth)
-def create_submission(request, file: File[UploadedFile], leaderboard: Form[str] = "", gpu: Form[str] = "",
-                      mode: Form[str] = "leaderboard"):
+def create_submission(request, file: File[UploadedFile], leaderboard: Text = Form(""),  # noqa: B008
+                      gpu: Text = Form(""), mode: Text = Form("leaderboard")):  # noqa: B008
     """Submit a file (multipart). `leaderboard` and `gpu` default to the file's `#!POPCORN` directives."""
     content = file.read(settings.MAX_SUBMISSION_BYTES + 1)
     found = parse_directives(content.decode("utf-8", errors="replace"))

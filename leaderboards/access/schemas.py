@@ -4,6 +4,8 @@ from datetime import datetime
 
 from ninja import Field, Schema
 
+from kernelbot.inputs import Text
+
 MAX_DAYS = 3650
 
 
@@ -33,7 +35,7 @@ class TokenCreatedOut(TokenOut):
 
 
 class PasswordLoginIn(Schema):
-    username: str
+    username: Text
     password: str
     name: str = Field("kernelbot-cli", max_length=80)
     expires_days: int | None = Field(None, ge=1, le=MAX_DAYS)
@@ -45,7 +47,7 @@ class CliLoginOut(Schema):
 
 
 class JoinIn(Schema):
-    code: str
+    code: Text
 
 
 class JoinedOut(Schema):

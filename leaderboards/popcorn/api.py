@@ -24,6 +24,7 @@ from ninja.security import APIKeyHeader, HttpBearer
 
 from kernelbot.api_errors import check_offset, install_error_handlers
 from kernelbot.cli.directives import parse_directives
+from kernelbot.inputs import Text
 from leaderboards import actions
 from leaderboards.access import actions as access
 from leaderboards.access.authority import RunView, access_leaderboard, access_submission, run_view
@@ -183,7 +184,7 @@ def delete_submission(request, submission_id: int):
 
 
 class JoinIn(Schema):
-    code: str
+    code: Text
 
 
 @api.post("/user/join")
@@ -255,10 +256,10 @@ def admin_delete_submission(request, submission_id: int):
 
 
 class CreateLeaderboardIn(Schema):
-    directory: str
-    name: str | None = None
+    directory: Text
+    name: str | None = None  # do_import_task names what is wrong with it
     deadline: datetime | None = None
-    gpus: list[str] | None = None
+    gpus: list[Text] | None = None
     force: bool = False
 
 
@@ -351,7 +352,7 @@ def _zip_sources(data: bytes):
 
 
 class InviteIn(Schema):
-    leaderboard: str
+    leaderboard: Text
     max_uses: int = Field(1, ge=1, le=access.MAX_INVITE_USES)
     expires_days: int | None = Field(None, ge=1, le=access.MAX_DAYS)
 
@@ -380,9 +381,9 @@ def admin_delete_invite(request, code: str):
 
 
 class BanIn(Schema):
-    user: str
-    leaderboard: str | None = None
-    reason: str = ""
+    user: Text
+    leaderboard: Text | None = None
+    reason: Text = ""
 
 
 def _ban_target(body: BanIn):

@@ -157,6 +157,7 @@ def admin_upload(data: bytes, **fields):
 
 
 NUL = "a\x00b"
+SURROGATE = "a\ud800b"  # valid JSON ("a\\ud800b"), but no UTF-8 database can hold it
 CASES: dict[str, tuple[Callable, int, str]] = {
     # popcorn: paths, query strings, JSON bodies, uploaded files
     "popcorn submit: NUL in leaderboard": (pop_submit("a%00b", "CPU", "test", GOOD), 400, "NUL byte"),
@@ -176,6 +177,8 @@ CASES: dict[str, tuple[Callable, int, str]] = {
     "popcorn delete: huger id": (pop("delete", f"user/submissions/{HUGER}"), 404, f"Submission {HUGER}"),
     "popcorn gpus: NUL": (pop("get", "gpus/a%00b"), 400, "NUL byte"),
     "popcorn join: NUL in code": (pop("post", "user/join", {"code": NUL}), 400, "NUL byte"),
+    "popcorn join: lone surrogate in code": (pop("post", "user/join", {"code": SURROGATE}), 400,
+                                             "'code' holds a character that cannot be stored"),
     "popcorn join: wrong type": (pop("post", "user/join", {"code": ["x"]}), 400, "code"),
     "popcorn auth: NUL provider": (pop("get", "auth/cli/a%00b", headers={}), 400, "NUL byte"),
     "popcorn admin: NUL in directory": (pop("post", "admin/leaderboards", {"directory": NUL}, ADMIN), 400,
@@ -194,6 +197,9 @@ CASES: dict[str, tuple[Callable, int, str]] = {
     "popcorn admin: huge max_uses": (pop("post", "admin/invites", {"leaderboard": "{lb}", "max_uses": HUGER},
                                          ADMIN), 400, "max_uses"),
     "popcorn admin: NUL in ban user": (pop("post", "admin/bans", {"user": NUL}, ADMIN), 400, "NUL byte"),
+    "popcorn admin: lone surrogate in ban board": (
+        pop("post", "admin/bans", {"user": "alice", "leaderboard": SURROGATE}, ADMIN), 400,
+        "'leaderboard' holds a character that cannot be stored"),
     "popcorn admin: huge submission id": (pop("get", f"admin/submissions/{HUGE}", headers=ADMIN), 404,
                                           f"Submission {HUGE}"),
     "popcorn admin: NUL update-problems directory": (pop("post", "admin/update-problems?directory=a%00b",
@@ -202,8 +208,8 @@ CASES: dict[str, tuple[Callable, int, str]] = {
        for kind, (data, fragment) in BAD_ZIPS.items()},
     # /api/v1
     "v1 submit: NUL in leaderboard": (v1_submit(leaderboard=NUL), 400, "NUL byte"),
-    "v1 submit: NUL in gpu": (v1_submit(gpu=NUL), 400, "does not run on GPU"),  # multipart drops the NUL
-    "v1 submit: NUL in mode": (v1_submit(mode=NUL), 400, "Unknown mode"),
+    "v1 submit: NUL in gpu": (v1_submit(gpu=NUL), 400, "'gpu' holds a NUL byte"),
+    "v1 submit: NUL in mode": (v1_submit(mode=NUL), 400, "'mode' holds a NUL byte"),
     "v1 submit: upper-case mode": (v1_submit(mode="TEST"), 400, "Unknown mode 'TEST'"),
     "v1 submit: over-long leaderboard": (v1_submit(leaderboard="a" * 300), 404, "Unknown leaderboard"),
     "v1 submit: empty file": (v1_submit(file=b""), 400, "is empty"),
@@ -221,8 +227,11 @@ CASES: dict[str, tuple[Callable, int, str]] = {
     "v1 tokens: wrong type": (v1("post", "tokens", {"expires_days": "soon"}), 422, "expires_days"),
     "v1 tokens: revoke huge id": (v1("delete", f"tokens/{HUGE}"), 404, f"Token {HUGE} not found"),
     "v1 join: NUL in code": (v1("post", "join", {"code": NUL}), 400, "NUL byte"),
+    "v1 join: lone surrogate in code": (v1("post", "join", {"code": SURROGATE}), 400, "cannot be stored"),
     "v1 password login: NUL in username": (v1("post", "auth/password", {"username": NUL, "password": "x"}),
                                            400, "NUL byte"),
+    "v1 password login: lone surrogate in username": (
+        v1("post", "auth/password", {"username": SURROGATE, "password": "x"}), 400, "cannot be stored"),
     # the site's forms and pages (logged in)
     "site submit: NUL in leaderboard": (site_submit(leaderboard=NUL), 400, "Null characters are not allowed"),
     "site submit: NUL in code": (site_submit(code="x = 1\x00\n"), 400,

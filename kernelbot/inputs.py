@@ -1,0 +1,25 @@
+"""What the APIs accept as text. Every string a request body or form gives /api/v1 or popcorn (names, codes,
+reasons) is `Text`: one the database cannot hold is refused at the door, a 400 naming the field, before any lookup
+or write. PostgreSQL would refuse a NUL byte only once the query was sent, SQLite would silently match nothing, and
+a lone surrogate (valid JSON, "\\ud800") cannot be encoded for either. Paths and query strings: kernelbot.middleware."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import AfterValidator, ValidationInfo
+
+from .errors import Refused
+
+
+def storable(value: str, info: ValidationInfo) -> str:
+    if "\x00" in value:  # Refused, not ValueError: pydantic lets it through, so it is a 400 on both APIs (not a 422)
+        raise Refused(f"'{info.field_name}' holds a NUL byte, which no name, text or path can contain.")
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise Refused(f"'{info.field_name}' holds a character that cannot be stored (a lone surrogate).") from None
+    return value
+
+
+Text = Annotated[str, AfterValidator(storable)]
