@@ -13,7 +13,9 @@ import pytest
 from django.conf import settings
 from django.core.cache import cache
 from django.utils import timezone
+from django_q import worker as django_q_worker
 from django_q.conf import Conf
+from django_q.timeout import TimeoutHandler
 
 from leaderboards import tasks
 from leaderboards.taskfile import load_task
@@ -29,6 +31,15 @@ def pytest_sessionstart(session):
         pytest.exit("CI=true needs DATABASE_URL pointing at PostgreSQL", returncode=3)
     if IN_CI and not settings.REDIS_URL:
         pytest.exit("CI=true needs REDIS_URL pointing at Redis", returncode=3)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """Under xdist (`./dev test` runs `--dist loadgroup`), the tests of the one Slurm test cluster on this machine
+    (fixed ports, one state directory) all run in the same worker."""
+    for item in items:
+        if "slurm_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("slurm-cluster"))
 
 
 def require_service(name: str, available: bool) -> None:
@@ -72,6 +83,23 @@ def _isolated_runtime(settings, tmp_path):
     settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
     cache.clear()  # the cached settings (tokens, boards, jobs switch, quotas, bans, served GPUs) start empty
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _test_timeout_wins():
+    """django-q2 runs a sync task (Conf.SYNC) through its worker in this process, where its TimeoutHandler would arm
+    SIGALRM for the cluster's timeout (1800 s) over pytest-timeout's alarm, then disarm it: a hung task would hang
+    the run for half an hour and every test after a sync task would have no timeout. In this process the test's
+    timeout governs; a cluster's own worker processes keep django-q's."""
+    pytest_pid = os.getpid()
+
+    class TestTimeoutWins(TimeoutHandler):
+        def __init__(self, timeout: int):
+            super().__init__(-1 if os.getpid() == pytest_pid else timeout)  # -1: django-q sets no alarm
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(django_q_worker, "TimeoutHandler", TestTimeoutWins)
+        yield
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 inherits through the environment. pytest-django still runs the tests themselves with DEBUG False."""
 
 import os
+import tempfile
 
 os.environ.setdefault("DEBUG", "1")
 # no scheduled pool health checks in the workers tests start (their runs would join the tests' queues)
@@ -15,3 +16,16 @@ os.environ.setdefault("KERNELBOT_RUNNER_KEY", "test-runner-key-0123456789abcdef"
 os.environ.setdefault("KERNELBOT_AGENT_DEADLINE", "3600")
 
 from kernelbot.settings import *  # noqa: E402,F403
+
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):  # noqa: F405
+    # A test database in a file, not Django's shared-cache in-memory one: there a second connection (a test's
+    # thread, the live server) gets "database table is locked" at once, since SQLite's busy timeout does not cover
+    # shared-cache table locks; in a file, WAL and the 20 s busy timeout let them wait their turn as in production.
+    # One file per test session (xdist workers add their suffix), named in the environment so processes a test
+    # starts agree on it; durability is not needed.
+    os.environ.setdefault("KERNELBOT_TEST_SQLITE", os.path.join(tempfile.gettempdir(),
+                                                                f"kernelbot-test-{os.getpid()}.sqlite3"))
+    DATABASES["default"]["TEST"] = {"NAME": os.environ["KERNELBOT_TEST_SQLITE"]}  # noqa: F405
+    DATABASES["default"]["OPTIONS"]["init_command"] += "PRAGMA synchronous=OFF;"  # noqa: F405
+
+PASSWORD_HASHERS = ["tests.hashers.OneIterationPBKDF2PasswordHasher"]
