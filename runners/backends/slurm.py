@@ -5,7 +5,8 @@ The platform is a Slurm submit host (sbatch, squeue, scancel on PATH) or reaches
 shlex for the remote shell, so no setting or id can inject shell code. The batch script goes to sbatch on stdin,
 after one line that refreshes the runner key file (mode 0600, the submitting user's) it sources: no secret is on a
 command line, in the script, or in `scontrol show job`. The job writes its own exit marker (and the agent's result
-file) under the pool's work directory; `poll` reads those first and asks squeue only when there are none.
+file) under the pool's work directory; `poll` reads those first and asks squeue only when there are none. Whatever
+ends the job short of SIGKILL (the agent's exit, scancel, the time limit) removes its scratch directory first.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ STATES = {
 AGENT_EXITS = {1: "the agent reported an infrastructure failure", 2: "the agent could not start (bad usage or no "
                "runner key)", 3: "the platform said the attempt was no longer current",
                4: "the runner key file is not readable on the node", 5: "the harness could not be set up on the node"}
+# the batch script's marker when its shell was signalled (it stopped the agent and removed its scratch first)
+SIGNALLED = {129: "SIGHUP", 130: "SIGINT", 143: "SIGTERM"}
 
 
 def _path_field(default: str, help_text: str) -> forms.RegexField:
@@ -158,25 +161,33 @@ class SlurmBackend(RunnerBackend):
         return f"{job_id}:{tag}"
 
     def poll(self, external_id: str) -> Poll:
-        """The exit marker when the job wrote one, else squeue's view: one call (one SSH round trip)."""
+        """The exit marker when the job wrote one, else squeue's view: one call (one SSH round trip). A job whose shell
+        was signalled (scancel, a failing node, the time limit) is told by Slurm's view while Slurm remembers it."""
         job_id, tag = _parse(external_id)
-        marker, out = self.marker(job_id, tag, ["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%i|%T|%r"])
-        if marker is not None:
+        squeue = ["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%i|%T|%r"]
+        marker, out = self.marker(job_id, tag, squeue)
+        if marker is not None and marker.state != RemoteState.CANCELLED:
             return marker
+        if marker is not None:
+            out = self.call(squeue)
         line = next((ln for ln in out.stdout.splitlines() if ln.split("|")[0] == job_id), "")
         if out.returncode != 0 and not _unknown_job(out.stderr):
+            if marker is not None:
+                return marker
             raise RuntimeError(f"squeue failed: {_tail(out.stderr)}")  # controller unreachable: not the job's fault
         if not line:  # the marker may have landed since (or NFS lagged): look once more
-            return self.marker(job_id, tag)[0] or Poll(RemoteState.LOST, "Slurm no longer knows the job")
+            return marker or self.marker(job_id, tag)[0] or Poll(RemoteState.LOST, "Slurm no longer knows the job")
         _, state, reason = (line.split("|") + ["", ""])[:3]
         state = state.split()[0].rstrip("+") if state else ""
         if state == "COMPLETED":  # the marker is written before the script exits
-            return self.marker(job_id, tag)[0] or Poll(RemoteState.FAILED, "COMPLETED without an exit marker")
+            return marker or self.marker(job_id, tag)[0] or Poll(RemoteState.FAILED, "COMPLETED without an exit marker")
         for remote, names in STATES.items():
             if state in names:
+                if marker is not None and remote in (RemoteState.QUEUED, RemoteState.RUNNING):
+                    return marker  # the job's shell has ended; Slurm has not caught up yet
                 detail = state if reason in ("", "None") else f"{state}: {reason}"
                 return Poll(remote, detail)
-        return Poll(RemoteState.RUNNING, f"unknown Slurm state {state}")  # the deadline decides
+        return marker or Poll(RemoteState.RUNNING, f"unknown Slurm state {state}")  # the deadline decides
 
     def cancel(self, external_id: str) -> None:
         job_id, _ = _parse(external_id)
@@ -221,18 +232,30 @@ mkdir -p "$jobs" || exit 5
 out="$jobs/$SLURM_JOB_ID-{tag}"
 rm -f "$out.exit" "$out.result.json"
 exec >"$out.log" 2>&1
-finish() {{ echo "$1" > "$out.exit.tmp" && mv -f "$out.exit.tmp" "$out.exit"; exit "$1"; }}
+work= agent=
+# every end goes through finish: the scratch first, then the exit marker (poll trusts a marker as the end)
+finish() {{ trap '' TERM INT HUP; [ -z "$work" ] || rm -rf "$work" || {{ sleep 1; rm -rf "$work"; }}
+  echo "$1" > "$out.exit.tmp" && mv -f "$out.exit.tmp" "$out.exit"; exit "$1"; }}
+# scancel and the time limit signal this shell (SIGTERM, SIGKILL after KillWait): a shell defers a trap while a
+# foreground child runs and dash runs no EXIT trap on a signal, so the agent runs in the background and is waited
+# for; the trap stops it and finishes (marker 128 + the signal: `parse_marker` reads it as cancelled)
+stop() {{ [ -z "$agent" ] || {{ kill -TERM "$agent" 2>/dev/null; wait "$agent"; }}; finish "$1"; }}
+trap 'stop 129' HUP; trap 'stop 130' INT; trap 'stop 143' TERM
 find "$jobs" -type f -mtime +7 -delete 2>/dev/null
+# scratch that SIGKILLed jobs left behind
+find "$base" -maxdepth 1 -type d -name 'attempt-*' -mtime +7 -exec rm -rf {{}} + 2>/dev/null
 key={_sh_path(self.setting("key_file"))}
 [ -r "$key" ] || {{ echo "runner key file $key is not readable"; finish 4; }}
 set -a; . "$key"; set +a
 export KERNELBOT_SANDBOX={q(self.settings.get("sandbox") or "require")}
 work=$(mktemp -d "$base/attempt-XXXXXXXX") || finish 5
-trap 'rm -rf "$work"' EXIT
 {fetch}
 cd "$root" || finish 5
-{agent} --workdir "$work" --result-file "$out.result.json"
-finish $?
+{agent} --workdir "$work" --result-file "$out.result.json" &
+agent=$!
+wait "$agent"
+code=$?; agent=
+finish "$code"
 """
 
     def marker(self, job_id: str, tag: str, otherwise: list[str] | None = None
@@ -268,6 +291,9 @@ finish $?
                 result = None
         if code == 0:
             return Poll(RemoteState.FINISHED, "agent exit code 0", result if isinstance(result, dict) else None)
+        if code in SIGNALLED:  # scancel, or Slurm's time limit (which the platform's own deadline comes before)
+            return Poll(RemoteState.CANCELLED, f"the job was stopped by {SIGNALLED[code]} (scancel, or its time "
+                        "limit)")
         reason = AGENT_EXITS.get(code, "the job failed")
         return Poll(RemoteState.FAILED, f"agent exit code {code}: {reason}")
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from runners.backends.base import BackendUnavailable, Dispatch, RemoteState
+from runners.backends.base import BackendUnavailable, Dispatch, Poll, RemoteState
 from runners.backends.slurm import SlurmBackend, SlurmOptions
 from runners.models import GpuPool, GpuType, GpuVendor
 
@@ -29,6 +29,10 @@ parser = argparse.ArgumentParser()
 for name in ("--platform", "--run", "--attempt", "--nonce", "--workdir", "--result-file"):
     parser.add_argument(name)
 args = parser.parse_args()
+scratch = Path(args.workdir) / "kernelbot-run-x" / "work"  # as the real agent unpacks its job
+scratch.mkdir(parents=True)
+(scratch / "submission.py").write_text("...")
+(control / f"workdir-{args.run}").write_text(args.workdir)
 (control / f"started-{args.run}").write_text(str(os.getpid()))
 go = control / f"go-{args.run}"
 deadline = time.monotonic() + 120
@@ -69,6 +73,12 @@ class Harness:
 
     def finish(self, run_id: int, code: int = 0) -> None:
         (self.control / f"go-{run_id}").write_text(str(code))
+
+    def scratch(self, run_id: int | None = None) -> Path | list[Path]:
+        """The job's scratch directory (its agent's --workdir); without a run, those left in the work directory."""
+        if run_id is None:
+            return sorted(self.workdir.glob("attempt-*"))
+        return Path((self.control / f"workdir-{run_id}").read_text())
 
 
 def wait_for(predicate, what: str, timeout: float = 90):
@@ -158,9 +168,15 @@ def test_cancel_a_running_job_and_kill_one(harness):
     cancelled, killed = (backend.dispatch(job(run_id), None) for run_id in (31, 32))  # the node's 2 cores
     pids = {run_id: harness.started(run_id) for run_id in (31, 32)}
 
-    backend.cancel(cancelled)
-    assert wait_state(backend, cancelled, RemoteState.CANCELLED).detail.startswith("CANCELLED")
+    scratch = {run_id: harness.scratch(run_id) for run_id in (31, 32)}
+    assert all((path / "kernelbot-run-x" / "work").is_dir() for path in scratch.values())
+    backend.cancel(cancelled)  # scancel: SIGTERM to the batch shell and the agent
+    assert wait_state(backend, cancelled, RemoteState.CANCELLED)
     wait_for(lambda: not Path(f"/proc/{pids[31]}").exists(), "the cancelled job's agent to be gone")
+    wait_for(lambda: not scratch[31].exists(), "the cancelled job's scratch to be removed")
+    job_id, tag = cancelled.split(":")
+    assert (harness.workdir / "jobs" / f"{job_id}-{tag}.exit").read_text() == "143\n"  # written after the scratch went
+    assert backend.poll(cancelled).detail.startswith("CANCELLED")  # Slurm's view, while it remembers the job
     backend.cancel(cancelled)  # again, and on a finished job: harmless
 
     batch_shell = int(Path(f"/proc/{pids[32]}/stat").read_text().split(") ")[1].split()[1])
@@ -177,6 +193,8 @@ def test_cancel_a_running_job_and_kill_one(harness):
     os.kill(harness.started(34), 9)  # the agent dies under a live batch script: the script's marker says so
     died = wait_state(backend, agent_killed, RemoteState.FAILED)
     assert died.detail.startswith("agent exit code 137")
+    assert not harness.scratch(34).exists()  # removed before the marker was written
+    assert scratch[32].exists()  # only a SIGKILLed batch shell leaves its scratch (the next jobs sweep it after 7 days)
 
 
 def test_a_job_that_never_starts_stays_queued_until_cancelled(harness):
@@ -229,6 +247,9 @@ def test_refused_and_unknown_jobs(harness, settings):
     (harness.workdir / "jobs" / "999998-abcd.result.json").write_text('{"verdict": "pass"}')
     finished = backend.poll("999998:abcd")  # Slurm forgot the job, its marker did not
     assert finished.state == RemoteState.FINISHED and finished.result == {"verdict": "pass"}
+    (harness.workdir / "jobs" / "999997-abcd.exit").write_text("143\n")  # its shell got SIGTERM, then Slurm forgot it
+    assert backend.poll("999997:abcd") == Poll(RemoteState.CANCELLED, "the job was stopped by SIGTERM (scancel, or "
+                                                                       "its time limit)")
     with pytest.raises(ValueError, match="not a Slurm job"):
         backend.poll("1; rm -rf /")
 

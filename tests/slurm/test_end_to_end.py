@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.utils import timezone
@@ -73,12 +74,26 @@ def wait_for_job(job_id: str, state: str, timeout: float = 60) -> bool:
     return True
 
 
+def scratch_left(tmp_path) -> list[Path]:
+    """The jobs' scratch directories in the pool's work directory."""
+    return sorted((tmp_path / "work").glob("attempt-*"))
+
+
+def wait_until_no_scratch(tmp_path, timeout: float = 30, but: list[Path] = ()) -> None:
+    deadline = time.monotonic() + timeout
+    while scratch_left(tmp_path) != list(but):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the jobs left their scratch: {scratch_left(tmp_path)}")
+        time.sleep(0.1)
+
+
 def job_state(job_id: str) -> str:
     return subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"], capture_output=True,
                           text=True).stdout.strip()
 
 
-def test_a_demo_submission_runs_on_slurm_and_is_ranked(slurm_board, sync_queue, django_capture_on_commit_callbacks):
+def test_a_demo_submission_runs_on_slurm_and_is_ranked(slurm_board, sync_queue, django_capture_on_commit_callbacks,
+                                                       tmp_path):
     board, pool = slurm_board
     pool()  # no checkout: each job downloads the platform's harness.tar.gz with curl
     sub = submit(board, "fast", "leaderboard", django_capture_on_commit_callbacks)
@@ -101,6 +116,7 @@ def test_a_demo_submission_runs_on_slurm_and_is_ranked(slurm_board, sync_queue, 
         name = subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%j"], capture_output=True,
                               text=True).stdout.strip()
         assert name == f"kernelbot run {run.pk} attempt 1"
+    assert not scratch_left(tmp_path)  # removed before each job wrote its exit marker
     wait = time.monotonic() + 30
     while not BoardEntry.objects.filter(leaderboard=board).exists() and time.monotonic() < wait:
         time.sleep(0.1)
@@ -108,16 +124,54 @@ def test_a_demo_submission_runs_on_slurm_and_is_ranked(slurm_board, sync_queue, 
 
 
 def test_cancelling_a_running_run_cancels_its_slurm_job(slurm_board, sync_queue,
-                                                        django_capture_on_commit_callbacks):
+                                                        django_capture_on_commit_callbacks, tmp_path):
     board, pool = slurm_board
     pool(checkout=str(REPO))
     sub = submit(board, "slow", "benchmark", django_capture_on_commit_callbacks)
     run = wait_for_status(sub.runs.get(), RunStatus.RUNNING)
     job_id, state = slurm_job(run)
-    assert state == "RUNNING"
+    assert state == "RUNNING" and len(scratch_left(tmp_path)) == 1  # the agent is running the kernel in it
     with django_capture_on_commit_callbacks(execute=True):
-        do_delete_submission(sub)  # the owner deletes it: the run is cancelled, and its job with it
+        do_delete_submission(sub)  # the owner deletes it: the run is cancelled, and its job with it (scancel)
     assert wait_for_job(job_id, "CANCELLED") and not Run.objects.filter(pk=run.pk).exists()
+    wait_until_no_scratch(tmp_path)  # the batch shell's SIGTERM trap stopped the agent and removed it
+
+
+def test_a_silent_node_is_noticed_while_slurm_still_says_running(slurm_board, sync_queue, settings,
+                                                                 django_capture_on_commit_callbacks, tmp_path):
+    settings.RUN_REMOTE_SILENCE = 25  # the agent beats every 20 s
+    board, pool = slurm_board
+    pool(checkout=str(REPO))
+    sub = submit(board, "slow", "benchmark", django_capture_on_commit_callbacks)
+    run = wait_for_status(sub.runs.get(), RunStatus.RUNNING)
+    deadline = time.monotonic() + 120
+    while not run.progress:  # heard from since it started
+        assert time.monotonic() < deadline, "the agent posted no progress"
+        time.sleep(0.1)
+        run.refresh_from_db()
+    job_id, _ = slurm_job(run)
+    subprocess.run(["scontrol", "suspend", job_id], check=True)  # the node stops; Slurm lists the job SUSPENDED
+    stopped = time.monotonic()
+    try:
+        (stuck,) = scratch_left(tmp_path)
+        while run.attempt == 1:  # the reaper's ticks
+            waited = time.monotonic() - stopped
+            assert waited < settings.RUN_REMOTE_SILENCE + settings.CLUSTER_REAP_INTERVAL + 10, (
+                waited, run.status_deadline)
+            time.sleep(settings.CLUSTER_REAP_INTERVAL)
+            with django_capture_on_commit_callbacks(execute=True):
+                lifecycle.do_reap_overdue_runs()
+            run.refresh_from_db()
+    finally:  # a suspended step takes SIGKILL only (after KillWait): a stopped job must not outlive the cluster
+        subprocess.run(["scancel", "--signal=KILL", "--full", job_id], capture_output=True)
+    reason = run.attempts.get(number=1).reason
+    assert "its agent was silent for" in reason and "the service says running (SUSPENDED)" in reason, reason
+    assert wait_for_job(job_id, "CANCELLED") and run.infra_failures == 1 and run.passed is None
+    with django_capture_on_commit_callbacks(execute=True):
+        assert lifecycle.do_cancel_run(run)  # the retry is not needed here
+    assert wait_for_job(slurm_job(run, 2)[0], "CANCELLED")
+    # a suspended step takes only SIGKILL (as a dead node runs no trap): its scratch stays for the 7-day sweep
+    wait_until_no_scratch(tmp_path, but=[stuck])
 
 
 def test_a_killed_job_is_retried_and_not_charged(slurm_board, sync_queue, django_capture_on_commit_callbacks):
