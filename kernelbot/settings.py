@@ -264,7 +264,11 @@ RUN_STATE_DEADLINES = {
 }
 # A runner that reports heartbeats (the local one does, every 2 s) keeps a dispatched or running run's deadline this
 # many seconds ahead, so a run whose runner died is retried within seconds instead of at the state deadline.
-RUN_HEARTBEAT_DEADLINE = int(os.environ.get("KERNELBOT_HEARTBEAT_DEADLINE", "15"))
+RUN_HEARTBEAT_DEADLINE = int(os.environ.get("KERNELBOT_HEARTBEAT_DEADLINE", "10"))
+# A node agent (`python -m runners.harness.node`) asks for work every 0.5 s (its --poll) and beats each run it holds
+# every heartbeat deadline / 4; a node not heard of for AGENT_DEADLINE seconds has no live agent: it gets no run and
+# its pool's health check says so.
+AGENT_DEADLINE = int(os.environ.get("KERNELBOT_AGENT_DEADLINE", "10"))
 # `manage.py workers` (the cluster supervisor): it reaps overdue runs every REAP_INTERVAL seconds; it re-sends the
 # queued runs' messages, then restarts the cluster, when runs have waited STALL seconds while no worker started a
 # task; on SIGTERM it gives the cluster STOP_GRACE seconds before killing it.
@@ -303,9 +307,12 @@ PUBLIC_URL = os.environ.get("KERNELBOT_PUBLIC_URL", "http://127.0.0.1:8000").rst
 # `manage.py workers` ticks the poll every KERNELBOT_POLL_INTERVAL seconds (CLUSTER_TICKS above).
 RUN_POLL_AFTER = float(os.environ.get("KERNELBOT_POLL_AFTER", "10"))
 # Seconds a remote run may wait in the service's queue (a pool's `queue_timeout` overrides it), and the slack a
-# remote RUNNING run gets beyond its own time budget (each progress post extends it).
+# remote RUNNING run gets beyond its own time budget: it ends by its start + budget + margin at the latest.
 RUN_REMOTE_QUEUE_TIMEOUT = int(os.environ.get("KERNELBOT_REMOTE_QUEUE_TIMEOUT", "1800"))
 RUN_REMOTE_MARGIN = int(os.environ.get("KERNELBOT_REMOTE_MARGIN", "120"))
+# A remote agent beats every 20 s while it runs: a RUNNING run not heard of for REMOTE_SILENCE seconds is on a dead
+# node (its job may still look running to the service) and is retried, its job cancelled.
+RUN_REMOTE_SILENCE = int(os.environ.get("KERNELBOT_REMOTE_SILENCE", "90"))
 
 # --- API and CLI access (issue 4) ----------------------------------------------------------------
 # Bearer token for popcorn-cli's admin commands (/popcorn/admin/...); unset disables them.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import secrets
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -165,8 +165,8 @@ def _cancel_attempt_after_commit(attempt: RunAttempt | None) -> None:
 
 @dataclass
 class AttemptReporter:
-    """`runners.backends.base.Reporter` for one attempt. Remote attempts' deadlines follow the run's own budget
-    (progress extends it); local ones follow the worker's heartbeats."""
+    """`runners.backends.base.Reporter` for one attempt. A remote attempt's deadline follows its agent's word
+    (`remote_deadline`: silence, within its budget); a node agent's follows its heartbeats."""
 
     run_id: int
     attempt: int
@@ -194,8 +194,22 @@ class AttemptReporter:
 
 
 def running_deadline(run: Run, remote: bool) -> int:
-    return total_timeout(_with_definition(run)) + settings.RUN_REMOTE_MARGIN if remote \
-        else settings.RUN_HEARTBEAT_DEADLINE
+    """Seconds from a run's start to its RUNNING deadline: a node agent's heartbeat deadline; for a remote run
+    KERNELBOT_REMOTE_SILENCE (its agent beats every 20 s), within its budget + KERNELBOT_REMOTE_MARGIN."""
+    return min(settings.RUN_REMOTE_SILENCE, remote_budget(run)) if remote else settings.RUN_HEARTBEAT_DEADLINE
+
+
+def remote_budget(run: Run) -> int:
+    """The most seconds a remote run may spend RUNNING: its time budget plus KERNELBOT_REMOTE_MARGIN."""
+    return total_timeout(run) + settings.RUN_REMOTE_MARGIN
+
+
+def remote_deadline(run: Run, now) -> datetime:
+    """A remote RUNNING run's deadline after word from its agent at `now`: KERNELBOT_REMOTE_SILENCE s on, so a node
+    that went silent is noticed then even while its service still calls the job running, but never past the run's
+    start + `remote_budget`: beating does not buy time."""
+    return min(now + timedelta(seconds=settings.RUN_REMOTE_SILENCE),
+               (run.started_at or now) + timedelta(seconds=remote_budget(run)))
 
 
 def do_mark_running(run_id: int, attempt: int, *, deadline_seconds: int | None = None, remote: bool = False) -> bool:
@@ -211,21 +225,19 @@ def do_mark_running(run_id: int, attempt: int, *, deadline_seconds: int | None =
 
 
 def do_record_progress(run_id: int, attempt: int, progress: dict, *, remote: bool = False) -> bool:
-    """Live progress of the attempt; it is also a heartbeat (a remote run's deadline moves to at least
-    RUN_REMOTE_MARGIN s ahead). False when the attempt is no longer the running one."""
+    """Live progress of the attempt; it is also a heartbeat (a remote run's deadline moves to `remote_deadline`).
+    False when the attempt is no longer the running one."""
     with transaction.atomic():
         run = _locked_run(run_id)
         if run.attempt != attempt or run.status != RunStatus.RUNNING:
             return False
         fields = ["progress", "status_deadline"]
         run.progress = scrub(progress)
-        later = timezone.now() + timedelta(seconds=settings.RUN_REMOTE_MARGIN if remote
-                                           else settings.RUN_HEARTBEAT_DEADLINE)
         if not remote:  # a node agent's run: a progress post is a heartbeat
-            run.status_deadline = later
+            run.status_deadline = timezone.now() + timedelta(seconds=settings.RUN_HEARTBEAT_DEADLINE)
             allocator.renew_attempt_holds(run_id, attempt, allocator.run_lease_seconds())
-        elif run.status_deadline is None or run.status_deadline < later:
-            run.status_deadline = later
+        else:
+            run.status_deadline = remote_deadline(run, timezone.now())
         run.save(update_fields=fields)
         _news(run)
         transaction.on_commit(lambda: events.run_changed(run))
@@ -234,18 +246,24 @@ def do_record_progress(run_id: int, attempt: int, progress: dict, *, remote: boo
 
 def do_heartbeat(run_id: int, attempt: int, status: str | None = None, *, remote: bool = False) -> bool:
     """The runner still holds this attempt (in `status`, default: dispatched or running): a local run's deadline
-    moves a heartbeat ahead, so a runner that dies is known within seconds; a remote one's at least
-    RUN_REMOTE_MARGIN s ahead. False when the run moved on (cancelled, reaped, requeued) and the runner should stop."""
+    moves a heartbeat ahead, so a runner that dies is known within seconds; a remote running one's to
+    `remote_deadline` (a dispatched one's at least RUN_REMOTE_MARGIN s ahead). False when the run moved on
+    (cancelled, reaped, requeued) and the runner should stop."""
     statuses = [status] if status else [RunStatus.DISPATCHED, RunStatus.RUNNING]
     runs = Run.objects.filter(pk=run_id, attempt=attempt, status__in=statuses)
+    now = timezone.now()
     if not remote:
-        alive = runs.update(status_deadline=timezone.now() + timedelta(seconds=settings.RUN_HEARTBEAT_DEADLINE)) == 1
+        alive = runs.update(status_deadline=now + timedelta(seconds=settings.RUN_HEARTBEAT_DEADLINE)) == 1
         if alive:
             allocator.renew_attempt_holds(run_id, attempt, allocator.run_lease_seconds())
         return alive
-    later = timezone.now() + timedelta(seconds=settings.RUN_REMOTE_MARGIN)
-    runs.filter(status_deadline__lt=later).update(status_deadline=later)
-    RunAttempt.objects.filter(run_id=run_id, number=attempt).update(last_news_at=timezone.now())
+    running = runs.filter(status=RunStatus.RUNNING).select_related("submission__problem").first()
+    if running is not None:  # its start and budget do not change while it runs: no lock needed
+        runs.filter(status=RunStatus.RUNNING).update(status_deadline=remote_deadline(running, now))
+    else:
+        later = now + timedelta(seconds=settings.RUN_REMOTE_MARGIN)
+        runs.filter(status_deadline__lt=later).update(status_deadline=later)
+    RunAttempt.objects.filter(run_id=run_id, number=attempt).update(last_news_at=now)
     return runs.exists()
 
 
@@ -263,7 +281,7 @@ def do_claim_runs(node: Node, free: list[int]) -> list[dict]:
     its deadline moved by the agent's heartbeats. Returns what the agent needs to run each (the same per-attempt
     routes and token as a remote agent)."""
     now = timezone.now()
-    Node.objects.filter(pk=node.pk).update(agent_seen_at=now)
+    Node.objects.filter(pk=node.pk).exclude(agent_seen_at__gt=now - timedelta(seconds=1)).update(agent_seen_at=now)
     if not node.enabled:
         return []
     gpus = list(Gpu.objects.select_related("gpu_type", "node__pool").filter(node=node, enabled=True, index__in=free)
@@ -304,7 +322,6 @@ def _claim_one(node: Node, gpus: list[Gpu]) -> dict | None:
                                                             last_news_at=timezone.now())
             run.update_status(RunStatus.RUNNING, deadline_seconds=settings.RUN_HEARTBEAT_DEADLINE,
                               runner=f"{node.pool.name} / {node.hostname}"[:60])
-            _news(run)
             first = next(g for g in gpus if g.pk == held[0])
             return {"run": run.pk, "attempt": run.attempt, "nonce": attempt.nonce, "devices": devices,
                     "gpus": [] if gpu_type.is_cpu else devices,
@@ -525,9 +542,11 @@ def _detail(poll: Poll) -> str:
 
 
 def do_reap_overdue_runs(now=None) -> int:
-    """Retry or fail every run that sat in a non-terminal state past its deadline. A remote run is polled first: if
-    the service says it is still running its deadline is extended once; otherwise its job is cancelled and the run
-    retried (an infrastructure failure, never charged)."""
+    """Retry or fail every run that sat in a non-terminal state past its deadline. A remote run is polled first; its
+    job is cancelled and the run retried (an infrastructure failure, never charged) unless the service says it is
+    still running while its agent has not yet been heard from since it started (it may still be starting): then its
+    deadline is extended once. An agent that went silent, or that beats past the run's budget, gets no extension:
+    a dead node's job often still looks running."""
     now = now or timezone.now()
     reaped = 0
     overdue = Run.objects.overdue(now)
@@ -547,9 +566,10 @@ def do_reap_overdue_runs(now=None) -> int:
                 continue  # moved on since we polled
             if run.status == RunStatus.DISPATCHED and _waits_its_turn(run, now):
                 continue
+            silence = _remote_silence(run, attempt, now)
             if (attempt is not None and poll is not None and poll.state == RemoteState.RUNNING
-                    and not attempt.extended and run.status == RunStatus.RUNNING):
-                run.status_deadline = now + timedelta(seconds=running_deadline(run, remote=True))
+                    and not attempt.extended and run.status == RunStatus.RUNNING and silence == ""):
+                run.status_deadline = remote_deadline(run, now)
                 run.save(update_fields=["status_deadline"])
                 RunAttempt.objects.filter(pk=attempt.pk).update(extended=True, last_news_at=now)
                 continue
@@ -557,11 +577,28 @@ def do_reap_overdue_runs(now=None) -> int:
                 attempt = _attempt(run)
             _cancel_attempt_after_commit(attempt)
             detail = f"; the service says {poll.state}{_detail(poll)}" if poll is not None else ""
-            _infrastructure_failure(run, f"the runner did not report back while {run.status}{detail}")
+            why = f" ({silence})" if silence else ""
+            _infrastructure_failure(run, f"the runner did not report back while {run.status}{why}{detail}")
             reaped += 1
     for run_id in lost:
         dispatch_run(run_id)
     return reaped
+
+
+def _remote_silence(run: Run, attempt: RunAttempt | None, now) -> str:
+    """Why an overdue remote RUNNING run's agent is not worth waiting for: silent since its last word (its deadline
+    is `remote_deadline` of that word), or past its budget; "" when it was not heard from since the run started (a
+    service's poll may mark a run running before its agent fetched the job), or for other runs."""
+    if run.status != RunStatus.RUNNING or attempt is None or attempt.pool is None or attempt.pool.is_local \
+            or run.started_at is None:
+        return ""
+    budget = remote_budget(run)
+    if run.status_deadline >= run.started_at + timedelta(seconds=budget - 1):
+        return f"past its budget of {budget - settings.RUN_REMOTE_MARGIN} s + {settings.RUN_REMOTE_MARGIN} s"
+    last_word = run.status_deadline - timedelta(seconds=settings.RUN_REMOTE_SILENCE)
+    if last_word <= run.started_at + timedelta(seconds=1):  # the deadline its start set: nothing heard since
+        return ""
+    return f"its agent was silent for {(now - last_word).total_seconds():.0f} s"
 
 
 def _waits_its_turn(run: Run, now) -> bool:
@@ -589,13 +626,15 @@ def _requeue_lost(run: Run, now) -> list[int]:
     return [run.pk]
 
 
-def do_resend_queued_runs(queued_before=None) -> int:
+def do_resend_queued_runs(queued_before=None, queued_after=None) -> int:
     """Dispatch every queued run (those queued before `queued_before`) here, without the broker: a killed or wedged
     worker cluster takes the messages it had already pulled with it, and a copy per run per restart would fill the
     broker. Dispatch is short (a local pool's agents pull their runs) and idempotent."""
     runs = Run.objects.filter(status=RunStatus.QUEUED)
     if queued_before is not None:
         runs = runs.filter(queued_at__lt=queued_before)
+    if queued_after is not None:
+        runs = runs.filter(queued_at__gte=queued_after)
     run_ids = list(runs.values_list("pk", flat=True))
     for run_id in run_ids:
         dispatch_run(run_id)

@@ -176,7 +176,7 @@ def test_a_job_that_cannot_run_is_a_failure_with_a_reason(fake, cpu, transaction
     backend = GithubBackend(pool)
     external_id = backend.dispatch(job(cpu, run_id=10**9, url=runner_platform.url), NoReporter())
     run = fake.wait(int(external_id))
-    assert run["conclusion"] == "failure" and "HTTP Error 403" in run["log"][1][2], run["log"]
+    assert run["conclusion"] == "failure" and "HTTP 403" in run["log"][1][2], run["log"]
     poll = backend.poll(external_id)
     assert poll.state == RemoteState.FAILED and "no result artifact" in poll.detail and poll.result is None
 

@@ -19,9 +19,10 @@ from leaderboards import lifecycle
 from leaderboards.actions import check_submission, do_delete_submission, do_submit
 from leaderboards.models import BoardEntry, Run, RunAttempt, RunStatus
 from runners.backends.base import BACKENDS, Poll, RemoteState, RunnerBackend, available_backends
-from runners.harness.agent import runner_token
+from runners.harness.agent import Refused, runner_token
 from runners.models import Gpu, GpuPool, GpuType, GpuVendor, Node
 
+from ..agents import in_process_agent
 from ..conftest import REPO
 from ..factories import LeaderboardFactory, UserFactory, problem_from, remote_pool, submission
 from ..remote_backend import AGENT_BACKEND, SCRIPTED_BACKEND, AgentBackend, ScriptedBackend
@@ -197,13 +198,16 @@ def test_polls_deadlines_extension_and_cancel(settings, leaderboard, sync_queue,
     ScriptedBackend.polls = [Poll(RemoteState.RUNNING)]
     lifecycle.poll_remote_runs(now=timezone.now() + timedelta(seconds=30))
     run.refresh_from_db()
-    assert run.status == RunStatus.RUNNING and run.status_deadline > timezone.now() + timedelta(seconds=100)
+    assert run.status == RunStatus.RUNNING  # the service says so: its agent has REMOTE_SILENCE s to be heard from
+    since = run.status_deadline - run.started_at
+    assert timedelta(seconds=settings.RUN_REMOTE_SILENCE) <= since < timedelta(seconds=settings.RUN_REMOTE_SILENCE + 1)
 
     late = run.status_deadline + timedelta(seconds=1)
     ScriptedBackend.polls = [Poll(RemoteState.RUNNING)]
-    assert lifecycle.do_reap_overdue_runs(now=late) == 0  # the service says it runs: extended once
+    assert lifecycle.do_reap_overdue_runs(now=late) == 0  # nothing heard since it started: extended once
     run.refresh_from_db()
-    assert run.status == RunStatus.RUNNING and run.status_deadline > late
+    assert run.status == RunStatus.RUNNING and run.status_deadline == late + timedelta(
+        seconds=settings.RUN_REMOTE_SILENCE)
     ScriptedBackend.polls = [Poll(RemoteState.RUNNING)]
     with django_capture_on_commit_callbacks(execute=True):
         assert lifecycle.do_reap_overdue_runs(now=run.status_deadline + timedelta(seconds=1)) == 1  # not twice
@@ -216,6 +220,79 @@ def test_polls_deadlines_extension_and_cancel(settings, leaderboard, sync_queue,
     with django_capture_on_commit_callbacks(execute=True):
         assert lifecycle.do_cancel_run(run, "cancelled by an organiser")
     assert ScriptedBackend.cancelled[-1] == second.external_id
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """timezone.now() as the test moves it (the lifecycle and the models read it): `clock(seconds)` moves it on."""
+    now = [timezone.now()]
+    monkeypatch.setattr(timezone, "now", lambda: now[0])
+
+    def advance(seconds: float = 0):
+        now[0] += timedelta(seconds=seconds)
+        return now[0]
+    return advance
+
+
+def _agent_started(leaderboard) -> tuple[Run, RunAttempt]:
+    """A scripted run whose agent fetched its job (through the runner API: `remote=True`)."""
+    run, attempt = _scripted_run(leaderboard)
+    assert lifecycle.do_mark_running(run.pk, attempt.number, remote=True)
+    run.refresh_from_db()
+    return run, attempt
+
+
+@pytest.mark.django_db
+def test_a_beating_remote_run_runs_its_whole_budget_and_no_longer(settings, leaderboard, clock, sync_queue,
+                                                                  django_capture_on_commit_callbacks):
+    settings.RUN_REMOTE_SILENCE = 90
+    run, attempt = _agent_started(leaderboard)
+    budget = lifecycle.remote_budget(run)  # the run's time budget + RUN_REMOTE_MARGIN
+    assert budget > 2 * settings.RUN_REMOTE_SILENCE
+    start = run.started_at
+    while clock() < start + timedelta(seconds=budget - 20):
+        clock(20)  # the agent's heartbeat interval; every other beat is a progress post
+        if (clock() - start).total_seconds() % 40:
+            assert lifecycle.do_heartbeat(run.pk, attempt.number, remote=True)
+        else:
+            assert lifecycle.do_record_progress(run.pk, attempt.number, {"event": "progress"}, remote=True)
+        assert lifecycle.do_reap_overdue_runs(now=clock() + timedelta(seconds=19)) == 0
+        run.refresh_from_db()
+        assert run.status == RunStatus.RUNNING and run.status_deadline == min(
+            clock() + timedelta(seconds=settings.RUN_REMOTE_SILENCE), start + timedelta(seconds=budget))
+    assert not ScriptedBackend.cancelled
+
+    clock(30)  # still beating, past its budget + margin; the service says it runs
+    assert lifecycle.do_heartbeat(run.pk, attempt.number, remote=True)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert lifecycle.do_reap_overdue_runs(now=clock()) == 1  # no extension
+    run.refresh_from_db()
+    assert run.attempt == 2 and run.infra_failures == 1 and ScriptedBackend.cancelled == [attempt.external_id]
+    reason = run.attempts.get(number=1).reason
+    assert f"past its budget of {budget - settings.RUN_REMOTE_MARGIN} s + {settings.RUN_REMOTE_MARGIN} s" in reason
+    assert "the service says running" in reason
+
+
+@pytest.mark.django_db
+def test_a_silent_remote_run_is_retried_while_its_service_still_says_running(settings, leaderboard, clock, sync_queue,
+                                                                            django_capture_on_commit_callbacks):
+    settings.RUN_REMOTE_SILENCE = 90
+    run, attempt = _agent_started(leaderboard)
+    clock(20)
+    assert lifecycle.do_heartbeat(run.pk, attempt.number, remote=True)
+    last_word = clock()
+    ScriptedBackend.polls = [Poll(RemoteState.RUNNING, "RUNNING")] * 10  # a dead node's job, still listed
+    clock(30)
+    assert lifecycle.poll_remote_runs() == 1  # the poll is no word from the agent: the deadline stays
+    assert lifecycle.do_reap_overdue_runs(now=last_word + timedelta(seconds=89)) == 0
+    with django_capture_on_commit_callbacks(execute=True):
+        assert lifecycle.do_reap_overdue_runs(now=last_word + timedelta(seconds=91)) == 1  # no extension
+    run.refresh_from_db()
+    assert run.attempt == 2 and run.infra_failures == 1 and run.status == RunStatus.DISPATCHED
+    assert ScriptedBackend.cancelled == [attempt.external_id]  # its job is cancelled before the retry
+    assert run.attempts.get(number=1).reason == ("the runner did not report back while running (its agent was "
+                                                 "silent for 91 s); the service says running (RUNNING)")
+    assert run.passed is None  # never charged
 
 
 @pytest.mark.django_db
@@ -292,18 +369,21 @@ def test_gpu_type_check_of_a_results_system_info(name, vendor, device, ok):
 @pytest.mark.django_db
 def test_a_cpu_pool_claiming_an_l4_never_shows_l4_succeeded(demo_task, settings, sync_queue,
                                                             django_capture_on_commit_callbacks):
-    """The issue's case: a local pool on this CPU-only machine registered an L4; the harness's system info says
-    `cpu`, so the result is an infrastructure failure, retried and finally an error, never a success."""
-    settings.RUN_MAX_ATTEMPTS = 2
+    """The issue's case: a local pool on this CPU-only machine registered an L4. Its agent's probe says otherwise:
+    the registration is refused with the reason, no agent serves the L4, and the run never runs, let alone
+    succeeds. (A result from the wrong hardware is refused at ingest: `gpu_mismatch`, tested above.)"""
     l4 = GpuType.objects.create(name="L4", vendor=GpuVendor.NVIDIA, architecture="sm_89")
     pool = GpuPool.objects.create(name="this-machine")
-    Gpu.objects.create(node=Node.objects.create(pool=pool, hostname="localhost"), gpu_type=l4, index=0)
+    node = Node.objects.create(pool=pool, hostname="localhost")
+    Gpu.objects.create(node=node, gpu_type=l4, index=0)
     board = LeaderboardFactory(problem=problem_from(demo_task), gpu_types=[l4])
     run = submit(board, "correct", "test", django_capture_on_commit_callbacks, gpu="L4").runs.get()
     run.refresh_from_db()
-    assert run.status == RunStatus.ERROR and run.passed is None and run.infra_failures == 2
-    assert "not a L4 result" in run.error and run.system_info["device"] == "cpu"
-    assert list(run.attempts.values_list("outcome", flat=True)) == ["retried", "error"]
+    assert run.status == RunStatus.DISPATCHED and run.passed is None and not run.result
+    with pytest.raises(Refused, match="no CPU GPU type to register it as"):
+        in_process_agent(node)
+    node.refresh_from_db()
+    assert node.agent_seen_at is None
 
 
 def test_the_harness_tarball_runs_the_agent_without_django(client, tmp_path):
