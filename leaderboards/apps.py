@@ -10,7 +10,9 @@ class LeaderboardsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import lifecycle, ranks
+        from runners.reservations import usage
+
+        from . import health, lifecycle, ranks
         from .access import cache
         from .models import ApiToken, Ban, JobSwitch, Leaderboard, Profile, SubmissionQuota
 
@@ -28,3 +30,5 @@ class LeaderboardsConfig(AppConfig):
         pre_delete.connect(ranks.user_deleting, sender=settings.AUTH_USER_MODEL, dispatch_uid="ranks-user-deleting")
         # a runner service's news about a job (GitHub's workflow_run webhook) polls its run at once
         remote_news.connect(lifecycle.remote_news_received, dispatch_uid="lifecycle-remote-news")
+        # the pool health checks' device time is the platform's, not a person's or a competition's
+        usage.INTERNAL_USERNAMES.add(health.CHECK_USER)

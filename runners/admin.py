@@ -65,6 +65,7 @@ class GpuTypeAdmin(admin.ModelAdmin):
 @admin.register(Gpu)
 class GpuAdmin(admin.ModelAdmin):
     list_display = ["__str__", "gpu_type", "node", "index", "device_name", "checked_at", "enabled"]
+    search_fields = ["node__hostname", "node__pool__name", "device_name", "uuid", "gpu_type__name"]
     list_filter = ["gpu_type", "node__pool", "enabled"]
     readonly_fields = ["uuid", "device_name", "memory_mib", "checked_at"]
 
@@ -272,6 +273,7 @@ class GpuPoolAdmin(admin.ModelAdmin):
     list_display = ["name", "backend_name", "enabled", "health_mark", "memory_mark", "last_ok_at", "gpu_types_served",
                     "runs_at_once", "history"]
     list_filter = ["backend", "enabled", "health"]
+    search_fields = ["name", "nodes__hostname"]
     readonly_fields = ["health_mark", "health_detail", "agents", "memory_containment", "last_checked_at", "last_ok_at",
                        "history",
                        "gpu_types_served", "runs_at_once", "secrets"]

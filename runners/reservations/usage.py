@@ -24,6 +24,9 @@ from .models import DeviceHold, NodeSample, UsageDay
 GROUPS = {"project": "project", "leaderboard": "leaderboard", "user": "user__username", "pool": "pool__name",
           "gpu_type": "gpu_type__name", "day": "day"}
 MAX_DAYS = 366
+# usernames whose device time no report shows: the platform's own (the pool health checks' user, registered by the
+# leaderboards app), which is no one's usage
+INTERNAL_USERNAMES: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -99,7 +102,8 @@ def report(f: Filters) -> dict:
             add(r["key"], max(r["time"].total_seconds(), 0.0), [r["node"]])
     rows = {key: {"key": key, "gpu_hours": seconds / 3600, "usage_percent": None, "nodes": len(nodes)}
             for key, (seconds, nodes) in totals.items()}
-    samples = NodeSample.objects.filter(at__gte=f.start, at__lt=f.end, held=True)
+    samples = NodeSample.objects.filter(at__gte=f.start, at__lt=f.end, held=True).exclude(
+        user_id__in=internal_user_ids())
     if f.pool:
         samples = samples.filter(node__pool=f.pool)
     if f.gpu_type:
@@ -115,7 +119,12 @@ def report(f: Filters) -> dict:
     return finish(f, rows)
 
 
+def internal_user_ids() -> list[int]:
+    return list(get_user_model().objects.filter(username__in=INTERNAL_USERNAMES).values_list("pk", flat=True))
+
+
 def _filtered(qs, f: Filters):
+    qs = qs.exclude(user_id__in=internal_user_ids())
     if f.pool:
         qs = qs.filter(pool=f.pool)
     if f.gpu_type:

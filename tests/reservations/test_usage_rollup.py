@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.utils import timezone
 
+from leaderboards import health
 from runners.models import Gpu
 from runners.reservations import allocator, usage
 from runners.reservations.models import DeviceHold, HoldKind, NodeSample, UsageDay
@@ -120,3 +121,22 @@ def test_samples_carry_their_holder(history, monkeypatch):
     row = next(r for r in usage.report(usage.Filters.parse(group="project", days=1))["rows"]
                if r["key"] == usage.label(open_hold.project))
     assert row["usage_percent"] == 70.0
+
+
+def test_the_platforms_own_health_checks_are_nobodys_usage(history, monkeypatch):
+    """The pool health checks' runs hold devices too (user kernelbot-health-check, board _pool-health-check): no
+    report shows them, by user, leaderboard or any other grouping, ended or open."""
+    monkeypatch.setattr(timezone, "now", lambda: NOW)
+    groups = ("user", "leaderboard", "project", "pool")
+    before = {group: usage.report(usage.Filters.parse(group=group, days=3))["rows"] for group in groups}
+    checker = health.check_user()
+    gpu = Gpu.objects.filter(node__pool=history[0]).first()
+    for started, ended in ((NOW - timedelta(hours=30), NOW - timedelta(hours=29)), (NOW - timedelta(minutes=5), None)):
+        hold = DeviceHold.objects.create(gpu=gpu, node=gpu.node, pool=gpu.node.pool, gpu_type=gpu.gpu_type,
+                                         kind=HoldKind.RUN, user=checker, project=health.CHECK_BOARD,
+                                         leaderboard=health.CHECK_BOARD, started=started, ends=NOW + timedelta(days=1))
+        if ended:
+            assert allocator.end_hold(hold, ended)
+    assert UsageDay.objects.filter(user_id=checker.pk).exists()
+    for group in groups:
+        assert usage.report(usage.Filters.parse(group=group, days=3))["rows"] == before[group], group

@@ -358,3 +358,14 @@ def test_a_saved_pool_page_saves_again_unchanged_with_readable_labels(db, monkey
     assert validated_settings(pool, options) == validated_settings(GpuPool(settings={**shown_defaults, **stored}),
                                                                    options)
     assert backend_for(pool).settings.get("extra_args", []) == stored.get("extra_args", [])  # what dispatch reads
+
+
+def test_pools_machines_and_devices_are_searchable_in_the_admin(admin_client, cpu_pool):
+    other = GpuPool.objects.create(name="farm")
+    Gpu.objects.create(node=Node.objects.create(pool=other, hostname="gpu-node-9"), gpu_type=cpu_pool.cpu, index=3)
+    found = admin_client.get("/admin/runners/gpupool/?q=gpu-node-9").content.decode()
+    assert "farm" in found and f'/admin/runners/gpupool/{cpu_pool.pk}/change/' not in found
+    devices = admin_client.get("/admin/runners/gpu/?q=localhost").content.decode()
+    assert "#0 on localhost" in devices and "#3 on gpu-node-9" not in devices and "1 result" in devices
+    assert "gpu-node-9" in admin_client.get("/admin/runners/node/?q=node-9").content.decode()
+    assert "0 results" in admin_client.get("/admin/runners/node/?q=nowhere").content.decode()
