@@ -33,13 +33,17 @@ def pytest_sessionstart(session):
         pytest.exit("CI=true needs REDIS_URL pointing at Redis", returncode=3)
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items):
-    """Under xdist (`./dev test` runs `--dist loadgroup`), the tests of the one Slurm test cluster on this machine
-    (fixed ports, one state directory) all run in the same worker."""
-    for item in items:
-        if "slurm_cluster" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("slurm-cluster"))
+def pytest_xdist_make_scheduler(config, log):
+    """Under xdist (`./dev test` runs `-n auto`) every test is its own unit of work, except the tests of the one
+    Slurm test cluster a machine can run (fixed ports, one state directory), which all go to the same worker. (Not
+    `--dist loadgroup`: xdist 3.8 renames an item's nodeid, which pytest 9.2 no longer reads.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SlurmOnOneWorker(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "tests/slurm/" if nodeid.startswith("tests/slurm/") else nodeid
+
+    return SlurmOnOneWorker(config, log)
 
 
 def require_service(name: str, available: bool) -> None:
