@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import uuid
 
 import psycopg
@@ -80,6 +81,11 @@ def test_the_documented_production_install_runs_a_kernel(empty_database, redis_u
                                  stdout=(tmp_path / f"{unit}.log").open("w"), stderr=subprocess.STDOUT)
                 for unit in ("kernelbot-web.service", "kernelbot-workers.service", "kernelbot-agent.service")]
     try:
+        agent_log = tmp_path / "kernelbot-agent.service.log"
+        deadline = time.monotonic() + 180  # until its agent registered them, the pool has no device (a 503 to submit)
+        while "in pool lab: devices [0]" not in agent_log.read_text():
+            assert time.monotonic() < deadline and all(s.poll() is None for s in services), agent_log.read_text()
+            time.sleep(0.5)
         manage("import_problems", str(REPO / "problems" / "demo" / "vectoradd_py"), "--leaderboard", "vectoradd",
                "--gpu", "CPU")
         out = manage("submit", "--user", "alice", "--create-user", "--leaderboard", "vectoradd", "--gpu", "CPU",

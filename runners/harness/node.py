@@ -133,26 +133,24 @@ class NodeAgent:
         return done
 
     def serve(self) -> None:
-        """Register, then poll while a device is free (and beat the node while none is), until stopped."""
+        """Register, then ask for work (also the node's heartbeat) every poll interval, until stopped. Anything the
+        platform refuses or cannot answer is retried: it may be starting, or refuse this node until an organiser
+        acts; a platform that forgot the node (404: deleted in the admin) gets a new registration."""
+        registered = False
         while not self.stopping.is_set():
             try:
-                self.register()
-                print(f"node agent: {self.hostname} in pool {self.pool}: devices {self.devices}", file=sys.stderr)
-                break
-            except Exception as exc:  # the platform may be starting, or refuse this node until an organiser acts
-                print(f"node agent: cannot register yet ({exc}); retrying", file=sys.stderr)
-                self.stopping.wait(2)
-        while not self.stopping.is_set():
-            try:
+                if not registered:
+                    self.register()
+                    registered = True
+                    print(f"node agent: {self.hostname} in pool {self.pool}: devices {self.devices}", file=sys.stderr)
                 self.poll()
             except Refused as exc:
-                if exc.status == 404:  # the platform forgot this node (deleted in the admin): register again
-                    self.register()
-                else:
-                    print(f"node agent: refused: {exc}", file=sys.stderr)
-                    self.stopping.wait(10)
+                registered = registered and exc.status != 404
+                print(f"node agent: refused: {exc}", file=sys.stderr)
+                self.stopping.wait(2 if exc.status == 404 else 10)
             except Exception as exc:
-                print(f"node agent: poll failed ({exc})", file=sys.stderr)
+                print(f"node agent: {'poll' if registered else 'registration'} failed ({exc}); retrying",
+                      file=sys.stderr)
                 self.stopping.wait(2)
             self.stopping.wait(self.poll_s)
 
