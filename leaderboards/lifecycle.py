@@ -32,7 +32,7 @@ from runners.backends.base import (
 from runners.harness.probe import device_is
 from runners.harness.result import NEEDS_CUDA, NEEDS_CUDA_FLAG, PROBLEM_BROKEN, PROBLEM_ERROR_FLAG
 from runners.jobs import gpu_count, job_payload, run_limits, sandbox_uid, total_timeout
-from runners.models import Gpu, GpuPool, GpuType, Node, RunnerBackendName
+from runners.models import Gpu, GpuPool, GpuType, Node, RunnerBackendName, agents_live_since
 from runners.queue import enqueue_on_commit
 from runners.reservations import allocator
 
@@ -73,9 +73,8 @@ def candidate_pools(run: Run) -> list[GpuPool]:
 
 def agent_serves(pool: GpuPool, gpu_type: GpuType) -> bool:
     """A live node agent of `pool` has an enabled device of `gpu_type`."""
-    since = timezone.now() - timedelta(seconds=settings.AGENT_DEADLINE)
     return Gpu.objects.filter(node__pool=pool, node__enabled=True, enabled=True, gpu_type=gpu_type,
-                              node__agent_seen_at__gte=since).exists()
+                              node__agent_seen_at__gte=agents_live_since()).exists()
 
 
 def dispatch_run(run_id: int) -> None:

@@ -9,14 +9,14 @@ import subprocess
 import sys
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from .harness.probe import device_is, device_mismatch
-from .models import Gpu, GpuPool, GpuType, GpuVendor, Node, PoolHealth, RunnerBackendName
+from .models import Gpu, GpuPool, GpuType, GpuVendor, Node, PoolHealth, RunnerBackendName, agents_live_since
 from .pools import Containment, containment
 
 
@@ -42,8 +42,7 @@ def claim_mismatch(gpu_type: GpuType, index: int, report: dict) -> str | None:
 
 def agentless_nodes(pool: GpuPool) -> list[str]:
     """The enabled nodes of a local pool with enabled devices and no live agent (they get no run), by hostname."""
-    since = timezone.now() - timedelta(seconds=settings.AGENT_DEADLINE)
-    return list(pool.nodes.filter(enabled=True, gpus__enabled=True).exclude(agent_seen_at__gte=since)
+    return list(pool.nodes.filter(enabled=True, gpus__enabled=True).exclude(agent_seen_at__gte=agents_live_since())
                 .order_by("hostname").values_list("hostname", flat=True).distinct())
 
 

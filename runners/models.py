@@ -1,5 +1,7 @@
 """GPU inventory: which devices exist, on which node, and which runner backend reaches them."""
 
+from datetime import timedelta
+
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
@@ -88,6 +90,11 @@ class GpuPool(models.Model):
         return self.backend == RunnerBackendName.LOCAL
 
 
+def agents_live_since():
+    """A node whose agent asked for work since this moment has a live agent (KERNELBOT_AGENT_DEADLINE)."""
+    return timezone.now() - timedelta(seconds=settings.AGENT_DEADLINE)
+
+
 class Node(models.Model):
     pool = models.ForeignKey(GpuPool, on_delete=models.CASCADE, related_name="nodes")
     hostname = models.CharField(max_length=120)
@@ -113,11 +120,8 @@ class Node(models.Model):
     def __str__(self) -> str:
         return self.hostname
 
-    def agent_live(self, now=None) -> bool:
-        """Its agent asked for work within KERNELBOT_AGENT_DEADLINE seconds."""
-        now = now or timezone.now()
-        return self.agent_seen_at is not None and (now - self.agent_seen_at).total_seconds() <= \
-            settings.AGENT_DEADLINE
+    def agent_live(self) -> bool:
+        return self.agent_seen_at is not None and self.agent_seen_at >= agents_live_since()
 
 
 class Gpu(models.Model):
