@@ -26,10 +26,10 @@ from ..conftest import REPO
 from ..factories import UserFactory, ranked_result, submission
 from ..leaderboards.test_lifecycle import dispatch
 from .test_browser import SOLUTIONS, browser, platform, platform_env, shot  # noqa: F401 - fixtures
+from .test_first_hour import PASSWORD, log_in
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 DEMO = REPO / "problems" / "demo"
-PASSWORD = "kernels-are-fun-42"
 
 
 def demo_zip(tmp_path: Path, name: str, *, extra_benchmark: bool = False) -> Path:
@@ -56,18 +56,6 @@ def ranked(board, username: str, means: list[float]):
         lifecycle.do_ingest_result(run.pk, dispatch(run), ranked_result(means))
     actions.do_recompute_ranks(board.pk, board.gpu_types.get().pk)
     return user
-
-
-def log_in(page, base: str, username: str, admin: bool = False) -> None:
-    if admin:
-        page.goto(f"{base}/admin/login/?next=/admin/")
-        page.fill("input[name=username]", username)
-    else:
-        page.goto(f"{base}/accounts/login/")
-        page.fill("input[name=login]", username)
-    page.fill("input[name=password]", PASSWORD)
-    page.click("form [type=submit]")
-    page.wait_for_load_state()
 
 
 def confirm(page) -> None:
