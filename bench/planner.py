@@ -1,11 +1,18 @@
 """The reservation planner and the usage report at scale.
 
     python bench/planner.py plan  [--queued 1000] [--nodes 100] [--per-node 8] [--repeat 20]
+    python bench/planner.py promises [--queues 10000] [--seed 0]
     python bench/planner.py usage [--runs 1000000] [--reservations 10000] [--repeat 5]
 
-`plan`: one planning pass (`runners.reservations.planner.plan`, pure) over `--queued` requests of 1/2/4/8 GPUs
-(1-8 h) behind devices busy for 0-8 h; then the same pass through the database (`actions.do_plan`: locks, reads the
-holds and the queue, writes every planned start) on PostgreSQL. Target: ≤ 100 ms per pass.
+`plan`: planning passes (`runners.reservations.planner.plan`, pure) over `--queued` requests of 1/2/4/8 GPUs
+(1-8 h) behind devices busy for 0-8 h: the first (every request given its promise), a later one (every promise
+kept, compression finds nothing), one after the holds on a tenth of the nodes end at half their time (compression
+moves starts earlier); then the same pass through the database (`actions.do_plan`: locks, reads the holds and the
+queue, writes every planned start) on PostgreSQL. Target: ≤ 100 ms per pass.
+`promises`: `--queues` random queues (1-4 nodes of 1-8 GPUs), each 30 steps of new requests, extensions (refused
+when they would delay a promise, as `actions.do_extend` does) and time passing to the next end or promised start,
+half the holds ending early; after every pass, each queued request's start is checked against its promise. Prints
+the violations (target: 0) and how often a start moved earlier.
 `usage`: a year of device holds (one per run, ~2.5 per reservation) and hourly node samples for a week in the
 database `kernelbot_bench_planner` on $BENCH_PG (default postgres://postgres@127.0.0.1:5432), then
 `usage.report` over 366 days and over 1 day, per project and per user. Target: ≤ 1 s."""
@@ -68,9 +75,22 @@ def bench_plan(args) -> None:
     devices = [Device(n * args.per_node + i, n, rng.uniform(0, 8 * 3600))
                for n in range(args.nodes) for i in range(args.per_node)]
     requests = [Request(k, rng.choice((1, 2, 4, 8)), rng.uniform(1, 8) * 3600) for k in range(args.queued)]
+    shape = f"{args.queued} queued × {args.nodes} nodes × {args.per_node} GPUs"
     p50, worst = timed(lambda: plan(0.0, devices, requests), args.repeat)
-    print(f"planner.plan: {args.queued} queued × {args.nodes} nodes × {args.per_node} GPUs: "
-          f"median {p50:.1f} ms, max {worst:.1f} ms")
+    print(f"planner.plan, first pass (every request given its promise), {shape}: median {p50:.1f} ms, "
+          f"max {worst:.1f} ms")
+    first = plan(0.0, devices, requests)
+    promised = [Request(r.key, r.count, r.seconds, first[r.key].start, first[r.key].devices) for r in requests]
+    p50, worst = timed(lambda: plan(0.0, devices, promised), args.repeat)
+    print(f"planner.plan, later pass (promises kept, compression): median {p50:.1f} ms, max {worst:.1f} ms")
+    early = [Device(d.id, d.node, d.busy_until / 2 if d.node < args.nodes // 10 else d.busy_until)
+             for d in devices]
+    p50, worst = timed(lambda: plan(0.0, early, promised), args.repeat)
+    after = plan(0.0, early, promised)
+    moved = sum(after[r.key].start < r.promise for r in promised)
+    later = sum(after[r.key].start > r.promise for r in promised)
+    print(f"planner.plan, after early ends on a tenth of the nodes: median {p50:.1f} ms, max {worst:.1f} ms; "
+          f"{moved} starts moved earlier, {later} later")
 
     setup_django()
     from datetime import timedelta
@@ -103,6 +123,65 @@ def bench_plan(args) -> None:
           f"median {p50:.1f} ms, max {worst:.1f} ms")
     p50, worst = timed(lambda: actions.availability(60), 3)
     print(f"actions.availability (4 ETAs through the same planner): median {p50:.1f} ms, max {worst:.1f} ms")
+
+
+def one_queue(rng: random.Random, steps: int = 30) -> tuple[int, int, int]:
+    """A random life of one pool × type's queue; (promises checked, violations, starts moved earlier)."""
+    from runners.reservations.planner import Device, Request, plan
+    nodes, per = rng.randint(1, 4), rng.choice((1, 2, 4, 8))
+    node_of = {n * per + i: n for n in range(nodes) for i in range(per)}
+    holds: dict[int, tuple[float, float, int]] = {}  # device → (planned end, real end, holder)
+    queue: dict[int, Request] = {}
+    now, key, checked, violations, earlier = 0.0, 0, 0, 0, 0
+
+    def devices(extra: dict[int, float] | None = None) -> list[Device]:
+        return [Device(d, n, holds[d][0] + (extra or {}).get(holds[d][2], 0) if d in holds else 0.0)
+                for d, n in node_of.items()]
+
+    for _ in range(steps):
+        roll = rng.random()
+        if roll < 0.5:
+            queue[key] = Request(key, rng.randint(1, per), rng.choice((600, 1800, 3600, 7200)) * rng.uniform(.5, 1.5))
+            key += 1
+        elif roll < 0.65 and holds:  # extend a holder, unless a promise would move later
+            holder, more = holds[rng.choice(sorted(holds))][2], rng.choice((300, 1800))
+            trial = plan(now, devices({holder: more}), queue.values())
+            if all(trial[k] is None or r.promise is None or trial[k].start <= max(r.promise, now) + 1e-6
+                   for k, r in queue.items()):
+                holds.update({d: (h[0] + more, h[1] + more, h[2]) for d, h in holds.items() if h[2] == holder})
+        else:  # time passes to the next real end or promised start
+            times = [h[1] for h in holds.values()] + [r.promise for r in queue.values() if r.promise is not None]
+            now = max(now, min(times)) if times else now + 60
+        for d in [d for d, h in holds.items() if h[1] <= now]:
+            del holds[d]
+        placed = plan(now, devices(), queue.values())
+        for k, r in list(queue.items()):
+            p = placed[k]
+            if p is None:
+                continue
+            if r.promise is not None:
+                checked += 1
+                violations += p.start > max(r.promise, now) + 1e-6
+                earlier += p.start < max(r.promise, now) - 1e-6
+            if p.start <= now:  # starts: half end early
+                real = now + r.seconds * (rng.uniform(0.1, 1) if rng.random() < 0.5 else 1)
+                holds.update({d: (now + r.seconds, real, k) for d in p.devices})
+                del queue[k]
+            else:
+                queue[k] = Request(k, r.count, r.seconds, p.start, p.devices)
+    return checked, violations, earlier
+
+
+def bench_promises(args) -> None:
+    rng = random.Random(args.seed)
+    t0 = time.perf_counter()
+    checked = violations = earlier = 0
+    for _ in range(args.queues):
+        c, v, e = one_queue(rng)
+        checked, violations, earlier = checked + c, violations + v, earlier + e
+    print(f"{args.queues} random queues (early ends, extensions), {checked} promised starts checked: "
+          f"{violations} violations (a start later than promised), {earlier} moved earlier; "
+          f"{time.perf_counter() - t0:.1f} s")
 
 
 def bench_usage(args) -> None:
@@ -186,12 +265,15 @@ def main() -> None:
     p.add_argument("--nodes", type=int, default=100)
     p.add_argument("--per-node", type=int, default=8)
     p.add_argument("--repeat", type=int, default=20)
+    q = sub.add_parser("promises")
+    q.add_argument("--queues", type=int, default=10_000)
+    q.add_argument("--seed", type=int, default=0)
     u = sub.add_parser("usage")
     u.add_argument("--runs", type=int, default=1_000_000)
     u.add_argument("--reservations", type=int, default=10_000)
     u.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
-    (bench_plan if args.what == "plan" else bench_usage)(args)
+    {"plan": bench_plan, "promises": bench_promises, "usage": bench_usage}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -6,11 +6,13 @@ allocator alone."""
 from __future__ import annotations
 
 import json
+import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from kernelbot.errors import AccessDenied, Refused
@@ -19,7 +21,9 @@ from runners.queue import enqueue_on_commit
 
 from . import allocator, planner
 from .access import access_for
-from .models import OPEN, PoolPolicy, Reservation, ReservationEvent, ReservationStatus
+from .models import OPEN, DeviceHold, HoldKind, PoolPolicy, Reservation, ReservationEvent, ReservationStatus
+
+log = logging.getLogger(__name__)
 
 ETA_COUNTS = (1, 2, 4, 8)
 DEFAULT_ETA_MINUTES = 60
@@ -129,10 +133,37 @@ def do_reserve(user, req: ReserveRequest) -> Reservation:
     return reservation
 
 
+def close(r: Reservation, status: str, message: str, now: datetime, at: datetime | None = None) -> None:
+    """Move an open reservation to a terminal state and free its devices at `at` (default now), once; the caller
+    holds its pool's policy row and its own row."""
+    was_active = r.status == ReservationStatus.ACTIVE
+    r.update_status(status, now=now, failure=message if status == ReservationStatus.FAILED else r.failure)
+    if was_active:
+        allocator.release_reservation(r, at or now)
+        enqueue_on_commit("runners.reservations.tasks.run_hook", r.pk, "end")
+    note(r, status, message, notify=True)
+
+
+def expire_due_locked(policy: PoolPolicy, gpu_type: GpuType, now: datetime) -> int:
+    """End the pool × type's reservations whose time is up, and the holds of runs whose agent went silent, so no
+    plan counts a device as busy or free when it is not (the caller holds the policy row and the device rows)."""
+    expired = 0
+    for r in Reservation.objects.select_for_update().filter(pool=policy.pool, gpu_type=gpu_type,
+                                                            status=ReservationStatus.ACTIVE, ends_at__lte=now):
+        close(r, ReservationStatus.EXPIRED, "Expired; devices freed.", now, at=r.ends_at)
+        expired += 1
+    for hold in DeviceHold.objects.held().filter(pool=policy.pool, gpu_type=gpu_type, kind=HoldKind.RUN,
+                                                 lease_until__lt=now):
+        allocator.end_hold(hold, hold.lease_until)
+    return expired
+
+
 def plan_locked(policy: PoolPolicy, gpu_type: GpuType, now: datetime) -> list[Reservation]:
-    """One planning pass (the caller holds the policy row and the device rows): start every queued request whose
-    devices are free now, store the others' planned starts. Returns those it activated."""
+    """One planning pass (the caller holds the policy row and the device rows): expire what is due, start every
+    queued request whose promised start has come, store the others' promises (kept, or earlier after a compression;
+    a new request's is given here). Returns those it activated."""
     pool = policy.pool
+    expire_due_locked(policy, gpu_type, now)
     queue = list(Reservation.objects.queue(pool, gpu_type).select_for_update())
     placements, queue, gpus, _ = allocator.plan_queue(pool, gpu_type, now, policy=policy, queue=queue)
     by_pk = {g.pk: g for g in gpus}
@@ -140,14 +171,23 @@ def plan_locked(policy: PoolPolicy, gpu_type: GpuType, now: datetime) -> list[Re
     for r in queue:
         placed = placements[r.pk]
         if placed is not None and placed.start <= now.timestamp():
-            allocator.activate(r, [by_pk[i] for i in placed.devices], now)
+            try:
+                with transaction.atomic():  # the one-open-hold index is the last word: never a 500 here
+                    allocator.activate(r, [by_pk[i] for i in placed.devices], now)
+            except IntegrityError:
+                log.warning("reservation %s: a device was held after all; it stays queued", r.pk)
+                r.refresh_from_db()
+                continue
             started.append(r)
-        else:
-            start = datetime.fromtimestamp(placed.start, tz=now.tzinfo) if placed else None
-            gpus = list(placed.devices) if placed else []
-            if (start, gpus) != (r.planned_start, r.planned_gpus):
-                r.planned_start, r.planned_gpus = start, gpus
-                waiting.append(r)
+            continue
+        start = datetime.fromtimestamp(placed.start, tz=now.tzinfo) if placed else None
+        gpus = list(placed.devices) if placed else []
+        if (start, gpus) != (r.planned_start, r.planned_gpus):
+            if r.planned_start and start and start > r.planned_start + timedelta(seconds=1):
+                note(r, "replanned", f"Its promised start could not be kept (a device it was given was disabled "
+                     f"or is still held past its end); it now starts {start:%Y-%m-%d %H:%M} UTC.", notify=True)
+            r.planned_start, r.planned_gpus = start, gpus
+            waiting.append(r)
     write_plans(waiting)
     for r in started:
         r.access = access_info(r, policy)
@@ -224,14 +264,17 @@ def do_cancel(user, reservation_id: int) -> Reservation:
 
 
 def do_extend(user, reservation_id: int, minutes: int) -> Reservation:
-    """More time for an open reservation, within policy and only when no queued request starts later by more than
-    the pool allows."""
+    """More time for an open reservation, within policy and only when no queued request's promised start moves later
+    by more than the pool allows. A queued one is planned again with its new length, behind every promise."""
     if minutes < 1:
         raise Refused(f"An extension must be at least 1 minute; got {minutes}.", 400)
     access_reservation(user, reservation_id)
     with transaction.atomic():
         r = access_reservation(user, reservation_id)
         policy = PoolPolicy.objects.select_for_update().select_related("pool").get(pool_id=r.pool_id)
+        allocator.lock_devices(policy.pool, r.gpu_type)
+        now = timezone.now()
+        expire_due_locked(policy, r.gpu_type, now)  # a reservation past its end is expired, not extended
         r = access_reservation(user, reservation_id, lock=True)
         if r.user_id != user.pk:
             raise AccessDenied(f"Reservation {r.pk} is {r.user.get_username()}'s; only its holder extends it.", 403)
@@ -242,13 +285,12 @@ def do_extend(user, reservation_id: int, minutes: int) -> Reservation:
             raise Refused(f"{total} minutes in all is past pool {policy.pool.name}'s maximum of "
                           f"{policy.max_duration_minutes} minutes.", 409)
         check_policy(user, policy, r.gpu_count, total, exclude=r.pk)
-        allocator.lock_devices(policy.pool, r.gpu_type)
-        now = timezone.now()
         delayed = delays_if_extended(r, minutes, now)
         if delayed and max(delayed.values()) > policy.extend_max_delay_minutes * 60:
             worst = max(delayed.values())
             raise Refused(f"Extending by {minutes} minutes would delay {len(delayed)} queued request(s), one by "
-                          f"{worst / 60:.0f} minutes (the pool allows {policy.extend_max_delay_minutes}).", 409)
+                          f"{math.ceil(worst / 60)} minutes (the pool allows {policy.extend_max_delay_minutes}).",
+                          409)
         if r.status == ReservationStatus.ACTIVE:
             r.ends_at += timedelta(minutes=minutes)
             r.status_deadline = r.ends_at
@@ -261,27 +303,32 @@ def do_extend(user, reservation_id: int, minutes: int) -> Reservation:
             ok, why = access_for(policy).extend(r)  # a Slurm pool's job must last as long
             if not ok:
                 raise Refused(f"{why}; reservation {r.pk} was not extended.", 409)
+        else:  # its promise was for the shorter request: it is planned again, behind every other promise
+            r.planned_start, r.planned_gpus = None, []
         r.minutes = total
         r.save()
         note(r, "extended", f"Extended by {minutes} min" + (f"; now ends {r.ends_at:%Y-%m-%d %H:%M} UTC."
                                                             if r.ends_at else "."))
         plan_locked(policy, r.gpu_type, now)
+    r.refresh_from_db()
     return r
 
 
 def delays_if_extended(r: Reservation, minutes: int, now: datetime) -> dict[int, float]:
-    """Seconds each other queued request would start later if `r` ran `minutes` longer: the same planner, run with
-    the holds and the queue as they are and as they would be."""
-    before, queue, gpus, kept = allocator.plan_queue(r.pool, r.gpu_type, now)
+    """Seconds each other queued request would start after its promise if `r` ran `minutes` longer: the same planner,
+    with the holds and the queue as they would be."""
+    gpus = allocator.devices(r.pool, r.gpu_type)
+    kept = allocator.kept_for_competitions(PoolPolicy.objects.filter(pool=r.pool).first(), gpus)
     holds = allocator.open_holds(g.pk for g in gpus)
     for hold in holds.values():
         if hold.reservation_id == r.pk:
             hold.ends = hold.ends + timedelta(minutes=minutes)
-    longer = [planner.Request(q.key, q.count, q.seconds + minutes * 60 if q.key == r.pk else q.seconds)
-              for q in allocator.requests(queue)]
+    queue = allocator.requests(Reservation.objects.queue(r.pool, r.gpu_type))
+    longer = [planner.Request(q.key, q.count, q.seconds + minutes * 60) if q.key == r.pk else q for q in queue]
     after = planner.plan(now.timestamp(), allocator.planner_devices(gpus, kept, holds, now), longer)
-    return {k: after[k].start - before[k].start for k in before
-            if k != r.pk and before[k] and after[k] and after[k].start > before[k].start + 1e-6}
+    return {q.key: after[q.key].start - max(q.promise, now.timestamp()) for q in queue
+            if q.key != r.pk and q.promise is not None and after[q.key]
+            and after[q.key].start > max(q.promise, now.timestamp()) + 1e-6}
 
 
 @dataclass

@@ -60,19 +60,29 @@ def to_seconds(moment: datetime) -> float:
 
 def planner_devices(gpus: list[Gpu], kept: set[int], holds: dict[int, DeviceHold], now: datetime
                     ) -> list[planner.Device]:
-    """What the planner may place reservations on, each busy until its open hold's planned end."""
-    return [planner.Device(g.pk, g.node_id, to_seconds(max(holds[g.pk].ends, now)) if g.pk in holds else 0.0)
+    """What the planner may place reservations on, each busy until its open hold's planned end. A hold past its end
+    is not free yet: a run overrunning its time limit keeps its device until its lease lapses; a reservation's is
+    ended by the next planning pass, which expires it first."""
+    def busy(hold: DeviceHold) -> float:
+        if hold.ends > now:
+            return to_seconds(hold.ends)
+        return to_seconds(now) + (run_lease_seconds() if hold.kind == HoldKind.RUN else 1.0)
+    return [planner.Device(g.pk, g.node_id, busy(holds[g.pk]) if g.pk in holds else 0.0)
             for g in gpus if g.pk not in kept]
 
 
 def requests(queue: Iterable[Reservation]) -> list[planner.Request]:
-    return [planner.Request(r.pk, r.gpu_count, r.minutes * 60) for r in queue]
+    """The queue as the planner reads it: each request with the start and devices it was promised."""
+    return [planner.Request(r.pk, r.gpu_count, r.minutes * 60,
+                            to_seconds(r.planned_start) if r.planned_start and r.planned_gpus else None,
+                            tuple(r.planned_gpus) if r.planned_start else ()) for r in queue]
 
 
 def plan_queue(pool: GpuPool, gpu_type: GpuType, now: datetime, extra: Iterable[planner.Request] = (),
-               *, lock: bool = False, policy: PoolPolicy | None = None,
-               queue: list[Reservation] | None = None) -> tuple[dict, list[Reservation], list[Gpu], set[int]]:
-    """Plan the pool × type's queue (plus hypothetical `extra` requests at its end) from the devices' current holds."""
+               *, lock: bool = False, policy: PoolPolicy | None = None, queue: list[Reservation] | None = None,
+               compress: bool = True) -> tuple[dict, list[Reservation], list[Gpu], set[int]]:
+    """Plan the pool × type's queue (plus hypothetical `extra` requests at its end) from the devices' current holds
+    and the queue's promises."""
     gpus = devices(pool, gpu_type, lock=lock)
     if policy is None:
         policy = PoolPolicy.objects.filter(pool=pool).first()
@@ -81,7 +91,7 @@ def plan_queue(pool: GpuPool, gpu_type: GpuType, now: datetime, extra: Iterable[
     if queue is None:
         queue = list(Reservation.objects.queue(pool, gpu_type))
     placements = planner.plan(to_seconds(now), planner_devices(gpus, kept, holds, now),
-                              [*requests(queue), *extra])
+                              [*requests(queue), *extra], compress=compress)
     return placements, queue, gpus, kept
 
 

@@ -1,15 +1,20 @@
 """The one planner: where and when each queued request starts. Pure (no Django), so the queue's start times, the ETA
 `availability` shows, extension checks and the benchmark all call the same function.
 
-First come first served with backfill: requests are placed in queue order, each at the earliest time some node has
-`count` of its devices free for its whole duration, given the holds and every earlier placement; so a later request
-never delays an earlier one. A device free now but promised to an earlier request later has a hole until then, which
-a later, shorter request may fill now (backfill). Times are seconds (floats)."""
+Conservative backfilling. A request is given a start (its promise: devices of one node over [start, start +
+duration)) when it is first planned, at the earliest time that fits around the holds and every promise already
+given; so a newer request never delays an older one, and a short one may fill a hole now (backfill). Each later
+pass keeps every promise that still fits and then compresses, in promise order: each request is taken out and put
+back at the earliest time that fits, but only if that is earlier than its promise (its own slot is still free, so it
+never moves later). An early end or a cancelled request frees room that the compression hands on; a new request
+never moves anyone. A promise stops fitting only when the world breaks it (a device disabled, a run overrunning its
+time limit, a hold extended past the promise): that request alone is planned again, after the kept ones.
+Times are seconds (floats)."""
 
 from __future__ import annotations
 
 import math
-from bisect import insort
+from bisect import bisect_left
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
@@ -26,6 +31,8 @@ class Request:
     key: Hashable
     count: int
     seconds: float
+    promise: float | None = None  # the start it was given, with the devices it was given them on
+    devices: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -35,71 +42,146 @@ class Placement:
     devices: tuple[int, ...]
 
 
-def plan(now: float, devices: Iterable[Device], requests: Iterable[Request]) -> dict[Hashable, Placement | None]:
-    """Placement per request key; None when no node has that many devices."""
-    free_after: dict[int, float] = {}  # device → end of its last hold or placement
-    hole_until: dict[int, float] = {}  # device free now → start of the first placement on it (inf: none)
-    by_node: dict[int, list[int]] = {}
-    for d in devices:
-        free_after[d.id] = max(d.busy_until, now)
-        by_node.setdefault(d.node, []).append(d.id)
-        if d.busy_until <= now:
-            hole_until[d.id] = math.inf
-    # per node, its devices' free_after values sorted: the c-th smallest is when c of them are free
-    profile = {node: sorted((free_after[i], i) for i in ids) for node, ids in by_node.items()}
-    free_now = {node: {i for i in ids if i in hole_until} for node, ids in by_node.items()}
-    free_now = {node: ids for node, ids in free_now.items() if ids}
-    placements: dict[Hashable, Placement | None] = {}
-    for req in requests:
-        placed = _backfill(now, req, free_now, hole_until)
-        if placed is None:
-            placed = _earliest(now, req, profile)
-        placements[req.key] = placed
-        if placed is None:
-            continue
-        end = placed.start + req.seconds
-        entries = profile[placed.node]
-        for dev in placed.devices:
-            if placed.start <= now:  # starts now: its hole (if any) is used up
-                free_now[placed.node].discard(dev)
-                if hole_until.pop(dev, math.inf) < math.inf:
-                    continue  # a later placement already ends after this one
-            elif dev in hole_until:
-                hole_until[dev] = min(hole_until[dev], placed.start)
-            entries.remove((free_after[dev], dev))
-            free_after[dev] = end
-            insort(entries, (end, dev))
-        if placed.node in free_now and not free_now[placed.node]:
-            del free_now[placed.node]
-    return placements
+class Schedule:
+    """Per device, its busy intervals [start, end) sorted (a hold is one from -inf); per node, cached bounds."""
 
+    def __init__(self, now: float, devices: Iterable[Device]):
+        self.now = now
+        self.starts: dict[int, list[float]] = {}
+        self.ends: dict[int, list[float]] = {}
+        self.node_of: dict[int, int] = {}
+        self.nodes: dict[int, list[int]] = {}
+        for d in devices:
+            busy = d.busy_until > now
+            self.starts[d.id] = [-math.inf] if busy else []
+            self.ends[d.id] = [d.busy_until] if busy else []
+            self.node_of[d.id] = d.node
+            self.nodes.setdefault(d.node, []).append(d.id)
+        self.cache: dict[int, tuple[list[tuple[float, int]], float]] = {}
 
-def _backfill(now: float, req: Request, free_now: dict[int, set[int]],
-              hole_until: dict[int, float]) -> Placement | None:
-    """Start now on devices free now and not promised before the request would end; on the node where it fits most
-    tightly (fewest spare devices, then the shortest holes)."""
-    best = None
-    for node, ids in free_now.items():
-        if len(ids) < req.count:
-            continue
-        fitting = sorted((hole_until[i], i) for i in ids if hole_until[i] - now >= req.seconds)
-        if len(fitting) < req.count:
-            continue
-        key = (len(fitting), node)
-        if best is None or key < best[0]:
-            best = key, node, tuple(i for _, i in fitting[:req.count])
-    return None if best is None else Placement(now, best[1], best[2])
+    def free(self, dev: int, start: float, end: float) -> bool:
+        i = bisect_left(self.starts[dev], end)
+        return i == 0 or self.ends[dev][i - 1] <= start
 
+    def fits(self, devs: tuple[int, ...], start: float, end: float) -> bool:
+        return (start >= self.now and len(set(devs)) == len(devs) and all(d in self.node_of for d in devs)
+                and len({self.node_of[d] for d in devs}) == 1 and all(self.free(d, start, end) for d in devs))
 
-def _earliest(now: float, req: Request, profile: dict[int, list[tuple[float, int]]]) -> Placement | None:
-    best = None
-    for node, entries in profile.items():
-        if len(entries) < req.count:
-            continue
-        start = entries[req.count - 1][0]
-        if best is None or (start, node) < best[:2]:
-            best = start, node
-    if best is None:
+    def add(self, devs: Iterable[int], start: float, end: float) -> None:
+        for d in devs:
+            i = bisect_left(self.starts[d], start)
+            self.starts[d].insert(i, start)
+            self.ends[d].insert(i, end)
+            self.cache.pop(self.node_of[d], None)
+
+    def remove(self, devs: Iterable[int], start: float) -> None:
+        for d in devs:
+            i = bisect_left(self.starts[d], start)
+            del self.starts[d][i], self.ends[d][i]
+            self.cache.pop(self.node_of[d], None)
+
+    def bounds(self, node: int) -> tuple[list[tuple[float, int]], list[float], list[float]]:
+        """The node's devices by when they are free for good; its finite holes' starts (sorted) and the longest hole
+        starting at or before each."""
+        if node not in self.cache:
+            tails, holes = [], []
+            for d in self.nodes[node]:
+                last = self.now
+                for s, e in zip(self.starts[d], self.ends[d], strict=True):
+                    if s > last:
+                        holes.append((last, s - last))
+                    last = e  # intervals are disjoint and sorted (a hold's ends after now)
+                tails.append((last, d))
+            tails.sort()
+            holes.sort()
+            longest, top = [], 0.0
+            for _, length in holes:
+                top = max(top, length)
+                longest.append(top)
+            self.cache[node] = tails, [h for h, _ in holes], longest
+        return self.cache[node]
+
+    def earliest(self, count: int, seconds: float, cap: float = math.inf) -> Placement | None:
+        """The earliest placement before `cap` (the lowest node on ties), or None."""
+        best: Placement | None = None
+        limit = cap
+        cache = self.cache
+        for node in self.nodes:
+            tails, hole_starts, longest = cache.get(node) or self.bounds(node)
+            if len(tails) < count:
+                continue
+            bound = tails[count - 1][0]
+            if bound < limit:
+                limit = bound
+                best = Placement(bound, node, tuple(sorted(d for _, d in tails[:count])))
+            i = bisect_left(hole_starts, limit)  # holes starting before the best start so far
+            if i and longest[i - 1] >= seconds:
+                found = self._search(node, count, seconds, limit)
+                if found is not None:
+                    best, limit = found, found.start
+        return best
+
+    def _search(self, node: int, count: int, seconds: float, cap: float) -> Placement | None:
+        """The earliest start before `cap` on one node: a sweep over each device's windows of possible starts (its
+        holes at least `seconds` long, and its free tail)."""
+        events = []  # (time, 0: a window opens / 1: closes, device, the window's end)
+        for d in self.nodes[node]:
+            last = self.now
+            for s, e in zip(self.starts[d], self.ends[d], strict=True):
+                if s - last >= seconds and last < cap:
+                    events.append((last, 0, d, s))
+                    events.append((s - seconds, 1, d, s))
+                last = e
+            if last < cap:
+                events.append((last, 0, d, math.inf))
+        events.sort()
+        open_: dict[int, float] = {}
+        for t, kind, d, end in events:
+            if t >= cap:
+                break
+            if kind:
+                open_.pop(d, None)
+                continue
+            open_[d] = end
+            if len(open_) >= count:  # the tightest holes first
+                chosen = sorted(open_, key=lambda x: (open_[x], x))[:count]
+                return Placement(t, node, tuple(sorted(chosen)))
         return None
-    start, node = best
-    return Placement(max(start, now), node, tuple(sorted(i for _, i in profile[node][:req.count])))
+
+
+def plan(now: float, devices: Iterable[Device], requests: Iterable[Request], *,
+         compress: bool = True) -> dict[Hashable, Placement | None]:
+    """Placement per request key (None when no node has that many devices). `requests` in queue order; those with a
+    promise keep it or get an earlier one; the others are placed in order behind them."""
+    schedule = Schedule(now, devices)
+    reqs = list(requests)
+    order = {r.key: i for i, r in enumerate(reqs)}
+    placements: dict[Hashable, Placement | None] = {}
+    promised = sorted((r for r in reqs if r.promise is not None and r.devices),
+                      key=lambda r: (max(r.promise, now), order[r.key]))
+    kept = []
+    for r in promised:
+        start = max(r.promise, now)
+        if len(r.devices) == r.count and schedule.fits(r.devices, start, start + r.seconds):
+            schedule.add(r.devices, start, start + r.seconds)
+            placements[r.key] = Placement(start, schedule.node_of[r.devices[0]], tuple(sorted(r.devices)))
+            kept.append(r)
+    if compress:
+        for r in kept:
+            old = placements[r.key]
+            if old.start <= now:
+                continue
+            schedule.remove(old.devices, old.start)
+            better = schedule.earliest(r.count, r.seconds, cap=old.start)
+            if better is not None:
+                placements[r.key] = better
+            placed = placements[r.key]
+            schedule.add(placed.devices, placed.start, placed.start + r.seconds)
+    for r in reqs:
+        if r.key in placements:
+            continue
+        placed = schedule.earliest(r.count, r.seconds)
+        placements[r.key] = placed
+        if placed is not None:
+            schedule.add(placed.devices, placed.start, placed.start + r.seconds)
+    return placements

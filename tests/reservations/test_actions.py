@@ -202,14 +202,19 @@ def test_availability_eta_is_the_queue_start(user, other):
 
 
 @pytest.mark.django_db
-def test_extending_a_queued_request_may_not_delay_the_ones_behind_it(user, other):
+def test_extending_a_queued_request_moves_it_behind_the_promises_it_would_break(user, other):
     gpu_pool(nodes=1, per_node=2)
     reserve(factories.UserFactory(username="third"), 2, 60)
     first = reserve(user, 2, 60)
     second = reserve(other, 2, 60)
-    with pytest.raises(Refused, match="would delay 1 queued"):
-        actions.do_extend(user, first.pk, 30)
-    assert actions.do_extend(other, second.pk, 30).minutes == 90
+    slot = first.planned_start
+    first = actions.do_extend(user, first.pk, 30)  # 90 minutes no longer fit before the second's promise
+    second.refresh_from_db()
+    assert second.planned_start == slot  # moved up into the room the first left: earlier, never later
+    assert first.minutes == 90 and first.planned_start == slot + timedelta(minutes=60)
+    second = actions.do_extend(other, second.pk, 30)  # the same for the second, and the first moves up in turn
+    first.refresh_from_db()
+    assert first.planned_start == slot and second.planned_start == slot + timedelta(minutes=90)
 
 
 @pytest.mark.django_db
