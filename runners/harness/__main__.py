@@ -76,8 +76,26 @@ def preflight_popcorn(job: Job) -> None:
             problem.close()
 
 
-def main() -> int:
+def prestart(spare: dict) -> None:
+    """A spare parent (runners.harness.warm) starts its sandboxed child before its job exists, in the shape the job is
+    expected to have; `kernelbot.ChildSession.for_job` takes it when the job matches and starts a new one when not."""
+    try:
+        job = parse_job(spare)
+        if job.protocol != "kernelbot" or job.lang != "py":
+            return
+        if job.gpus:
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(job.gpus)
+        from .kernelbot import prestart as start_child
+
+        start_child(job)
+    except Exception:  # the run starts its child itself and reports what fails then
+        traceback.print_exc()
+
+
+def main(spare: dict | None = None) -> int:
     _harden_self()
+    if spare:
+        prestart(spare)
     emitter = Emitter(sys.stdout)
     mode, protocol = "test", "kernelbot"
     nonce = ""

@@ -27,7 +27,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from .runner import run_harness, write_workdir
+from .runner import Spares, new_workdir, run_harness, write_workdir
 
 KEY_ENV = "KERNELBOT_RUNNER_KEY"
 HEARTBEAT_S = 20.0
@@ -107,13 +107,16 @@ def visible_devices(count: int) -> list[str]:
 
 
 def run_attempt(platform: Platform, workroot: Path, *, gpus: list[str] | None = None, job_extra: dict | None = None,
-                python: str = sys.executable, heartbeat_s: float = HEARTBEAT_S) -> dict:
+                python: str = sys.executable, heartbeat_s: float = HEARTBEAT_S, warm: bool = False,
+                spares: Spares | None = None) -> dict:
     """Fetch and run one attempt, reporting progress; returns its result (raises on infrastructure failure).
     `gpus`: the devices to use (default: the scheduler's, `visible_devices`); `job_extra`: the node's per-device
-    settings (limits are merged into the job's)."""
+    settings (limits are merged into the job's); `warm`: fork the harness parent from this process's template;
+    `spares`: take the slot's spare if there is one, and leave the next one when the run ends (implies warm)."""
     payload = platform.call("job")
-    workdir = Path(tempfile.mkdtemp(prefix="kernelbot-run-", dir=workroot)) / "work"
-    workdir.parent.chmod(0o755)  # the sandbox's uid owns `work` and must reach it
+    gpus = visible_devices(int(payload.get("gpu_count", 0))) if gpus is None else gpus
+    spare = spares.take(tuple(gpus)) if spares is not None else None
+    workdir = spare.workdir if spare is not None else new_workdir(workroot)
     lock = threading.Lock()
     wanted = {"alive": True, "last": time.monotonic()}
 
@@ -132,17 +135,21 @@ def run_attempt(platform: Platform, workroot: Path, *, gpus: list[str] | None = 
             post_progress({"heartbeat": True})
         return wanted["alive"]
 
+    extra = job_extra or {}
+    job = {**payload["job"], **extra, "limits": {**payload["job"].get("limits", {}), **extra.get("limits", {})},
+           "workdir": str(workdir), "gpus": gpus}
     try:
         write_workdir(workdir, payload["files"])
-        extra = job_extra or {}
-        job = {**payload["job"], **extra, "limits": {**payload["job"].get("limits", {}), **extra.get("limits", {})},
-               "workdir": str(workdir),
-               "gpus": visible_devices(int(payload.get("gpu_count", 0))) if gpus is None else gpus}
         result, failure = run_harness(job, python=python, pythonpath=str(Path(__file__).resolve().parents[2]),
                                       timeout=float(payload["timeout_s"]), on_progress=post_progress,
-                                      still_wanted=still_wanted, check_interval=min(2.0, heartbeat_s))
+                                      still_wanted=still_wanted, check_interval=min(2.0, heartbeat_s),
+                                      warm=warm or spares is not None, proc=spare.proc if spare else None)
     finally:
+        if spare is not None and spare.proc.poll() is None:  # never got its job (bad files): it must not linger
+            Spares.discard(spare)
         shutil.rmtree(workdir.parent, ignore_errors=True)
+        if spares is not None:
+            spares.prepare(tuple(gpus), job)
     if not wanted["alive"]:
         raise Gone("the platform stopped the attempt")
     if result is None:

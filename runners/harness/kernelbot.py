@@ -52,19 +52,20 @@ class ChildSession:
     """One sandboxed child process and the socket to it. Every read has a deadline; tensors travel in shared
     buffers (child.py), never as bytes on the socket."""
 
-    def __init__(self, job: Job):
-        self.job = job
+    def __init__(self, job: Job, *, spare: bool = False):
+        """spare: started ahead of its job (its wall-time limit starts with `adopt`)."""
+        self.job, self.prestarted = job, spare
         script = os.path.join(job.workdir, CHILD_SCRIPT)
         shutil.copyfile(child_module.__file__, script)
         os.chmod(script, 0o644)
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = {"PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1"}
         argv = [sys.executable, CHILD_SCRIPT, str(theirs.fileno())]
-        sandbox = Sandbox(job.workdir, job.sandbox_limits(), devices=list(job.gpus) if job.gpus else None,
-                          uid=job.sandbox_uid)
-        self.description = sandbox.describe()
+        self.sandbox = Sandbox(job.workdir, job.sandbox_limits(), devices=list(job.gpus) if job.gpus else None,
+                               uid=job.sandbox_uid)
+        self.description = self.sandbox.describe()
         try:
-            self.proc = sandbox.start(argv, env=env, pass_fds=(theirs.fileno(),))
+            self.proc = self.sandbox.start(argv, env=env, pass_fds=(theirs.fileno(),), clock=not spare)
         finally:
             theirs.close()
         self.tree = SandboxTree(self.proc.pid)
@@ -76,6 +77,31 @@ class ChildSession:
         # wait() drains the child's stdout/stderr; run it alongside so a chatty child never blocks.
         self.waiter = threading.Thread(target=self._wait, daemon=True)
         self.waiter.start()
+
+    @staticmethod
+    def shape(job: Job) -> tuple:
+        """What a sandboxed child is started with: a spare serves a job of the same shape."""
+        return (job.workdir, job.gpus, job.sandbox_uid, dataclasses.replace(job.sandbox_limits(), wall_seconds=0))
+
+    @classmethod
+    def for_job(cls, job: Job) -> ChildSession:
+        """The spare started ahead of this job when it is alive and of the job's shape, else a new child."""
+        global _spare
+        spare, _spare = _spare, None
+        if spare is not None:
+            if spare.proc.proc.poll() is None and cls.shape(spare.job) == cls.shape(job):
+                spare.adopt(job)
+                return spare
+            spare.kill()
+            spare.close(grace_s=1.0)
+        return cls(job)
+
+    def adopt(self, job: Job) -> None:
+        """The job's files arrived in the workdir after the child started: they become the sandbox user's as a cold
+        start's do, and the job's wall-time limit starts now."""
+        self.job = job
+        self.sandbox.prepare_workdir()
+        self.proc.restart_clock(job.sandbox_limits())
 
     def _wait(self) -> None:
         self.outcome = self.proc.wait()
@@ -250,6 +276,14 @@ class SandboxTree:
             for pid in stopped:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGCONT)
+
+
+_spare: ChildSession | None = None  # a spare parent's child, started before its job (runners.harness.warm)
+
+
+def prestart(job: Job) -> None:
+    global _spare
+    _spare = ChildSession(job, spare=True)
 
 
 class KernelbotRun:
@@ -466,7 +500,8 @@ class KernelbotRun:
             self.start_phase({"benchmark": "benchmark", "profile": "profile"}.get(job.mode, "test"))
             if not torch.cuda.is_available() and (cases := job.tests or job.benchmarks):
                 self.problem.generate(cases[0], 0)  # a problem that needs CUDA says so before any submission runs
-            self.session = ChildSession(job)
+            self.session = ChildSession.for_job(job)
+            result.extra["child_start"] = "prestarted" if self.session.prestarted else "cold"
             if job.mode in ("benchmark", "leaderboard"):
                 self.calibrate(job.benchmarks)  # ranked cases are among the benchmarks
             self.session.send("import", None, self.deadline, flags=backend_flags())

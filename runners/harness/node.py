@@ -9,6 +9,10 @@ device is free: the platform hands it runs of its pool for its free devices (`/a
 HMAC-SHA256(key, "node:pool:hostname")). Each run goes through the same per-attempt routes and the same harness
 runner as the remote agent (`agent.run_attempt`), one thread per run, each beating its attempt while it runs. A
 restarted agent registers again, and the platform retries at once the runs the previous one held.
+
+Warm by default: torch and the harness are imported once, by a template process each run's trusted parent is forked
+from (`runners.harness.warm`), and each device slot keeps a spare parent whose sandboxed child has started already,
+so a run waits for neither interpreter (`--no-spares`, `--cold` to turn these off).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from pathlib import Path
 
 from . import agent
 from .agent import KEY_ENV, Gone, Platform, Refused, Transport, http, run_attempt, runner_token
+from .runner import Spares
 
 VERSION = "1"
 POLL_S = 0.5
@@ -49,10 +54,15 @@ def probe(python: str) -> dict:
 
 class NodeAgent:
     def __init__(self, platform: str, pool: str, hostname: str, key: str, *, python: str = sys.executable,
-                 workroot: Path | None = None, poll_s: float = POLL_S, transport: Transport = http):
+                 workroot: Path | None = None, poll_s: float = POLL_S, transport: Transport = http,
+                 warm: bool = True, spares: bool = False):
+        """warm: fork each run's harness parent from a template that imported torch once (runners.harness.warm);
+        spares: also keep a parent per device slot started ahead of its run, its sandboxed child ready (Spares)."""
         self.platform, self.pool, self.hostname, self.key = platform.rstrip("/"), pool, hostname, key
         self.python, self.poll_s, self.transport = python, poll_s, transport
         self.workroot = workroot or Path(tempfile.gettempdir())
+        self.warm = warm or spares
+        self.spares = Spares(python, str(Path(__file__).resolve().parents[2]), self.workroot) if spares else None
         self.token = node_token(key, pool, hostname)
         self.devices: list[int] = []
         self.busy: dict[int, tuple[int, int]] = {}  # device index → (run, attempt)
@@ -106,7 +116,8 @@ class NodeAgent:
         try:
             result = run_attempt(platform, self.workroot, gpus=[str(i) for i in claim.get("gpus", [])],
                                  job_extra=claim.get("job", {}), python=self.python,
-                                 heartbeat_s=float(claim.get("heartbeat_s", agent.HEARTBEAT_S)))
+                                 heartbeat_s=float(claim.get("heartbeat_s", agent.HEARTBEAT_S)), warm=self.warm,
+                                 spares=self.spares)
             platform.call("result", result)
         except Gone as exc:
             print(f"run {run_id} attempt {number} is no longer ours: {exc}", file=sys.stderr)
@@ -153,6 +164,8 @@ class NodeAgent:
                       file=sys.stderr)
                 self.stopping.wait(2)
             self.stopping.wait(self.poll_s)
+        if self.spares is not None:
+            self.spares.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,6 +177,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="the interpreter that runs the harness (with torch)")
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()), help="where runs unpack")
     parser.add_argument("--poll", type=float, default=POLL_S, help="seconds between asks for work")
+    parser.add_argument("--cold", action="store_true",
+                        help="start every run's harness in a new interpreter (no warm template, no spares)")
+    parser.add_argument("--no-spares", action="store_true",
+                        help="start no harness ahead of its run (a spare holds a sandboxed interpreter per device)")
     args = parser.parse_args(argv)
     key = os.environ.get(KEY_ENV, "")
     if not key:
@@ -171,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.workdir.mkdir(parents=True, exist_ok=True)
     node = NodeAgent(args.platform, args.pool, args.hostname, key, python=args.python, workroot=args.workdir,
-                     poll_s=args.poll)
+                     poll_s=args.poll, warm=not args.cold, spares=not (args.cold or args.no_spares))
     signal.signal(signal.SIGTERM, lambda *_: node.stopping.set())
     signal.signal(signal.SIGINT, lambda *_: node.stopping.set())
     node.serve()

@@ -1,9 +1,10 @@
-"""Runs the harness parent for one job and watches it: the one implementation the local backend (in a worker) and
-the remote agent share. Django-free, stdlib only.
+"""Runs the harness parent for one job and watches it: the one implementation every agent shares (the node agent,
+and the remote one on Slurm, GitHub and Modal). Django-free, stdlib only.
 
-`run_harness` writes the job to `python -m runners.harness`, pumps its progress lines to `on_progress` (at most
-every PROGRESS_INTERVAL s), asks `still_wanted` every `check_interval` s whether to go on (heartbeat), enforces the
-run's total time budget, and accepts only a result line that echoes the job's fresh nonce (a line forged by the
+`run_harness` writes the job to a harness parent (`python -m runners.harness`; on a node agent forked from a warm
+template, or a spare started ahead of the run: `warm.py`, `Spares`), pumps its progress lines to `on_progress` (at
+most every PROGRESS_INTERVAL s), asks `still_wanted` every `check_interval` s whether to go on (heartbeat), enforces
+the run's total time budget, and accepts only a result line that echoes the job's fresh nonce (a line forged by the
 child, which never sees the nonce, is a "hacked" verdict). Returns (result, failure): a result, or why there is none
 ("" when `still_wanted` said stop).
 """
@@ -12,16 +13,22 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import json
 import os
 import queue
 import secrets
+import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from .warm import Forked, template
 
 PROGRESS_INTERVAL = 0.5
 STDERR_TAIL = 64 << 10
@@ -32,7 +39,7 @@ def _die_with_parent() -> None:
 
 
 def write_workdir(workdir: Path, files: dict[str, str]) -> None:
-    workdir.mkdir(parents=True)
+    workdir.mkdir(parents=True, exist_ok=True)  # a spare's workdir exists already
     for name, text in files.items():
         path = (workdir / name).resolve()
         if not path.is_relative_to(workdir.resolve()):
@@ -47,13 +54,34 @@ def harness_env(workdir: str, pythonpath: str) -> dict[str, str]:
             "KERNELBOT_CGROUP": os.environ.get("KERNELBOT_CGROUP", "")}
 
 
+def start_harness(workdir: str, *, python: str, pythonpath: str, warm: bool,
+                  spare: dict | None = None) -> subprocess.Popen | Forked:
+    """A harness parent waiting for its job on stdin: forked from this process's template (warm) or a new interpreter.
+    `spare`: the sandbox shape of the job expected (see Spares)."""
+    env = harness_env(workdir, pythonpath)
+    if warm:
+        return template(python, pythonpath).spawn(env, pythonpath, spare)
+    return subprocess.Popen([python, "-m", "runners.harness"], cwd=pythonpath, env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=_die_with_parent)
+
+
+def _kill(proc: subprocess.Popen | Forked) -> None:
+    if isinstance(proc, Forked):
+        proc.kill()
+    else:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
 def run_harness(job: dict, *, python: str, pythonpath: str, timeout: float, on_progress: Callable[[dict], None],
-                still_wanted: Callable[[], bool], check_interval: float) -> tuple[dict | None, str]:
+                still_wanted: Callable[[], bool], check_interval: float, warm: bool = False,
+                proc: subprocess.Popen | Forked | None = None) -> tuple[dict | None, str]:
+    """warm: fork the parent from the template; proc: a parent started already (a spare, see Spares)."""
     job = {**job, "nonce": secrets.token_hex(16)}  # only the trusted parent's result echoes it
-    proc = subprocess.Popen(
-        [python, "-m", "runners.harness"], cwd=pythonpath, env=harness_env(job["workdir"], pythonpath),
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-        preexec_fn=_die_with_parent)
+    start = "spare" if proc is not None else "forked" if warm else "spawned"
+    if proc is None:
+        proc = start_harness(job["workdir"], python=python, pythonpath=pythonpath, warm=warm)
     lines: queue.Queue[bytes | None] = queue.Queue()
     stderr_tail: list[bytes] = []
     threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
@@ -79,7 +107,7 @@ def run_harness(job: dict, *, python: str, pythonpath: str, timeout: float, on_p
                     result = {"status": "ok", "verdict": "hacked", "passed": False,
                               "error": "a result line without the run's nonce reached the runner (forged)"}
                     break
-                result = {**event, "runner_timing": {"harness_s": round(now - started, 4)}}
+                result = {**event, "runner_timing": {"harness_s": round(now - started, 4), "parent": start}}
                 break  # the verdict is final; don't wait for the interpreter's teardown
             if event.get("event") == "progress":
                 pending = event
@@ -93,8 +121,7 @@ def run_harness(job: dict, *, python: str, pythonpath: str, timeout: float, on_p
             last_check = now
             if not still_wanted():
                 break
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
+    _kill(proc)
     proc.wait()
     if result is None and not failure and proc.returncode not in (None, -signal.SIGKILL):
         tail = b"".join(stderr_tail).decode(errors="replace")[-2000:]
@@ -123,3 +150,74 @@ def _parse(line: bytes) -> dict:
     except ValueError:
         return {}
     return event if isinstance(event, dict) else {}
+
+
+def new_workdir(workroot: Path) -> Path:
+    """A run's workdir (not created yet): `work` in a private directory of its own under workroot."""
+    parent = Path(tempfile.mkdtemp(prefix="kernelbot-run-", dir=workroot))
+    parent.chmod(0o755)  # the sandbox's uid owns `work` and must reach it
+    return parent / "work"
+
+
+SPARE_KEYS = ("mode", "protocol", "lang", "limits", "sandbox_uid", "timeouts")
+
+
+@dataclasses.dataclass
+class Spare:
+    proc: Forked
+    workdir: Path
+
+
+class Spares:
+    """One harness parent per device slot (the devices a run gets), forked from the template ahead of its run, with its
+    sandboxed child already started (torch imported) in a fresh workdir, waiting for its job. Each is used once, by
+    the next run on its slot, and the next one is made when that run ends, in the shape of the run just done (its
+    limits, devices and sandbox user, never its seed or files): a job of another shape gets a new child instead.
+    Only kernelbot-protocol Python jobs have a child to start early."""
+
+    def __init__(self, python: str, pythonpath: str, workroot: Path):
+        self.python, self.pythonpath, self.workroot = python, pythonpath, workroot
+        self.lock = threading.Lock()
+        self.ready: dict[tuple[str, ...], Spare] = {}
+
+    def take(self, slot: tuple[str, ...]) -> Spare | None:
+        with self.lock:
+            spare = self.ready.pop(slot, None)
+        if spare is not None and spare.proc.poll() is not None:
+            self.discard(spare)
+            return None
+        return spare
+
+    def prepare(self, slot: tuple[str, ...], job: dict) -> None:
+        shape = {key: job[key] for key in SPARE_KEYS if key in job}
+        if shape.get("protocol", "kernelbot") != "kernelbot" or shape.get("lang", "py") != "py":
+            return
+        workdir = new_workdir(self.workroot)
+        workdir.mkdir()
+        try:
+            proc = start_harness(str(workdir), python=self.python, pythonpath=self.pythonpath, warm=True,
+                                 spare={**shape, "gpus": list(slot), "workdir": str(workdir)})
+        except Exception as exc:  # no spare: the next run starts its own
+            print(f"could not start a spare harness: {exc}", file=sys.stderr)
+            shutil.rmtree(workdir.parent, ignore_errors=True)
+            return
+        with self.lock:
+            old, self.ready[slot] = self.ready.get(slot), Spare(proc, workdir)
+        if old is not None:
+            self.discard(old)
+
+    @staticmethod
+    def discard(spare: Spare) -> None:
+        spare.proc.kill()
+        for stream in (spare.proc.stdin, spare.proc.stdout, spare.proc.stderr):
+            with contextlib.suppress(OSError):
+                stream.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            spare.proc.wait(timeout=10)
+        shutil.rmtree(spare.workdir.parent, ignore_errors=True)
+
+    def close(self) -> None:
+        with self.lock:
+            spares, self.ready = list(self.ready.values()), {}
+        for spare in spares:
+            self.discard(spare)

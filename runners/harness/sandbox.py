@@ -311,7 +311,7 @@ class Sandbox:
             out["CUDA_VISIBLE_DEVICES"] = ",".join(self.devices)
         return out
 
-    def _prepare_workdir(self) -> None:
+    def prepare_workdir(self) -> None:
         if self.uid is None:
             return
         for root, dirs, files in os.walk(self.workdir):
@@ -380,8 +380,10 @@ class Sandbox:
             ]
         return a + list(argv)
 
-    def start(self, argv: list[str], env: dict[str, str] | None = None, pass_fds=()) -> SandboxedProcess:
-        self._prepare_workdir()
+    def start(self, argv: list[str], env: dict[str, str] | None = None, pass_fds=(), *,
+              clock: bool = True) -> SandboxedProcess:
+        """clock=False: the wall-time limit starts only with restart_clock (a spare started ahead of its run)."""
+        self.prepare_workdir()
         limits = _rlimits(self.limits, self._data_not_as())
         data_fds: list[int] = []
         group = self.cgroup.create(self.tree_memory) if self.cgroup else None
@@ -422,7 +424,7 @@ class Sandbox:
                 os.close(fd)
             if procs_fd is not None:
                 os.close(procs_fd)
-        return SandboxedProcess(proc, self.limits, started, bwrap=self.bwrap is not None, group=group)
+        return SandboxedProcess(proc, self.limits, started, bwrap=self.bwrap is not None, group=group, clock=clock)
 
 
 class _Capture(threading.Thread):
@@ -462,7 +464,7 @@ _SIGNAL_REASONS = {
 
 class SandboxedProcess:
     def __init__(self, proc: subprocess.Popen, limits: Limits, started: float | None = None, *, bwrap: bool = False,
-                 group: MemoryGroup | None = None):
+                 group: MemoryGroup | None = None, clock: bool = True):
         self.proc, self.limits, self.bwrap, self.group = proc, limits, bwrap, group
         self.started = time.monotonic() if started is None else started
         self.timed_out, self.killed, self.memory_exceeded = False, False, False
@@ -470,10 +472,11 @@ class SandboxedProcess:
         self._lock = threading.Lock()
         self._out = _Capture(proc.stdout, limits.output_bytes)
         self._err = _Capture(proc.stderr, limits.output_bytes)
-        # the watchdog runs even if nobody is in wait() yet (the parent may be busy on a protocol pipe)
-        self._timer = threading.Timer(max(0.0, self.started + limits.wall_seconds - time.monotonic()), self._expire)
-        self._timer.daemon = True
-        self._timer.start()
+        # the watchdog runs even if nobody is in wait() yet (the parent may be busy on a protocol pipe); a spare's
+        # starts with its run (restart_clock)
+        self._timer: threading.Timer | None = None
+        if clock:
+            self._arm(max(0.0, self.started + limits.wall_seconds - time.monotonic()))
         if group is not None:
             threading.Thread(target=self._watch_memory, daemon=True).start()
         self._outcome: Outcome | None = None
@@ -481,6 +484,18 @@ class SandboxedProcess:
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    def _arm(self, seconds: float) -> None:
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def restart_clock(self, limits: Limits) -> None:
+        """A process started ahead of its run (a spare) gets its run's limits, and its wall time counts from now."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self.limits, self.started = limits, time.monotonic()
+        self._arm(limits.wall_seconds)
 
     def _expire(self) -> None:
         with self._lock:
@@ -518,7 +533,8 @@ class SandboxedProcess:
         rc = self.proc.wait()
         elapsed = time.monotonic() - self.started
         self._exited.set()
-        self._timer.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
         with self._lock:
             self._kill()  # leftovers in our process group (fallback) once the main process is gone
         if self.group is not None:

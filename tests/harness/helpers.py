@@ -1,13 +1,18 @@
-"""Run the real harness (`python -m runners.harness`, real sandboxed subprocesses) on a fixture problem."""
+"""Run the real harness (its trusted parent, forked from a warm template or a new `python -m runners.harness`, and its
+real sandboxed child) on a fixture problem."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from runners.harness.warm import template
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -38,15 +43,33 @@ def job_for(workdir: Path, mode: str = "test", **overrides: Any) -> dict[str, An
 Line = dict[str, Any]
 
 
-def run_harness(job: dict[str, Any] | str, timeout: float = 240) -> tuple[Line, list[Line]]:
-    """(the result line, the progress lines). Asserts the output contract: JSON lines, one result, exit 0."""
+def run_harness(job: dict[str, Any] | str, timeout: float = 240, *, cold: bool = False) -> tuple[Line, list[Line]]:
+    """(the result line, the progress lines). Asserts the output contract: JSON lines, one result, exit 0.
+    The parent is forked from this test process's warm template as a node agent's is (`runners.harness.warm`);
+    cold: a new `python -m runners.harness`, as a one-shot remote agent starts it."""
     stdin = job if isinstance(job, str) else json.dumps(job)
-    argv = [sys.executable, "-m", "runners.harness"]
-    proc = subprocess.run(argv, input=stdin, capture_output=True, text=True, cwd=ROOT, timeout=timeout)
-    assert proc.returncode == 0, proc.stderr
-    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    if cold:
+        proc = subprocess.run([sys.executable, "-m", "runners.harness"], input=stdin, capture_output=True, text=True,
+                              cwd=ROOT, timeout=timeout)
+        returncode, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
+    else:
+        forked = template(sys.executable, str(ROOT)).spawn(dict(os.environ), str(ROOT))
+        with ThreadPoolExecutor(2) as pool:
+            out, err = pool.submit(forked.stdout.read), pool.submit(forked.stderr.read)
+            forked.stdin.write(stdin.encode())
+            forked.stdin.close()
+            try:
+                returncode = forked.wait(timeout)
+            except subprocess.TimeoutExpired:
+                forked.kill()
+                raise
+            stdout, stderr = out.result().decode(), err.result().decode()
+        forked.stdout.close()
+        forked.stderr.close()
+    assert returncode == 0, stderr
+    lines = [json.loads(line) for line in stdout.splitlines()]
     results = [line for line in lines if line["event"] == "result"]
-    assert len(results) == 1 and lines[-1] is results[0], proc.stdout[-2000:]
+    assert len(results) == 1 and lines[-1] is results[0], stdout[-2000:]
     return results[0], [line for line in lines if line["event"] == "progress"]
 
 

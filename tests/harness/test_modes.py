@@ -7,9 +7,10 @@ from .helpers import SUBMISSIONS, job_for, make_workdir, run_harness, run_submis
 pytestmark = pytest.mark.slow
 
 
-def test_test_mode_contract(tmp_path):
+@pytest.mark.parametrize("cold", [True, False], ids=["spawned", "forked"])
+def test_test_mode_contract(tmp_path, cold):
     workdir = make_workdir(tmp_path, SUBMISSIONS / "chatty.py")
-    result, progress = run_harness(job_for(workdir, "test", nonce="n-123"))
+    result, progress = run_harness(job_for(workdir, "test", nonce="n-123"), cold=cold)
     assert (result["status"], result["verdict"], result["passed"], result["nonce"]) == ("ok", "pass", True, "n-123")
     assert [t["spec"] for t in result["tests"]] == ["m: 16; n: 16; k: 16; seed: 1", "m: 33; n: 17; k: 9; seed: 2",
                                                     "m: 64; n: 64; k: 64; seed: 3"]
@@ -58,8 +59,9 @@ def test_crash_reports_stderr_tail(tmp_path):
 
 
 @pytest.mark.parametrize("stdin", ["not json", json.dumps({"mode": "test"}), json.dumps({"mode": "x", "workdir": "/"})])
-def test_invalid_job_is_an_infrastructure_error(stdin):
-    result, _ = run_harness(stdin)
+@pytest.mark.parametrize("cold", [True, False], ids=["spawned", "forked"])
+def test_invalid_job_is_an_infrastructure_error(stdin, cold):
+    result, _ = run_harness(stdin, cold=cold)
     assert result["status"] == "error" and result["passed"] is False and "invalid job" in result["error"]
 
 

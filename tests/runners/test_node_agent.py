@@ -176,6 +176,13 @@ def test_a_real_agent_runs_kernels_and_a_killed_one_gets_its_run_retried_within_
         submit(leaderboard)
         dispatch_all()
         wait_for(lambda: Run.objects.filter(status=RunStatus.SUCCEEDED).exists(), 120, "the first verdict")
+        # warm: the next run's parent is a spare forked from the agent's template, its sandboxed child already started
+        second = submit(leaderboard).runs.get()
+        dispatch_all()
+        wait_for(lambda: Run.objects.filter(pk=second.pk, status=RunStatus.SUCCEEDED).exists(), 60, "the second one")
+        second.refresh_from_db()
+        assert (second.verdict, second.result["runner_timing"]["parent"], second.result["child_start"]) == (
+            "pass", "spare", "prestarted")
         # a slow kernel: the agent is killed while it runs it
         slow = CODE + b"\nimport time as _t\n_orig = custom_kernel\ndef custom_kernel(data):\n    _t.sleep(30)\n" \
                       b"    return _orig(data)\n"
