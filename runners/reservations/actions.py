@@ -12,7 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import IntegrityError, connection, transaction
+from django.contrib.auth import get_user_model
+from django.db import IntegrityError, OperationalError, connection, transaction
 from django.utils import timezone
 
 from kernelbot.errors import AccessDenied, Refused
@@ -114,23 +115,50 @@ def note(reservation: Reservation, kind: str, message: str, *, notify: bool = Fa
         enqueue_on_commit("runners.reservations.tasks.notify", reservation.pk, message)
 
 
+def lock_user(user) -> None:
+    """One user's reservations change one at a time, so their limits hold under concurrency, while other users'
+    requests go on (the user's row, `SELECT … FOR NO KEY UPDATE`: rows that refer to the user are still written)."""
+    list(get_user_model().objects.select_for_update(no_key=True).filter(pk=user.pk).values_list("pk", flat=True))
+
+
 def do_reserve(user, req: ReserveRequest) -> Reservation:
-    """Queue a request, then plan its pool: it is active on return when devices were free, else pending with its
-    planned start."""
+    """Record the request (a short transaction serialised per user), then plan its pool unless another request is
+    planning it this instant: that pass, or the one enqueued here (and `tasks.keep_time` within seconds), gives it
+    its promise. Active on return when devices were free, else pending with its promised start — or, in a burst,
+    pending for the few milliseconds until the pass under way plans it."""
     pool, gpu_type = check_reserve(user, req)
     with transaction.atomic():
-        policy = PoolPolicy.objects.select_for_update().get(pool=pool)
+        lock_user(user)
+        policy = PoolPolicy.objects.get(pool=pool)
         check_policy(user, policy, req.gpu_count, req.minutes)
-        allocator.lock_devices(pool, gpu_type)  # policy row, then device rows: the one lock order
         now = timezone.now()
         reservation = Reservation.objects.create(
             user=user, project=req.project or user.get_username(), pool=pool, gpu_type=gpu_type,
             gpu_count=req.gpu_count, minutes=req.minutes, created=now,
             status_deadline=now + timedelta(minutes=policy.max_queue_minutes))
         note(reservation, "queued", f"Requested {req.gpu_count}× {gpu_type} for {req.minutes} min on {pool.name}.")
-        plan_locked(policy, gpu_type, now)
+    plan_unless_busy(pool, gpu_type)
     reservation.refresh_from_db()
     return reservation
+
+
+def plan_unless_busy(pool: GpuPool, gpu_type: GpuType, passes: int = 3) -> bool:
+    """Plan the pool × type now if no one else is (its policy row taken with NOWAIT); again while requests that came
+    in meanwhile are still without a promise. Busy: leave it to a queued pass, so a burst of requests is not answered
+    one planning pass after another. False when it left it."""
+    for _ in range(passes):
+        try:
+            with transaction.atomic():
+                policy = PoolPolicy.objects.select_for_update(nowait=True, of=("self",)).select_related("pool").get(
+                    pool=pool)
+                allocator.lock_devices(pool, gpu_type)
+                plan_locked(policy, gpu_type, timezone.now())
+        except OperationalError:  # locked by a pass under way (PostgreSQL's lock_not_available)
+            enqueue_on_commit("runners.reservations.tasks.plan_pool", pool.pk, gpu_type.pk)
+            return False
+        if not Reservation.objects.queue(pool, gpu_type).filter(planned_start=None).exists():
+            break
+    return True
 
 
 def close(r: Reservation, status: str, message: str, now: datetime, at: datetime | None = None) -> None:
@@ -219,7 +247,8 @@ def access_info(r: Reservation, policy: PoolPolicy) -> dict:
 
 def do_plan(pool_id: int, gpu_type_id: int) -> int:
     with transaction.atomic():
-        policy = PoolPolicy.objects.select_for_update().select_related("pool").filter(pool_id=pool_id).first()
+        policy = PoolPolicy.objects.select_for_update(of=("self",)).select_related("pool").filter(
+            pool_id=pool_id).first()
         if policy is None:
             return 0
         gpu_type = GpuType.objects.get(pk=gpu_type_id)
@@ -271,7 +300,7 @@ def do_extend(user, reservation_id: int, minutes: int) -> Reservation:
     access_reservation(user, reservation_id)
     with transaction.atomic():
         r = access_reservation(user, reservation_id)
-        policy = PoolPolicy.objects.select_for_update().select_related("pool").get(pool_id=r.pool_id)
+        policy = PoolPolicy.objects.select_for_update(of=("self",)).select_related("pool").get(pool_id=r.pool_id)
         allocator.lock_devices(policy.pool, r.gpu_type)
         now = timezone.now()
         expire_due_locked(policy, r.gpu_type, now)  # a reservation past its end is expired, not extended
@@ -284,6 +313,7 @@ def do_extend(user, reservation_id: int, minutes: int) -> Reservation:
         if total > policy.max_duration_minutes:
             raise Refused(f"{total} minutes in all is past pool {policy.pool.name}'s maximum of "
                           f"{policy.max_duration_minutes} minutes.", 409)
+        lock_user(user)  # policy row, device rows, reservation rows, user row: the one lock order
         check_policy(user, policy, r.gpu_count, total, exclude=r.pk)
         delayed = delays_if_extended(r, minutes, now)
         if delayed and max(delayed.values()) > policy.extend_max_delay_minutes * 60:

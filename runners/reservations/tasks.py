@@ -7,6 +7,7 @@ import logging
 from datetime import timedelta
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from . import actions, allocator
@@ -43,13 +44,14 @@ def finish(reservation_id: int, status: str, message: str, *, when=None) -> bool
 
 def keep_time(now=None) -> int:
     """Ticked every few seconds by `manage.py workers` (settings.CLUSTER_TICKS): plan each pool × type where a
-    reservation's time is up or a queued request's promised start has come, so devices are freed at the end time and
-    handed on at the promised one, not at the next minute. Two indexed queries when nothing is due."""
+    reservation's time is up, a queued request's promised start has come or a request has no promise yet (recorded
+    while another pass was planning), so devices are freed at the end time and handed on at the promised one, not at
+    the next minute. Two indexed queries when nothing is due."""
     now = now or timezone.now()
     due = set(Reservation.objects.filter(status=ReservationStatus.ACTIVE, ends_at__lte=now)
               .values_list("pool_id", "gpu_type_id"))
-    due |= set(Reservation.objects.filter(status=ReservationStatus.PENDING, planned_start__lte=now)
-               .values_list("pool_id", "gpu_type_id"))
+    due |= set(Reservation.objects.filter(Q(planned_start__lte=now) | Q(planned_start=None),
+                                          status=ReservationStatus.PENDING).values_list("pool_id", "gpu_type_id"))
     return sum(actions.do_plan(pool_id, type_id) + 1 for pool_id, type_id in due)
 
 
