@@ -370,10 +370,22 @@ class Availability:
     free_now: int
     queued: int
     eta: dict[int, datetime | None]  # GPUs → planned start of such a request at the end of the queue
+    largest: int = 0  # the most GPUs one request can get (reservable devices on one node)
+    never: str = ""  # why some ETA is never, in words
+
+
+def why_never(policy: PoolPolicy, devices: int, reservable: int, largest: int) -> str:
+    kept = devices - reservable
+    share = f"{policy.competition_share:.0%} of {devices} kept for competitions"
+    if not reservable:
+        return f"none of its devices can be reserved ({share}; an organiser may lower the share)."
+    return f"a request gets devices of one node, and at most {largest} can be reserved on one node" + (
+        f" ({share}: {kept})." if kept else ".")
 
 
 def availability(minutes: int = DEFAULT_ETA_MINUTES) -> list[Availability]:
-    """Per pool × GPU type: devices, free now, queued requests, and the planner's start for 1/2/4/8 GPUs."""
+    """Per pool × GPU type: devices, free now, queued requests, and the planner's start for 1/2/4/8 GPUs (with why
+    a start is never)."""
     now = timezone.now()
     out = []
     for policy in PoolPolicy.objects.filter(reservable=True, pool__enabled=True).select_related("pool"):
@@ -388,6 +400,11 @@ def availability(minutes: int = DEFAULT_ETA_MINUTES) -> list[Availability]:
                 found = planner.plan(now.timestamp(), devices, [*queue, planner.Request("probe", n, minutes * 60)])
                 etas[n] = datetime.fromtimestamp(found["probe"].start, tz=now.tzinfo) if found["probe"] else None
             reservable = [g for g in gpus if g.pk not in kept]
+            per_node: dict[int, int] = {}
+            for g in reservable:
+                per_node[g.node_id] = per_node.get(g.node_id, 0) + 1
+            largest = max(per_node.values(), default=0)
+            never = why_never(policy, len(gpus), len(reservable), largest) if None in etas.values() else ""
             out.append(Availability(gpu_type.name, policy.pool.name, len(gpus), len(reservable),
-                                    sum(g.pk not in holds for g in reservable), len(queue), etas))
+                                    sum(g.pk not in holds for g in reservable), len(queue), etas, largest, never))
     return out

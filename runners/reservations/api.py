@@ -28,6 +28,8 @@ class AvailabilityOut(Schema):
     free_now: int
     queued: int
     eta: dict[str, datetime | None] = Field(description="GPUs (1/2/4/8) → when such a request made now would start")
+    largest: int = Field(description="The most GPUs one request can get here (reservable devices on one node)")
+    never: str = Field(description="Why some ETA is null (never), in words; empty when none is")
 
 
 class ReserveIn(Schema):
@@ -131,12 +133,15 @@ class UsageOut(Schema):
     start: datetime
     end: datetime
     rows: list[UsageRowOut]
+    scope: str = Field(description="all: every holder's rows (organisers); mine: your own device time only")
+    total_gpu_hours: float = Field(description="Everyone's GPU-hours in the window")
 
 
 @router.get("/gpus/usage", response={200: UsageOut, 400: ErrorOut, 401: ErrorOut})
 def usage_report(request, group: str = "project", pool: str = "", gpu_type: str = "", days: int = 1):
-    """GPU-hours per project/leaderboard/user/pool/gpu_type/day from recorded device holds, with utilisation."""
-    return usage.report(usage.Filters.parse(group=group, pool=pool, gpu_type=gpu_type, days=days))
+    """GPU-hours per project/leaderboard/user/pool/gpu_type/day from recorded device holds, with utilisation:
+    organisers see every holder's, anyone else their own, and everyone's total."""
+    return usage.report_for(request.auth, usage.Filters.parse(group=group, pool=pool, gpu_type=gpu_type, days=days))
 
 
 class AgentAuth(HttpBearer):

@@ -261,3 +261,14 @@ class UsagePost(models.Model):
 
     def __str__(self) -> str:
         return f"{self.channel} {self.day}"
+
+
+class SlackCommand(models.Model):
+    """A signed Slack command already answered: its signature is remembered for the signature's window, so the same
+    request sent again is refused (Slack signs each request once, with its time)."""
+
+    signature = models.CharField(max_length=80, unique=True)
+    received = models.DateTimeField(default=timezone.now, db_index=True)
+
+    def __str__(self) -> str:
+        return f"Slack command at {self.received:%Y-%m-%d %H:%M:%S}"

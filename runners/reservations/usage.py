@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, timedelta
 from datetime import time as dtime
 
@@ -36,6 +36,7 @@ class Filters:
     end: datetime
     pool: GpuPool | None = None
     gpu_type: GpuType | None = None
+    user_id: int | None = None  # only this holder's device time
 
     @classmethod
     def parse(cls, *, group: str = "project", pool: str = "", gpu_type: str = "", days: int = 1,
@@ -108,6 +109,8 @@ def report(f: Filters) -> dict:
         samples = samples.filter(node__pool=f.pool)
     if f.gpu_type:
         samples = samples.filter(gpu__gpu_type=f.gpu_type)
+    if f.user_id is not None:
+        samples = samples.filter(user_id=f.user_id)
     key = {"day": TruncDate("at"), "pool": F("node__pool__name"), "gpu_type": F("gpu__gpu_type__name"),
            "user": F("user_id")}.get(f.group, F(f.group))
     found = list(samples.annotate(key=key).values("key").annotate(total=Sum("utilization"), n=Count("pk")))
@@ -117,6 +120,16 @@ def report(f: Filters) -> dict:
         if name in rows and s["n"]:
             rows[name]["usage_percent"] = round(s["total"] / s["n"], 1)
     return finish(f, rows)
+
+
+def report_for(user, f: Filters) -> dict:
+    """The one rule of who sees whose usage: organisers (staff) every row; anyone else the rows of their own device
+    time and the total of everyone's (`total_gpu_hours`, also in an organiser's table)."""
+    everyone = report(f)
+    total = round(sum(r["gpu_hours"] for r in everyone["rows"]), 3)
+    if user.is_staff:
+        return {**everyone, "scope": "all", "total_gpu_hours": total}
+    return {**report(replace(f, user_id=user.pk)), "scope": "mine", "total_gpu_hours": total}
 
 
 def internal_user_ids() -> list[int]:
@@ -129,6 +142,8 @@ def _filtered(qs, f: Filters):
         qs = qs.filter(pool=f.pool)
     if f.gpu_type:
         qs = qs.filter(gpu_type=f.gpu_type)
+    if f.user_id is not None:
+        qs = qs.filter(user_id=f.user_id)
     return qs
 
 
@@ -206,6 +221,8 @@ def to_csv(table: dict) -> str:
     for r in table["rows"]:
         writer.writerow([r["key"], r["gpu_hours"], "" if r["usage_percent"] is None else r["usage_percent"],
                          r["nodes"]])
+    if "total_gpu_hours" in table:
+        writer.writerow(["(all users)", table["total_gpu_hours"], "", ""])
     return out.getvalue()
 
 

@@ -11,6 +11,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.db import IntegrityError, transaction
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
@@ -18,9 +19,10 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from kernelbot.errors import Refused
+from kernelbot.inputs import check_storable
 
 from . import actions, allocator, planner, usage
-from .models import DeviceHold, PoolPolicy, Reservation
+from .models import DeviceHold, PoolPolicy, Reservation, SlackCommand
 
 TIMELINE_HOURS = 12
 
@@ -65,10 +67,10 @@ def gpus_page(request: HttpRequest) -> HttpResponse:
 
 
 def form_request(data) -> actions.ReserveRequest:
+    texts = {name: check_storable(name, data.get(name, "")) for name in ("gpu_type", "project", "pool")}
     try:
-        return actions.ReserveRequest(gpu_type=data.get("gpu_type", ""), gpu_count=int(data.get("gpu_count", 1)),
-                                      minutes=int(data.get("minutes", 60)), project=data.get("project", ""),
-                                      pool=data.get("pool", ""))
+        return actions.ReserveRequest(gpu_count=int(data.get("gpu_count", 1)), minutes=int(data.get("minutes", 60)),
+                                      **texts)
     except ValueError:
         raise Refused("GPUs and minutes must be whole numbers.", 400) from None
 
@@ -127,9 +129,10 @@ def filters_from(request: HttpRequest) -> usage.Filters:
                                gpu_type=request.GET.get("gpu_type", ""), days=days)
 
 
+@login_required
 def usage_page(request: HttpRequest) -> HttpResponse:
     try:
-        table = usage.report(filters_from(request))
+        table = usage.report_for(request.user, filters_from(request))
     except Refused as exc:
         return render(request, "reservations/error.html", {"message": exc.message}, status=exc.status)
     top = max((r["gpu_hours"] for r in table["rows"]), default=0) or 1
@@ -139,9 +142,10 @@ def usage_page(request: HttpRequest) -> HttpResponse:
                                                         "groups": list(usage.GROUPS)})
 
 
+@login_required
 def usage_csv(request: HttpRequest) -> HttpResponse:
     try:
-        table = usage.report(filters_from(request))
+        table = usage.report_for(request.user, filters_from(request))
     except Refused as exc:
         return HttpResponse(exc.message, status=exc.status, content_type="text/plain")
     response = HttpResponse(usage.to_csv(table), content_type="text/csv")
@@ -149,24 +153,40 @@ def usage_csv(request: HttpRequest) -> HttpResponse:
     return response
 
 
+SLACK_WINDOW = 300  # seconds a signed request is good for: Slack's own advice
+
+
 def slack_signature_ok(request: HttpRequest) -> bool:
+    """Signed with our secret within the window, and not seen before (a replay inside the window is refused)."""
     secret = settings.SLACK_SIGNING_SECRET
     stamp = request.headers.get("X-Slack-Request-Timestamp", "")
-    if not secret or not stamp.isdigit() or abs(time.time() - int(stamp)) > 300:
+    if not secret or not stamp.isdigit() or abs(time.time() - int(stamp)) > SLACK_WINDOW:
         return False
     base = b"v0:" + stamp.encode() + b":" + request.body
     expected = "v0=" + hmac.new(secret.encode(), base, hashlib.sha256).hexdigest()
-    return hmac.compare_digest(expected, request.headers.get("X-Slack-Signature", ""))
+    if not hmac.compare_digest(expected, request.headers.get("X-Slack-Signature", "")):
+        return False
+    now = timezone.now()
+    SlackCommand.objects.filter(received__lt=now - timedelta(seconds=2 * SLACK_WINDOW)).delete()
+    try:
+        with transaction.atomic():
+            SlackCommand.objects.create(signature=expected, received=now)
+    except IntegrityError:
+        return False
+    return True
 
 
 @csrf_exempt
 @require_POST
 def slack_command(request: HttpRequest) -> HttpResponse:
-    """`/gpu-usage [group] [pool=…] [gpu=…] [days=N]`, signed by Slack (v0 HMAC-SHA256, 5 minutes)."""
+    """`/gpu-usage [group] [pool=…] [gpu=…] [days=N]`, signed by Slack (v0 HMAC-SHA256, 5 minutes, once)."""
     if not slack_signature_ok(request):
         return HttpResponse("invalid signature", status=401)
+    text = request.POST.get("text", "")
+    if "\x00" in text:
+        return HttpResponse("The command holds a NUL byte.", status=400, content_type="text/plain")
     args = {"group": "project"}
-    for word in request.POST.get("text", "").split():
+    for word in text.split():
         key, _, value = word.partition("=")
         if not value:
             args["group"] = key
@@ -175,7 +195,7 @@ def slack_command(request: HttpRequest) -> HttpResponse:
         elif key in ("gpu", "gpu_type", "partition"):
             args["gpu_type"] = value
         elif key == "days":
-            args["days"] = int(value) if value.isdigit() else 0
+            args["days"] = int(value) if value.isascii() and value.isdigit() and len(value) < 9 else 0
     try:
         table = usage.report(usage.Filters.parse(**args))
     except Refused as exc:

@@ -21,6 +21,7 @@ from leaderboards.access.actions import do_create_token
 from runners.models import Gpu
 from runners.reservations import agent, allocator, chat, usage
 from runners.reservations.models import DeviceHold, HoldKind, NodeSample, Reservation, UsagePost
+from tests import factories
 
 from .conftest import gpu_pool
 
@@ -120,21 +121,38 @@ def recorded(user):
 
 
 def test_usage_table_api_and_csv(client, user, recorded):
-    table = client.get("/api/v1/gpus/usage", headers=auth(user)).json()
+    organiser = factories.UserFactory(username="org", is_staff=True)
+    table = client.get("/api/v1/gpus/usage", headers=auth(organiser)).json()
     assert [(r["key"], r["gpu_hours"], r["usage_percent"], r["nodes"]) for r in table["rows"]] == [
         ("llm", 8.0, 60.0, 1), ("vectoradd", 0.5, None, 1)]
-    by_user = client.get("/api/v1/gpus/usage?group=user&days=3", headers=auth(user)).json()["rows"]
+    assert (table["scope"], table["total_gpu_hours"]) == ("all", 8.5)
+    by_user = client.get("/api/v1/gpus/usage?group=user&days=3", headers=auth(organiser)).json()["rows"]
     assert by_user == [{"key": "dev", "gpu_hours": 9.0, "usage_percent": 60.0, "nodes": 2},
                        {"key": "(none)", "gpu_hours": 0.5, "usage_percent": None, "nodes": 1}]
-    filtered = client.get("/api/v1/gpus/usage?gpu_type=h100&pool=LAB&group=leaderboard", headers=auth(user)).json()
+    filtered = client.get("/api/v1/gpus/usage?gpu_type=h100&pool=LAB&group=leaderboard",
+                          headers=auth(organiser)).json()
     assert {r["key"] for r in filtered["rows"]} == {"(none)", "vectoradd"}
     assert client.get("/api/v1/gpus/usage?group=team", headers=auth(user)).status_code == 400
     assert client.get("/api/v1/gpus/usage?days=0", headers=auth(user)).status_code == 400
+    # anyone else: their own device time, and everyone's total
+    other = factories.UserFactory(username="someone")
+    mine = client.get("/api/v1/gpus/usage?group=user&days=3", headers=auth(user)).json()
+    assert mine["scope"] == "mine" and [r["key"] for r in mine["rows"]] == ["dev"] and mine["total_gpu_hours"] == 9.5
+    assert client.get("/api/v1/gpus/usage?group=user", headers=auth(other)).json()["rows"] == []
+    # the pages: a login first
+    assert client.get("/gpus/usage.csv").status_code == 302 and client.get("/gpus/usage/").status_code == 302
+    client.force_login(organiser)
     csv = client.get("/gpus/usage.csv").content.decode().splitlines()
     assert csv[0] == "project,gpu_hours,gpu_usage_percent,nodes_used" and csv[1] == "llm,8.0,60.0,1"
+    assert csv[-1] == "(all users),8.5,,"
     page = client.get("/gpus/usage/", {"group": "project"}).content.decode()
-    assert "llm" in page and "<svg" in page
+    assert "llm" in page and "vectoradd" in page and "<svg" in page
     assert client.get("/gpus/usage/", {"pool": "nowhere"}).status_code == 400
+    client.force_login(other)
+    csv = client.get("/gpus/usage.csv?group=user").content.decode().splitlines()
+    assert csv[1:] == ["(all users),8.5,,"]
+    page = client.get("/gpus/usage/", {"group": "project"}).content.decode()
+    assert "llm" not in page and "Your own device time" in page
 
 
 class Recorder(BaseHTTPRequestHandler):
@@ -178,13 +196,17 @@ def test_daily_post_to_discord_and_slack_once(settings, recorded, webhooks):
     assert "llm" in slack["text"] and slack["blocks"][0]["text"]["type"] == "mrkdwn"
 
 
-def slack_request(client, settings, text: str, secret: str | None = None, age: int = 0):
+def slack_signed(settings, text: str, secret: str | None = None, age: int = 0) -> tuple[str, dict]:
     settings.SLACK_SIGNING_SECRET = "s3cret"
     body = urlencode({"command": "/gpu-usage", "text": text})
     stamp = str(int(time.time()) - age)
     sig = "v0=" + hmac.new((secret or "s3cret").encode(), f"v0:{stamp}:{body}".encode(), hashlib.sha256).hexdigest()
-    return client.post("/gpus/slack", body, content_type="application/x-www-form-urlencoded",
-                       headers={"X-Slack-Signature": sig, "X-Slack-Request-Timestamp": stamp})
+    return body, {"X-Slack-Signature": sig, "X-Slack-Request-Timestamp": stamp}
+
+
+def slack_request(client, settings, text: str, secret: str | None = None, age: int = 0):
+    body, headers = slack_signed(settings, text, secret, age)
+    return client.post("/gpus/slack", body, content_type="application/x-www-form-urlencoded", headers=headers)
 
 
 def test_slack_slash_command_verifies_signatures(client, settings, recorded):
@@ -192,6 +214,10 @@ def test_slack_slash_command_verifies_signatures(client, settings, recorded):
     assert ok.status_code == 200 and "llm" in ok.json()["text"] and ok.json()["response_type"] == "in_channel"
     assert slack_request(client, settings, "project", secret="wrong").status_code == 401
     assert slack_request(client, settings, "project", age=600).status_code == 401
+    body, headers = slack_signed(settings, "project days=2", age=100)
+    first = client.post("/gpus/slack", body, content_type="application/x-www-form-urlencoded", headers=headers)
+    again = client.post("/gpus/slack", body, content_type="application/x-www-form-urlencoded", headers=headers)
+    assert (first.status_code, again.status_code) == (200, 401)  # a replay inside the window
     assert "Unknown pool" in slack_request(client, settings, "cluster=nowhere").json()["text"]
 
 
@@ -213,3 +239,20 @@ def test_node_agent_posts_stand_in_nvidia_smi_readings(live_server, settings, tm
         del os.environ["KERNELBOT_NODE_AGENT_TOKEN"]
     sample = NodeSample.objects.get()
     assert (sample.gpu.index, sample.utilization, sample.memory_used_mib) == (0, 75.0, 1024)
+
+
+def test_gpus_page_says_how_to_lend_a_pool_and_why_never(client, user):
+    organiser = factories.UserFactory(username="org", is_staff=True)
+    client.force_login(organiser)
+    page = client.get("/gpus/").content.decode()
+    assert "No pool lends GPUs." in page and "/admin/reservations/poolpolicy/add/" in page
+    client.force_login(user)
+    assert "poolpolicy/add" not in client.get("/gpus/").content.decode()
+    gpu_pool(nodes=2, per_node=4, competition_share=0.25)  # 2 of 8 kept: one node lends 4, the other 2
+    page = client.get("/gpus/").content.decode()
+    assert "never*" in page
+    assert "at most 4 can be reserved on one node (25% of 8 kept for competitions: 2)" in page
+    [row] = client.get("/api/v1/gpus/availability", headers=auth(user)).json()
+    assert row["eta"]["8"] is None and row["largest"] == 4 and "at most 4" in row["never"]
+    gpu_pool(name="all-kept", nodes=1, per_node=1, competition_share=0.25)
+    assert "none of its devices can be reserved" in client.get("/gpus/").content.decode()
