@@ -9,6 +9,8 @@ from typing import Any
 import typer
 from rich.table import Table
 
+from kernelbot.durations import parse_minutes
+
 app = typer.Typer(help="Reserve shared GPUs.", no_args_is_help=True)
 
 # main.py adds `app` at its end: defined before this import, so `python -m kernelbot.cli.main` (which loads main twice)
@@ -26,24 +28,11 @@ def when(value: str | None) -> str:
 
 
 def parse_duration(text: str) -> int:
-    """Minutes from `90`, `90m`, `2h`, `1h30m`."""
-    raw, total, number = text.strip().lower(), 0, ""
+    """Minutes from `90`, `90m`, `2h`, `1h30m`, `0.25h`."""
     try:
-        if raw.lstrip("-").isdigit():
-            return int(raw)
-        for ch in raw:
-            if ch.isdigit():
-                number += ch
-            elif ch in "hm" and number:
-                total += int(number) * (60 if ch == "h" else 1)
-                number = ""
-            else:
-                raise ValueError
-        if number:
-            raise ValueError
-        return total
-    except ValueError:
-        raise typer.BadParameter(f"'{text}' is not a duration (e.g. 90, 90m, 2h, 1h30m)") from None
+        return parse_minutes(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 def status_line(r: dict[str, Any]) -> str:
@@ -79,7 +68,7 @@ def availability(minutes: int = typer.Option(60, help="Duration the ETAs assume.
 @app.command()
 def reserve(gpus: int = typer.Option(1, "--gpus", "-n", help="GPUs on one node."),
             gpu_type: str = typer.Option(..., "--gpu", "-g", help="GPU type, e.g. H100."),
-            duration: str = typer.Option("1h", "--duration", "-d", help="e.g. 90m, 2h, 1h30m."),
+            duration: str = typer.Option("1h", "--duration", "-d", help="e.g. 90m, 2h, 1h30m, 0.25h."),
             project: str = typer.Option("", "--project", "-p", help="Label for usage reports."),
             pool: str = typer.Option("", help="A pool (default: the one that starts it first)."),
             wait: bool = typer.Option(True, help="Wait with a live status line until it is active.")) -> None:
@@ -128,9 +117,22 @@ def show(reservation_id: int) -> None:
 
 
 @app.command()
-def cancel(reservation_id: int) -> None:
+def cancel(reservation_id: int | None = typer.Argument(None, help="Which; without it, choose among yours.")) -> None:
     """Cancel a queued request or end an active reservation now."""
     with client() as c:
+        if reservation_id is None:
+            mine = check(c.get("/gpus/reservations"))
+            if not mine:
+                console.print("You hold no open reservations.")
+                raise typer.Exit(1)
+            for n, r in enumerate(mine, 1):
+                console.print(f"{n}. {status_line(r)}")
+            choice = typer.prompt("Cancel which (a number; empty: none)", default="", show_default=False).strip()
+            if not choice:
+                raise typer.Exit(0)
+            if not choice.isdigit() or not 1 <= int(choice) <= len(mine):
+                raise typer.BadParameter(f"'{choice}' is not one of 1-{len(mine)}")
+            reservation_id = mine[int(choice) - 1]["id"]
         r = check(c.post(f"/gpus/reservations/{reservation_id}/cancel"))
     console.print(status_line(r))
 

@@ -18,6 +18,7 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
+from kernelbot.durations import parse_minutes
 from kernelbot.errors import Refused
 from kernelbot.inputs import check_storable
 
@@ -66,13 +67,21 @@ def gpus_page(request: HttpRequest) -> HttpResponse:
     return render(request, "reservations/gpus.html", context)
 
 
+def form_minutes(data, default: str = "60") -> int:
+    """A duration as typed (`90`, `90m`, `1h30m`, `0.25h`), in whole minutes; a 400 naming it otherwise."""
+    try:
+        return parse_minutes(check_storable("minutes", data.get("minutes", "") or default))
+    except ValueError as exc:
+        raise Refused(f"{exc}.", 400) from None
+
+
 def form_request(data) -> actions.ReserveRequest:
     texts = {name: check_storable(name, data.get(name, "")) for name in ("gpu_type", "project", "pool")}
     try:
-        return actions.ReserveRequest(gpu_count=int(data.get("gpu_count", 1)), minutes=int(data.get("minutes", 60)),
-                                      **texts)
+        count = int(data.get("gpu_count", 1))
     except ValueError:
-        raise Refused("GPUs and minutes must be whole numbers.", 400) from None
+        raise Refused("GPUs must be a whole number.", 400) from None
+    return actions.ReserveRequest(gpu_count=count, minutes=form_minutes(data), **texts)
 
 
 def preview(request: HttpRequest) -> dict:
@@ -112,9 +121,9 @@ def change(request: HttpRequest, reservation_id: int, verb: str) -> HttpResponse
         if verb == "cancel":
             actions.do_cancel(request.user, reservation_id)
         else:
-            actions.do_extend(request.user, reservation_id, int(request.POST.get("minutes", "0") or 0))
-    except (Refused, ValueError) as exc:
-        message, status = (exc.message, exc.status) if isinstance(exc, Refused) else ("minutes must be a number.", 400)
+            actions.do_extend(request.user, reservation_id, form_minutes(request.POST, "0"))
+    except Refused as exc:
+        message, status = exc.message, exc.status
         messages.error(request, message)
         return render(request, "reservations/error.html", {"message": message}, status=status)
     return redirect("gpus")

@@ -45,8 +45,8 @@ def test_reserve_wait_extend_warn_expire_from_the_cli(live_server, postgres, tmp
     waiting = subprocess.Popen([sys.executable, "-m", "kernelbot.cli.main", "gpus", "reserve", "--gpus", "2", "--gpu",
                                 "h100", "--duration", "1h", "--project", "llm"], cwd=REPO, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    for _ in range(200):
-        if Reservation.objects.filter(user=dev).exists():
+    for _ in range(200):  # recorded, then given its promise by the planning pass that follows in the request
+        if Reservation.objects.filter(user=dev, planned_start__isnull=False).exists():
             break
         time.sleep(0.05)
     mine = Reservation.objects.get(user=dev)
@@ -79,3 +79,28 @@ def test_reserve_wait_extend_warn_expire_from_the_cli(live_server, postgres, tmp
     assert not DeviceHold.objects.held().filter(reservation=mine).exists()
     out = cli(env, "cancel", str(mine.pk))
     assert out.returncode == 1 and "is already expired. (HTTP 409)" in out.stdout
+
+
+def test_quarter_hour_and_cancel_without_an_id_from_the_cli(live_server, postgres, tmp_path):
+    gpu_pool(nodes=1, per_node=4)
+    dev = factories.UserFactory(username="dev")
+    env = cli_env(live_server.url, do_create_token(dev)[1], tmp_path)
+    out = cli(env, "reserve", "--gpu", "h100", "--gpus", "1", "--duration", "0.25h", "--no-wait")
+    assert out.returncode == 0, out.stdout + out.stderr
+    quarter = Reservation.objects.get(user=dev)
+    assert quarter.minutes == 15 and quarter.status == "active"
+    assert cli(env, "reserve", "--gpu", "h100", "--duration", "1.5h", "--no-wait").returncode == 0
+    bad = cli(env, "reserve", "--gpu", "h100", "--duration", "0.01h", "--no-wait")
+    assert bad.returncode == 2 and "whole minutes" in bad.stdout + bad.stderr
+    chosen = subprocess.run([sys.executable, "-m", "kernelbot.cli.main", "gpus", "cancel"], cwd=REPO, env=env,
+                            input="1\n", capture_output=True, text=True, timeout=60)
+    assert chosen.returncode == 0, chosen.stdout + chosen.stderr
+    ninety = Reservation.objects.get(user=dev, minutes=90)
+    assert f"1. #{ninety.pk} " in chosen.stdout and f"2. #{quarter.pk} " in chosen.stdout  # yours, newest first
+    ninety.refresh_from_db()
+    assert ninety.status == "ended" and f"#{ninety.pk}" in chosen.stdout.splitlines()[-1]
+    quarter.refresh_from_db()
+    assert quarter.status == "active"
+    none = subprocess.run([sys.executable, "-m", "kernelbot.cli.main", "gpus", "cancel"], cwd=REPO, env=env,
+                          input="\n", capture_output=True, text=True, timeout=60)
+    assert none.returncode == 0 and Reservation.objects.filter(status="active").count() == 1
