@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import logging
 
+from django.core.exceptions import BadRequest, RequestDataTooBig, SuspiciousOperation
 from django.db import DataError
 from django.http import Http404, JsonResponse
+from django.http.multipartparser import MultiPartParserError
 from ninja import NinjaAPI
 from ninja.errors import HttpError, ValidationError
+from ninja.parser import Parser as JSONParser
 
 from leaderboards.errors import Refused
 
@@ -39,16 +42,36 @@ def data_error_message(exc: DataError) -> str:
     return "The request holds a value the database cannot store or compare."
 
 
+class NotAnObject(ValueError):
+    """A JSON body that is not an object: every body of both APIs is one (ninja would read `[]` as no fields)."""
+
+
+class ObjectBodies(JSONParser):
+    def parse_body(self, request):
+        data = super().parse_body(request)
+        if not isinstance(data, dict):
+            raise NotAnObject(f"The request body must be a JSON object, not {type(data).__name__} "
+                              f"({request.body[:40].decode(errors='replace')}).")
+        return data
+
+
 def refusal(exc: Exception) -> tuple[str, int, dict[str, str]] | None:
     """(message, status, headers) for an exception that is an answer to the client; None for a server error."""
     if isinstance(exc, Refused):
         return exc.message, exc.status, {"Retry-After": str(exc.retry_after)} if exc.retry_after else {}
-    if isinstance(exc, HttpError):
-        return str(exc.message), exc.status_code, {}
+    if isinstance(exc, HttpError):  # ninja says "Cannot parse request body" for what the parser refused
+        cause = exc.__cause__
+        return str(cause if isinstance(cause, NotAnObject) else exc.message), exc.status_code, {}
     if isinstance(exc, Http404):
         return str(exc) or "Not found.", 404, {}
     if isinstance(exc, DataError):  # e.g. a NUL byte in a name: the database refuses the value itself
         return data_error_message(exc), 400, {}
+    if isinstance(exc, MultiPartParserError):  # Django's own views answer these 400 too
+        return f"The multipart body cannot be read: {exc}", 400, {}
+    if isinstance(exc, RequestDataTooBig):
+        return f"The request body is too large: {exc}", 413, {}
+    if isinstance(exc, SuspiciousOperation | BadRequest):  # too many fields or files, …
+        return f"Bad request: {exc}", 400, {}
     return None
 
 
@@ -64,6 +87,8 @@ def error_response(exc: Exception) -> JsonResponse:
 def install_error_handlers(api: NinjaAPI, *, validation_status: int = 422) -> None:
     """Invalid input is `validation_status` with one string naming each bad field (popcorn-cli prints `detail`
     only when it is a string, and wants a 400)."""
+    api.parser = ObjectBodies()
+
     def answer(request, exc: Exception):
         found = refusal(exc)
         if found is None and connection_lost(exc):

@@ -12,14 +12,20 @@ from pydantic import AfterValidator, ValidationInfo
 from .errors import Refused
 
 
-def storable(value: str, info: ValidationInfo) -> str:
-    if "\x00" in value:  # Refused, not ValueError: pydantic lets it through, so it is a 400 on both APIs (not a 422)
-        raise Refused(f"'{info.field_name}' holds a NUL byte, which no name, text or path can contain.")
+def check_storable(field: str, value: str) -> str:
+    """The same door for text that does not come through a schema (forms, Slack's commands): Refused, a 400."""
+    if "\x00" in value:
+        raise Refused(f"'{field}' holds a NUL byte, which no name, text or path can contain.")
     try:
         value.encode()
     except UnicodeEncodeError:
-        raise Refused(f"'{info.field_name}' holds a character that cannot be stored (a lone surrogate).") from None
+        raise Refused(f"'{field}' holds a character that cannot be stored (a lone surrogate).") from None
     return value
+
+
+def storable(value: str, info: ValidationInfo) -> str:
+    # Refused, not ValueError: pydantic lets it through, so it is a 400 on both APIs (not a 422)
+    return check_storable(info.field_name, value)
 
 
 Text = Annotated[str, AfterValidator(storable)]

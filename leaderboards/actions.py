@@ -17,7 +17,7 @@ from runners.models import GpuType
 from runners.queue import enqueue_on_commit
 
 from . import lifecycle, precheck
-from .access.actions import check_may_submit
+from .access.actions import check_may_submit, lock_quota
 from .access.authority import access_leaderboard
 from .access.cache import cached, key
 from .errors import SubmissionRejected
@@ -124,13 +124,27 @@ def do_submit(user, request: SubmissionRequest) -> Submission:
         Profile.objects.get_or_create(user=user, defaults={"display_name": user.get_username()})
     insert = _insert_in_one_statement if connection.vendor == "postgresql" else _insert_with_orm
     try:
-        submission = insert(user, request, Code.digest(request.code), timezone.now())
+        with transaction.atomic():
+            lock_quota(user, request.leaderboard, request.mode)  # the quota counted again, one at a time
+            submission = insert(user, request, Code.digest(request.code), timezone.now())
     except IntegrityError as exc:  # the leaderboard, problem or GPU type was deleted after check_submission
         raise SubmissionRejected(f"Leaderboard '{request.leaderboard.name}' changed while your submission was "
                                  "being saved; submit again.", 409) from exc
     for run in submission.new_runs:
         enqueue_on_commit(lifecycle.DISPATCH_TASK, run.pk)
     return submission
+
+
+def do_delete_leaderboard(leaderboard: Leaderboard, *, force: bool = False) -> int:
+    """Delete a leaderboard with its entries (and, with `force`, its submissions and runs); the number of
+    submissions deleted. Refused (409) when it has submissions and `force` is not given."""
+    with transaction.atomic():
+        count = leaderboard.submissions.count()
+        if count and not force:
+            raise SubmissionRejected(f"Leaderboard '{leaderboard.name}' has {count} submissions; pass force to "
+                                     "delete them too.", 409)
+        leaderboard.delete()
+    return count
 
 
 def _on_finish(request: SubmissionRequest) -> str:

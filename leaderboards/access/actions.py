@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import hmac
+import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.cache import cache
 from django.db import transaction
 from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Min
@@ -32,8 +35,12 @@ from .models import (
     new_secret,
 )
 
+log = logging.getLogger(__name__)
+
 LAST_USED_RESOLUTION = timedelta(seconds=60)
 MAX_DAYS = 3650  # longest token or invite lifetime
+CLI_LOGINS_PER_MINUTE = 30  # anonymous CLI logins started per client address (REMOTE_ADDR)
+CLI_LOGINS_PENDING = 10_000  # unlinked ones in all (each is pruned after a day)
 MAX_INVITE_USES = 10**6
 MAX_TOKEN_NAME = ApiToken._meta.get_field("name").max_length
 
@@ -84,10 +91,32 @@ def is_pending_login(raw: str | None) -> bool:
     return bool(raw) and PendingLogin.objects.filter(digest=digest(raw.strip()), token__isnull=True).exists()
 
 
-def do_start_cli_login(provider: str) -> str:
+def check_cli_login_rate(address: str) -> None:
+    """Anyone may start a CLI login, and each writes a row: at most CLI_LOGINS_PER_MINUTE per client address (a
+    fixed window in the cache) and CLI_LOGINS_PENDING unlinked ones in all, else 429 with Retry-After."""
+    window = int(time.time() // 60)
+    name = key("cli-logins", address, window)
+    count = 0
+    try:
+        cache.add(name, 0, 120)
+        count = cache.incr(name)
+    except ValueError:  # the key expired between add and incr
+        count = 1
+    except Exception as exc:  # noqa: BLE001 - the cache away: the table's cap below still holds
+        log.warning("cli login rate not counted (%r)", exc)
+    retry = 60 - int(time.time()) % 60 + 1
+    if count > CLI_LOGINS_PER_MINUTE:
+        raise AccessDenied(f"Too many CLI logins from your address: at most {CLI_LOGINS_PER_MINUTE} a minute; retry "
+                           f"in {retry} s.", 429, retry_after=retry)
+    if PendingLogin.objects.filter(token__isnull=True).count() >= CLI_LOGINS_PENDING:
+        raise AccessDenied("Too many CLI logins are waiting to be linked; retry in a minute.", 429, retry_after=60)
+
+
+def do_start_cli_login(provider: str, address: str = "") -> str:
     """popcorn `/auth/init`: a new pending id; the CLI stores it as its cli_id until a user binds it."""
     if provider not in ("discord", "github"):
         raise AccessDenied(f"Unknown provider '{provider}'; use discord or github.")
+    check_cli_login_rate(address)
     PendingLogin.objects.filter(token__isnull=True, created__lt=timezone.now() - timedelta(days=1)).delete()
     raw = new_secret()
     PendingLogin.objects.create(digest=digest(raw), provider=provider)
@@ -152,15 +181,22 @@ def check_may_submit(user, leaderboard: Leaderboard, mode: str) -> None:
         where = f"'{leaderboard.name}'" if ban.leaderboard_id else "all leaderboards"
         raise SubmissionRejected(f"You are banned from submitting to {where}"
                                  + (f": {ban.reason}" if ban.reason else "") + ".", 403)
+    check_quota(user, leaderboard, mode, quotas)
+
+
+def check_quota(user, leaderboard: Leaderboard, mode: str, quotas: dict | None = None) -> None:
     kind = quota_kind(mode)
+    if quotas is None:
+        quotas = cached(key("quotas", leaderboard.pk), lambda: _quotas(leaderboard.pk))
     limit, window = quotas.get(kind) or settings.SUBMISSION_QUOTAS[kind]
     if not limit:
         return
     modes = [SubmissionMode.LEADERBOARD] if kind == QuotaKind.RANKED else \
         [m for m in SubmissionMode.values if m != SubmissionMode.LEADERBOARD]
     since = timezone.now() - timedelta(seconds=window)
-    recent = Submission.objects.filter(user=user, leaderboard=leaderboard, mode__in=modes, created__gte=since) \
-        .exclude(runs__problem_error=True)  # a run the problem's own code broke is not charged
+    recent = Submission.objects.filter(user=user, leaderboard=leaderboard, mode__in=modes, created__gte=since,
+                                       final_entry__isnull=True) \
+        .exclude(runs__problem_error=True)  # a run the problem's own code broke is not charged; nor a final re-run
     stats = recent.aggregate(n=Count("pk"), oldest=Min("created"))
     if stats["n"] >= limit:
         retry = max(1, int((stats["oldest"] + timedelta(seconds=window) - timezone.now()).total_seconds()) + 1)
@@ -168,6 +204,18 @@ def check_may_submit(user, leaderboard: Leaderboard, mode: str) -> None:
             f"Rate limit: at most {limit} {kind} submission(s) per {window // 60 or window} "
             f"{'minutes' if window >= 60 else 'seconds'} on '{leaderboard.name}'; retry in {retry} s.",
             429, retry_after=retry)
+
+
+def lock_quota(user, leaderboard: Leaderboard, mode: str) -> None:
+    """Inside the transaction that writes a submission: take the user's lock (a no-op write to their user row, which
+    waits for any other transaction of theirs holding it, on PostgreSQL and SQLite alike) and count again, so
+    submissions sent at once cannot all pass a quota that has room for fewer. Nothing is locked where no quota
+    applies."""
+    quotas = cached(key("quotas", leaderboard.pk), lambda: _quotas(leaderboard.pk))
+    limit, _ = quotas.get(quota_kind(mode)) or settings.SUBMISSION_QUOTAS[quota_kind(mode)]
+    if limit:
+        get_user_model().objects.filter(pk=user.pk).update(is_active=F("is_active"))
+        check_quota(user, leaderboard, mode, quotas)
 
 
 # --- invitations and bans -----------------------------------------------------------------------

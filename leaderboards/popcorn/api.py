@@ -13,7 +13,6 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AnonymousUser
-from django.db import transaction
 from django.db.models import Count, Q
 from django.http import Http404, HttpRequest
 from django.urls import reverse
@@ -126,7 +125,7 @@ def check_directives(content: bytes, leaderboard: str, gpu: str) -> None:
 
 def accept(user, leaderboard: str, gpu: str, mode: str, file_name: str, content: bytes) -> Submission:
     check_directives(content, leaderboard, gpu)
-    request = actions.check_submission(user, leaderboard, [gpu], mode.lower(), file_name, content)
+    request = actions.check_submission(user, leaderboard, [gpu], mode, file_name, content)
     return actions.do_submit(user, request)
 
 
@@ -196,7 +195,7 @@ def join(request, body: JoinIn):
 # --- registration ---------------------------------------------------------------------------------
 @api.get("/auth/init", auth=None)
 def auth_init(request, provider: str):
-    return {"state": access.do_start_cli_login(provider)}
+    return {"state": access.do_start_cli_login(provider, request.META.get("REMOTE_ADDR", ""))}
 
 
 @api.get("/auth/cli/{provider}", auth=None)
@@ -261,17 +260,22 @@ class CreateLeaderboardIn(Schema):
     deadline: datetime | None = None
     gpus: list[Text] | None = None
     force: bool = False
+    past_deadline: bool = False  # as the admin form's tick: a deadline in the past closes the board at once
 
 
 def inside_problems_dir(relative: str) -> Path:
     if "\x00" in relative:
         raise HttpError(400, "'directory' holds a NUL byte, which no path can contain.")
     root = settings.PROBLEMS_DIR.resolve()
-    target = (root / relative).resolve()
-    if root != target and root not in target.parents:
-        raise HttpError(400, f"'{relative}' is outside the problems directory.")
-    if not target.exists():
-        raise HttpError(404, f"'{relative}' does not exist under the problems directory.")
+    try:
+        target = (root / relative).resolve()
+        if root != target and root not in target.parents:
+            raise HttpError(400, f"'{relative[:200]}' is outside the problems directory.")
+        exists = target.exists()
+    except OSError as exc:  # a name longer than the file system allows, …
+        raise HttpError(400, f"'directory' is not a usable path: {exc.strerror}.") from None
+    if not exists:
+        raise HttpError(404, f"'{relative[:200]}' does not exist under the problems directory.")
     return target
 
 
@@ -283,6 +287,9 @@ def admin_create_leaderboard(request, body: CreateLeaderboardIn):
         deadline = body.deadline or (timezone.now() + timedelta(days=365))
         if deadline.tzinfo is None:
             deadline = deadline.replace(tzinfo=UTC)
+        if deadline <= timezone.now() and not body.past_deadline:
+            raise HttpError(400, f"deadline {deadline:%Y-%m-%d %H:%M} UTC is in the past: the leaderboard would be "
+                            "closed at once. Correct it, or send past_deadline=true.")
         report = do_import_task(task, leaderboard=body.name or target.name.replace("_", "-"), deadline=deadline,
                                 gpus=body.gpus, force=body.force)
     except TaskFileError as exc:
@@ -297,11 +304,7 @@ def admin_delete_leaderboard(request, name: str, force: bool = False):
     leaderboard = Leaderboard.objects.filter(name=name).first()
     if leaderboard is None:
         raise Http404(f"Unknown leaderboard '{name}'.")
-    count = leaderboard.submissions.count()
-    if count and not force:
-        raise HttpError(409, f"Leaderboard '{name}' has {count} submissions; pass force=true to delete them too.")
-    with transaction.atomic():
-        leaderboard.delete()
+    count = actions.do_delete_leaderboard(leaderboard, force=force)
     return {"status": "ok", "leaderboard": name, "deleted_submissions": count}
 
 

@@ -78,10 +78,10 @@ def form_minutes(data, default: str = "60") -> int:
 def form_request(data) -> actions.ReserveRequest:
     texts = {name: check_storable(name, data.get(name, "")) for name in ("gpu_type", "project", "pool")}
     try:
-        count = int(data.get("gpu_count", 1))
+        count, nodes = int(data.get("gpu_count", 1)), int(data.get("nodes", 1) or 1)
     except ValueError:
-        raise Refused("GPUs must be a whole number.", 400) from None
-    return actions.ReserveRequest(gpu_count=count, minutes=form_minutes(data), **texts)
+        raise Refused("GPUs and nodes must be whole numbers.", 400) from None
+    return actions.ReserveRequest(gpu_count=count, nodes=nodes, minutes=form_minutes(data), **texts)
 
 
 def preview(request: HttpRequest) -> dict:
@@ -91,7 +91,7 @@ def preview(request: HttpRequest) -> dict:
         pool, gpu_type = actions.check_reserve(request.user, req)
     except Refused as exc:
         return {"error": exc.message}
-    probe = planner.Request("probe", req.gpu_count, req.minutes * 60)
+    probe = planner.Request("probe", req.gpu_count, req.minutes * 60, nodes=req.nodes)
     placed = allocator.plan_queue(pool, gpu_type, timezone.now(), [probe])[0]["probe"]
     start = timezone.datetime.fromtimestamp(placed.start, tz=timezone.get_current_timezone()) if placed else None
     return {"request": req, "pool": pool.name, "gpu_type": gpu_type.name, "start": start}
@@ -169,7 +169,9 @@ def slack_signature_ok(request: HttpRequest) -> bool:
     """Signed with our secret within the window, and not seen before (a replay inside the window is refused)."""
     secret = settings.SLACK_SIGNING_SECRET
     stamp = request.headers.get("X-Slack-Request-Timestamp", "")
-    if not secret or not stamp.isdigit() or abs(time.time() - int(stamp)) > SLACK_WINDOW:
+    # a Unix time in ASCII digits (int() takes other scripts' digits; 400 of them overflow a float)
+    if not secret or not (stamp.isascii() and stamp.isdigit() and len(stamp) <= 12) \
+            or abs(time.time() - int(stamp)) > SLACK_WINDOW:
         return False
     base = b"v0:" + stamp.encode() + b":" + request.body
     expected = "v0=" + hmac.new(secret.encode(), base, hashlib.sha256).hexdigest()

@@ -3,12 +3,16 @@ close code) whose message names the problem, and no row of the main tables is wr
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import html
 import io
 import json
+import time
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from urllib.parse import urlencode
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -143,6 +147,34 @@ def site_submit(**fields):
     return send
 
 
+def v1_raw(path: str, body: bytes, content_type: str, token: bool = True):
+    def send(c: Ctx):
+        headers = {"Authorization": f"Bearer {c.token}"} if token else {}
+        return c.client.generic("POST", f"/api/v1/{path}", body, content_type=content_type, headers=headers)
+    return send
+
+
+def v1_multipart(filename: str):
+    def send(c: Ctx):
+        body, content_type = multipart(GOOD, filename)
+        return c.client.generic("POST", "/api/v1/submissions", body, content_type=content_type,
+                                headers={"Authorization": f"Bearer {c.token}"})
+    return send
+
+
+def slack(text: str, stamp: str | None = None):
+    def send(c: Ctx):
+        from django.conf import settings
+
+        settings.SLACK_SIGNING_SECRET = "s3cret"
+        body = urlencode({"command": "/gpu-usage", "text": text})
+        when = stamp or str(int(time.time()))
+        signature = "v0=" + hmac.new(b"s3cret", f"v0:{when}:{body}".encode(), hashlib.sha256).hexdigest()
+        return c.client.post("/gpus/slack", body, content_type="application/x-www-form-urlencoded",
+                             headers={"X-Slack-Signature": signature, "X-Slack-Request-Timestamp": when})
+    return send
+
+
 def site(method: str, path: str, data: dict | None = None):
     def send(c: Ctx):
         return getattr(c.client, method)(path.format(lb=c.board), data or {})
@@ -190,6 +222,13 @@ CASES: dict[str, tuple[Callable, int, str]] = {
        for kind, name, fragment in [("NUL in", NUL, "is not a valid leaderboard name"),
                                     ("over-long", "a" * 101, "at most 100 characters"),
                                     ("non-slug", "Vector Add!", "Vector Add!")]},
+    "popcorn admin: 3,000-character directory": (
+        pop("post", "admin/update-problems?directory=" + "d" * 3000, headers=ADMIN), 400, "not a usable path"),
+    "popcorn admin: leaderboard deadline in 1970": (
+        pop("post", "admin/leaderboards", {"directory": "demo/vectoradd_py", "name": "old",
+                                           "deadline": "1970-01-01T00:00:00Z"}, ADMIN), 400, "is in the past"),
+    "popcorn submit: upper-case mode": (pop_submit("{lb}", "CPU", "LEADERBOARD", GOOD), 400,
+                                        "Unknown mode 'LEADERBOARD'"),
     "popcorn admin: gpus wrong type": (pop("post", "admin/leaderboards", {"directory": "demo", "gpus": 3},
                                            ADMIN), 400, "gpus"),
     "popcorn admin: NUL in invite board": (pop("post", "admin/invites", {"leaderboard": NUL}, ADMIN), 400,
@@ -215,6 +254,10 @@ CASES: dict[str, tuple[Callable, int, str]] = {
     "v1 submit: empty file": (v1_submit(file=b""), 400, "is empty"),
     "v1 submit: non-UTF-8 file": (v1_submit(file=b"x = '\xff'\n"), 400, "not UTF-8"),
     "v1 submit: NUL in code": (v1_submit(file=b"x = 1\x00\n"), 400, "NUL byte"),
+    "v1 submit: 100 kB file name": (v1_multipart("k" * 100_000 + ".py"), 400, "multipart body cannot be read"),
+    "v1 submit: multipart without a boundary": (v1_raw("submissions", b"--x\r\n", "multipart/form-data"), 400,
+                                                "multipart body cannot be read"),
+    "v1 tokens: a JSON list as body": (v1("post", "tokens", []), 400, "JSON object"),
     "v1 list: huge offset": (v1("get", f"submissions?offset={HUGE}"), 400, "offset must be between"),
     "v1 list: word as limit": (v1("get", "submissions?limit=abc"), 422, "Invalid request: limit"),
     "v1 get: huge id": (v1("get", f"submissions/{HUGE}"), 404, f"Submission {HUGE}"),
@@ -232,7 +275,14 @@ CASES: dict[str, tuple[Callable, int, str]] = {
                                            400, "NUL byte"),
     "v1 password login: lone surrogate in username": (
         v1("post", "auth/password", {"username": SURROGATE, "password": "x"}), 400, "cannot be stored"),
+    # Slack's signed slash command (anyone can send the timestamp)
+    "slack: 400-digit timestamp": (slack("project", stamp="9" * 400), 401, "invalid signature"),
+    "slack: NUL in a signed command": (slack("project cluster=a\x00b"), 400, "NUL byte"),
     # the site's forms and pages (logged in)
+    "site reserve: NUL in GPU type": (site("post", "/gpus/reserve", {"gpu_type": NUL, "gpu_count": "1",
+                                                                     "minutes": "60"}), 400, "NUL byte"),
+    "site reserve: NUL in project": (site("post", "/gpus/reserve", {"gpu_type": "CPU", "gpu_count": "1",
+                                                                    "minutes": "60", "project": NUL}), 400, "NUL byte"),
     "site submit: NUL in leaderboard": (site_submit(leaderboard=NUL), 400, "Null characters are not allowed"),
     "site submit: NUL in code": (site_submit(code="x = 1\x00\n"), 400,
                                      "<li>Null characters are not allowed.</li></ul>"),  # that message alone
