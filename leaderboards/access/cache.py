@@ -8,11 +8,17 @@ process; with per-process caches at once in the process that made it and within 
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Callable
+from contextlib import contextmanager
 from typing import Any
 
 from django.core.cache import cache
+from django_redis.exceptions import ConnectionInterrupted
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
+log = logging.getLogger(__name__)
 SETTINGS_TTL = 2.0  # seconds a process may act on a stale token, leaderboard, jobs switch, quota or ban
 
 
@@ -30,28 +36,45 @@ def token_key(digest: str) -> str:
     return key("token", digest)
 
 
+@contextmanager
+def _unless_away(doing: str):
+    """A cache that cannot be reached (Redis restarting, a network cut) is a cache that has nothing: every value is
+    read from the database meanwhile, and requests go on."""
+    try:
+        yield
+    except (ConnectionInterrupted, RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        log.warning("cache unreachable while %s (%r); reading the database", doing, exc)
+
+
 def cached(name: str, compute: Callable[[], Any], timeout: float = SETTINGS_TTL) -> Any:
     """The cached value, or `compute()` stored for `timeout` seconds. None (nothing found) is not stored."""
-    value = cache.get(name)
+    value = None
+    with _unless_away("reading"):
+        value = cache.get(name)
     if value is None:
         value = compute()
         if value is not None:
-            cache.set(name, value, timeout)
+            with _unless_away("writing"):
+                cache.set(name, value, timeout)
     return value
 
 
 def cached_many(computes: dict[str, Callable[[], Any]], timeout: float = SETTINGS_TTL) -> dict[str, Any]:
     """`cached` for several keys in one round trip to the cache."""
-    found = cache.get_many(list(computes))
+    found: dict[str, Any] = {}
+    with _unless_away("reading"):
+        found = cache.get_many(list(computes))
     missing = {name: compute() for name, compute in computes.items() if name not in found}
     if fresh := {name: value for name, value in missing.items() if value is not None}:
-        cache.set_many(fresh, timeout)
+        with _unless_away("writing"):
+            cache.set_many(fresh, timeout)
     return found | missing
 
 
 def forget(*names: str) -> None:
     if names:
-        cache.delete_many(list(names))
+        with _unless_away("forgetting"):
+            cache.delete_many(list(names))
 
 
 # --- targeted invalidation (signal receivers) -----------------------------------------------------------------
