@@ -9,7 +9,8 @@
 kept, compression finds nothing), one after the holds on a tenth of the nodes end at half their time (compression
 moves starts earlier); then the same pass through the database (`actions.do_plan`: locks, reads the holds and the
 queue, writes every planned start) on PostgreSQL. Target: ≤ 100 ms per pass.
-`promises`: `--queues` random queues (1-4 nodes of 1-8 GPUs), each 30 steps of new requests, extensions (refused
+`promises`: `--queues` random queues (1-4 nodes of 1-8 GPUs; a quarter of the requests over 2 nodes where there
+are 2), each 30 steps of new requests, extensions (refused
 when they would delay a promise, as `actions.do_extend` does) and time passing to the next end or promised start,
 half the holds ending early; after every pass, each queued request's start is checked against its promise. Prints
 the violations (target: 0) and how often a start moved earlier.
@@ -141,7 +142,8 @@ def one_queue(rng: random.Random, steps: int = 30) -> tuple[int, int, int]:
     for _ in range(steps):
         roll = rng.random()
         if roll < 0.5:
-            queue[key] = Request(key, rng.randint(1, per), rng.choice((600, 1800, 3600, 7200)) * rng.uniform(.5, 1.5))
+            queue[key] = Request(key, rng.randint(1, per), rng.choice((600, 1800, 3600, 7200)) * rng.uniform(.5, 1.5),
+                                 nodes=rng.choice((1, 1, 1, 2)) if nodes > 1 else 1)
             key += 1
         elif roll < 0.65 and holds:  # extend a holder, unless a promise would move later
             holder, more = holds[rng.choice(sorted(holds))][2], rng.choice((300, 1800))
@@ -168,7 +170,7 @@ def one_queue(rng: random.Random, steps: int = 30) -> tuple[int, int, int]:
                 holds.update({d: (now + r.seconds, real, k) for d in p.devices})
                 del queue[k]
             else:
-                queue[k] = Request(k, r.count, r.seconds, p.start, p.devices)
+                queue[k] = Request(k, r.count, r.seconds, p.start, p.devices, r.nodes)
     return checked, violations, earlier
 
 

@@ -36,11 +36,13 @@ def parse_duration(text: str) -> int:
 
 
 def status_line(r: dict[str, Any]) -> str:
-    base = f"#{r['id']} {r['gpu_count']}× {r['gpu_type']} on {r['pool']} ({r['project']}): {r['status']}"
+    nodes = f" × {r['nodes']} nodes" if r.get("nodes", 1) > 1 else ""
+    base = f"#{r['id']} {r['gpu_count']}× {r['gpu_type']}{nodes} on {r['pool']} ({r['project']}): {r['status']}"
     if r["status"] == "pending":
         return f"{base}, starts {when(r['planned_start'])}"
     if r["status"] == "active":
-        return f"{base} on {r['hostname']} GPUs {','.join(map(str, r['gpus']))} until {when(r['ends_at'])}"
+        hosts = ",".join(r.get("hostnames") or [r["hostname"]])
+        return f"{base} on {hosts} GPUs {','.join(map(str, r['gpus']))} until {when(r['ends_at'])}"
     return base + (f": {r['failure']}" if r["failure"] else "")
 
 
@@ -66,7 +68,8 @@ def availability(minutes: int = typer.Option(60, help="Duration the ETAs assume.
 
 
 @app.command()
-def reserve(gpus: int = typer.Option(1, "--gpus", "-n", help="GPUs on one node."),
+def reserve(gpus: int = typer.Option(1, "--gpus", "-n", help="GPUs on each node."),
+            nodes: int = typer.Option(1, "--nodes", "-N", help="Nodes of one pool, all or nothing."),
             gpu_type: str = typer.Option(..., "--gpu", "-g", help="GPU type, e.g. H100."),
             duration: str = typer.Option("1h", "--duration", "-d", help="e.g. 90m, 2h, 1h30m, 0.25h."),
             project: str = typer.Option("", "--project", "-p", help="Label for usage reports."),
@@ -74,7 +77,7 @@ def reserve(gpus: int = typer.Option(1, "--gpus", "-n", help="GPUs on one node."
             wait: bool = typer.Option(True, help="Wait with a live status line until it is active.")) -> None:
     """Reserve GPUs; queued when none are free."""
     body = {"gpu_type": gpu_type, "gpu_count": gpus, "minutes": parse_duration(duration), "project": project,
-            "pool": pool}
+            "pool": pool, "nodes": nodes}
     with client() as c:
         r = check(c.post("/gpus/reservations", json=body))
         if r["status"] == "pending":

@@ -24,6 +24,7 @@ from .models import PoolPolicy, Reservation, ReservationStatus
 def details(r: Reservation) -> dict:
     return {"id": r.pk, "user": r.user.get_username(), "email": r.user.email, "project": r.project,
             "pool": r.pool.name, "gpu_type": r.gpu_type.name, "hostname": r.node.hostname if r.node else "",
+            "hostnames": r.hostnames(), "nodes": r.node_count,
             "gpus": [g.index for g in r.gpus()] if r.node else [], "status": r.status,
             "started_at": r.started_at.isoformat() if r.started_at else None,
             "ends_at": r.ends_at.isoformat() if r.ends_at else None}
@@ -35,12 +36,12 @@ class HookAccess:
 
     def describe(self, r: Reservation) -> dict:
         info = details(r)
-        values = {**info, "gpus": ",".join(map(str, info["gpus"]))}
+        values = {**info, "gpus": ",".join(map(str, info["gpus"])), "hostnames": ",".join(info["hostnames"])}
         try:
             text = self.policy.access_note.format(**values)
         except (KeyError, IndexError, ValueError):
             text = self.policy.access_note
-        return {"note": text, "hostname": info["hostname"], "gpus": info["gpus"]}
+        return {"note": text, "hostname": info["hostname"], "hostnames": info["hostnames"], "gpus": info["gpus"]}
 
     def run(self, r: Reservation, phase: str) -> tuple[bool, str]:
         """Run the phase's hook; (ok, output tail). No hook configured: ok."""
@@ -102,8 +103,9 @@ class SlurmAccess(HookAccess):
         if not job:
             gpus = r.gpu_count if r.gpu_type.vendor != GpuVendor.CPU else 0
             out = self.backend.call([
-                "sbatch", "--parsable", "--export=NIL", f"--job-name={self.job_name(r)}", "--no-requeue", "--nodes=1",
-                "--ntasks=1", f"--nodelist={r.node.hostname}", f"--time={self.limit(r.ends_at)}",
+                "sbatch", "--parsable", "--export=NIL", f"--job-name={self.job_name(r)}", "--no-requeue",
+                f"--nodes={r.node_count}", f"--ntasks={r.node_count}", "--ntasks-per-node=1",
+                f"--nodelist={','.join(r.hostnames())}", f"--time={self.limit(r.ends_at)}",
                 "--output=/dev/null", "--error=/dev/null", *self.backend.placement_args(r.gpu_type.name, gpus),
                 "--wrap", "sleep infinity"])
             if out.returncode != 0:

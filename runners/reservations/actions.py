@@ -35,10 +35,11 @@ NOTIFIERS: list[Callable[[object, str], None]] = []
 @dataclass
 class ReserveRequest:
     gpu_type: str
-    gpu_count: int
+    gpu_count: int  # on each node
     minutes: int
     project: str = ""
     pool: str = ""
+    nodes: int = 1  # all or nothing, on nodes of one pool
 
 
 def find_gpu_type(name: str) -> GpuType:
@@ -53,21 +54,23 @@ def reservable_pools(gpu_type: GpuType) -> list[GpuPool]:
     return list(GpuPool.objects.serving(gpu_type).filter(reservation_policy__reservable=True).order_by("pk"))
 
 
-def node_size(pool: GpuPool, gpu_type: GpuType) -> int:
-    """The most devices of the type reservations may take on one node of the pool."""
+def node_sizes(pool: GpuPool, gpu_type: GpuType) -> list[int]:
+    """Per node of the pool, the devices of the type reservations may take there (largest first)."""
     gpus = allocator.devices(pool, gpu_type)
     kept = allocator.kept_for_competitions(PoolPolicy.objects.filter(pool=pool).first(), gpus)
     per_node: dict[int, int] = {}
     for g in gpus:
         if g.pk not in kept:
             per_node[g.node_id] = per_node.get(g.node_id, 0) + 1
-    return max(per_node.values(), default=0)
+    return sorted(per_node.values(), reverse=True)
 
 
 def check_reserve(user, req: ReserveRequest) -> tuple[GpuPool, GpuType]:
     gpu_type = find_gpu_type(req.gpu_type)
     if req.gpu_count < 1:
         raise Refused(f"gpu_count must be at least 1; got {req.gpu_count}.", 400)
+    if req.nodes < 1:
+        raise Refused(f"nodes must be at least 1; got {req.nodes}.", 400)
     if req.minutes < 1:
         raise Refused(f"The duration must be at least 1 minute; got {req.minutes}.", 400)
     if len(req.project) > 60:
@@ -79,11 +82,15 @@ def check_reserve(user, req: ReserveRequest) -> tuple[GpuPool, GpuType]:
             raise Refused(f"No reservable pool '{req.pool}' serves {gpu_type}.", 400)
     if not pools:
         raise Refused(f"No pool lends {gpu_type} GPUs for reservations.", 400)
-    sizes = {p.pk: node_size(p, gpu_type) for p in pools}
-    fitting = [p for p in pools if sizes[p.pk] >= req.gpu_count]
-    if not fitting:
+    sizes = {p.pk: node_sizes(p, gpu_type) for p in pools}
+    fitting = [p for p in pools if len([n for n in sizes[p.pk] if n >= req.gpu_count]) >= req.nodes]
+    if not fitting and req.nodes == 1:
         raise Refused(f"{req.gpu_count} {gpu_type} GPUs do not fit on one node: a node lends at most "
-                      f"{max(sizes.values())}.", 400)
+                      f"{max((s[0] for s in sizes.values() if s), default=0)}.", 400)
+    if not fitting:
+        most = max(len([n for n in s if n >= req.gpu_count]) for s in sizes.values())
+        raise Refused(f"{req.nodes} nodes with {req.gpu_count} {gpu_type} GPUs each do not fit in one pool: at most "
+                      f"{most} nodes lend {req.gpu_count}.", 400)
     fitting = [p for p in fitting if req.minutes <= p.reservation_policy.max_duration_minutes]
     if not fitting:
         longest = max(p.reservation_policy.max_duration_minutes for p in pools)
@@ -92,18 +99,18 @@ def check_reserve(user, req: ReserveRequest) -> tuple[GpuPool, GpuType]:
     if len(fitting) == 1:
         return fitting[0], gpu_type
     now = timezone.now()  # several pools: the one whose queue starts it first
-    probe = planner.Request("probe", req.gpu_count, req.minutes * 60)
+    probe = planner.Request("probe", req.gpu_count, req.minutes * 60, nodes=req.nodes)
     starts = {p.pk: allocator.plan_queue(p, gpu_type, now, [probe])[0]["probe"] for p in fitting}
     return min(fitting, key=lambda p: (starts[p.pk].start if starts[p.pk] else float("inf"), p.pk)), gpu_type
 
 
 def check_policy(user, policy: PoolPolicy, gpu_count: int, minutes: int, exclude: int | None = None) -> None:
     mine = Reservation.objects.open().filter(user=user, pool=policy.pool).exclude(pk=exclude)
-    gpus = sum(r.gpu_count for r in mine) + gpu_count
+    gpus = sum(r.total_gpus for r in mine) + gpu_count
     if gpus > policy.max_gpus_per_user:
         raise Refused(f"Pool {policy.pool.name} lends at most {policy.max_gpus_per_user} GPUs per user at once; "
                       f"this would make {gpus}.", 409)
-    hours = sum(r.gpu_count * r.minutes for r in mine) / 60 + gpu_count * minutes / 60
+    hours = sum(r.total_gpus * r.minutes for r in mine) / 60 + gpu_count * minutes / 60
     if hours > policy.max_gpu_hours_per_user + 1e-9:
         raise Refused(f"Pool {policy.pool.name} lends at most {policy.max_gpu_hours_per_user:g} GPU-hours per user "
                       f"at once; this would make {hours:g}.", 409)
@@ -130,13 +137,15 @@ def do_reserve(user, req: ReserveRequest) -> Reservation:
     with transaction.atomic():
         lock_user(user)
         policy = PoolPolicy.objects.get(pool=pool)
-        check_policy(user, policy, req.gpu_count, req.minutes)
+        check_policy(user, policy, req.gpu_count * req.nodes, req.minutes)
         now = timezone.now()
         reservation = Reservation.objects.create(
             user=user, project=req.project or user.get_username(), pool=pool, gpu_type=gpu_type,
-            gpu_count=req.gpu_count, minutes=req.minutes, created=now,
+            gpu_count=req.gpu_count, node_count=req.nodes, minutes=req.minutes, created=now,
             status_deadline=now + timedelta(minutes=policy.max_queue_minutes))
-        note(reservation, "queued", f"Requested {req.gpu_count}× {gpu_type} for {req.minutes} min on {pool.name}.")
+        nodes = f" on each of {req.nodes} nodes" if req.nodes > 1 else ""
+        note(reservation, "queued", f"Requested {req.gpu_count}× {gpu_type}{nodes} for {req.minutes} min on "
+             f"{pool.name}.")
     plan_unless_busy(pool, gpu_type)
     reservation.refresh_from_db()
     return reservation
@@ -220,7 +229,8 @@ def plan_locked(policy: PoolPolicy, gpu_type: GpuType, now: datetime) -> list[Re
     for r in started:
         r.access = access_info(r, policy)
         r.save(update_fields=["access"])
-        note(r, "active", f"Active on {r.node.hostname} until {r.ends_at:%Y-%m-%d %H:%M} UTC.", notify=True)
+        note(r, "active", f"Active on {', '.join(r.hostnames())} until {r.ends_at:%Y-%m-%d %H:%M} UTC.",
+             notify=True)
         enqueue_on_commit("runners.reservations.tasks.run_hook", r.pk, "start")
     return started
 
@@ -314,7 +324,7 @@ def do_extend(user, reservation_id: int, minutes: int) -> Reservation:
             raise Refused(f"{total} minutes in all is past pool {policy.pool.name}'s maximum of "
                           f"{policy.max_duration_minutes} minutes.", 409)
         lock_user(user)  # policy row, device rows, reservation rows, user row: the one lock order
-        check_policy(user, policy, r.gpu_count, total, exclude=r.pk)
+        check_policy(user, policy, r.total_gpus, total, exclude=r.pk)
         delayed = delays_if_extended(r, minutes, now)
         if delayed and max(delayed.values()) > policy.extend_max_delay_minutes * 60:
             worst = max(delayed.values())
@@ -354,7 +364,8 @@ def delays_if_extended(r: Reservation, minutes: int, now: datetime) -> dict[int,
         if hold.reservation_id == r.pk:
             hold.ends = hold.ends + timedelta(minutes=minutes)
     queue = allocator.requests(Reservation.objects.queue(r.pool, r.gpu_type))
-    longer = [planner.Request(q.key, q.count, q.seconds + minutes * 60) if q.key == r.pk else q for q in queue]
+    longer = [planner.Request(q.key, q.count, q.seconds + minutes * 60, nodes=q.nodes) if q.key == r.pk else q
+              for q in queue]
     after = planner.plan(now.timestamp(), allocator.planner_devices(gpus, kept, holds, now), longer)
     return {q.key: after[q.key].start - max(q.promise, now.timestamp()) for q in queue
             if q.key != r.pk and q.promise is not None and after[q.key]

@@ -75,7 +75,7 @@ def requests(queue: Iterable[Reservation]) -> list[planner.Request]:
     """The queue as the planner reads it: each request with the start and devices it was promised."""
     return [planner.Request(r.pk, r.gpu_count, r.minutes * 60,
                             to_seconds(r.planned_start) if r.planned_start and r.planned_gpus else None,
-                            tuple(r.planned_gpus) if r.planned_start else ()) for r in queue]
+                            tuple(r.planned_gpus) if r.planned_start else (), r.node_count) for r in queue]
 
 
 def plan_queue(pool: GpuPool, gpu_type: GpuType, now: datetime, extra: Iterable[planner.Request] = (),
@@ -96,7 +96,9 @@ def plan_queue(pool: GpuPool, gpu_type: GpuType, now: datetime, extra: Iterable[
 
 
 def activate(reservation: Reservation, gpus: list[Gpu], now: datetime) -> list[DeviceHold]:
-    """PENDING → ACTIVE with holds on `gpus` (the caller holds their row locks and the reservation's)."""
+    """PENDING → ACTIVE with holds on `gpus` (the caller holds their row locks and the reservation's); `node` is the
+    first of its nodes."""
+    gpus = sorted(gpus, key=lambda g: g.pk)
     reservation.update_status(ReservationStatus.ACTIVE, now=now, node_id=gpus[0].node_id, planned_start=None,
                               planned_gpus=[g.pk for g in gpus])
     return DeviceHold.objects.bulk_create(

@@ -34,10 +34,11 @@ class AvailabilityOut(Schema):
 
 class ReserveIn(Schema):
     gpu_type: str = Field(max_length=40)
-    gpu_count: int = Field(1, ge=-(2**31), le=2**31)
+    gpu_count: int = Field(1, ge=-(2**31), le=2**31, description="GPUs on each node")
     minutes: int = Field(ge=-(2**31), le=2**31)
     project: str = Field("", max_length=60)
     pool: str = Field("", max_length=60)
+    nodes: int = Field(1, ge=-(2**31), le=2**31, description="Nodes of one pool, all or nothing")
 
 
 class ExtendIn(Schema):
@@ -57,6 +58,7 @@ class ReservationOut(Schema):
     pool: str
     gpu_type: str
     gpu_count: int
+    nodes: int
     minutes: int
     status: str
     created: datetime
@@ -65,6 +67,7 @@ class ReservationOut(Schema):
     ends_at: datetime | None
     finished_at: datetime | None
     hostname: str
+    hostnames: list[str]
     gpus: list[int]
     access: dict
     failure: str
@@ -74,9 +77,10 @@ class ReservationOut(Schema):
 def reservation_out(r: Reservation) -> dict:
     """The one serialiser of a reservation (its holder's or staff's eyes only: `actions.access_reservation`)."""
     return {"id": r.pk, "user": r.user.get_username(), "project": r.project, "pool": r.pool.name,
-            "gpu_type": r.gpu_type.name, "gpu_count": r.gpu_count, "minutes": r.minutes, "status": r.status,
+            "gpu_type": r.gpu_type.name, "gpu_count": r.gpu_count, "nodes": r.node_count, "minutes": r.minutes,
+            "status": r.status,
             "created": r.created, "planned_start": r.planned_start, "started_at": r.started_at, "ends_at": r.ends_at,
-            "finished_at": r.finished_at, "hostname": r.node.hostname if r.node else "",
+            "finished_at": r.finished_at, "hostname": r.node.hostname if r.node else "", "hostnames": r.hostnames(),
             "gpus": [g.index for g in r.gpus()], "access": r.access if r.status == "active" else {},
             "failure": r.failure, "events": [{"kind": e.kind, "message": e.message, "created": e.created}
                                              for e in r.events.all()]}

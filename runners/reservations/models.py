@@ -88,7 +88,9 @@ class Reservation(models.Model):
     project = models.CharField(max_length=60, help_text="Label usage reports group by.")
     pool = models.ForeignKey(GpuPool, on_delete=models.PROTECT, related_name="reservations")
     gpu_type = models.ForeignKey(GpuType, on_delete=models.PROTECT, related_name="reservations")
-    gpu_count = models.PositiveSmallIntegerField(validators=[MinValueValidator(1)])
+    gpu_count = models.PositiveSmallIntegerField(validators=[MinValueValidator(1)], help_text="GPUs on each node.")
+    node_count = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(1)],
+                                                  help_text="Nodes, all or nothing, each with gpu_count GPUs.")
     minutes = models.PositiveIntegerField(help_text="Duration, extensions included.")
     status = models.CharField(max_length=10, choices=ReservationStatus.choices, default=ReservationStatus.PENDING,
                               db_index=True)
@@ -118,7 +120,18 @@ class Reservation(models.Model):
         return f"reservation {self.pk}: {self.gpu_count}× {self.gpu_type} {self.status}"
 
     def gpus(self) -> list[Gpu]:
-        return list(Gpu.objects.filter(pk__in=self.planned_gpus).order_by("index")) if self.node_id else []
+        return list(Gpu.objects.filter(pk__in=self.planned_gpus).select_related("node").order_by(
+            "node__hostname", "index")) if self.node_id else []
+
+    def hostnames(self) -> list[str]:
+        """Its nodes' names, the first node first (a request over several nodes has one `node`, the first)."""
+        names = [g.node.hostname for g in self.gpus()]
+        first = [self.node.hostname] if self.node_id else []
+        return list(dict.fromkeys(first + sorted(names)))
+
+    @property
+    def total_gpus(self) -> int:
+        return self.gpu_count * self.node_count
 
     @property
     def is_open(self) -> bool:

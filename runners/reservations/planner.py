@@ -29,10 +29,11 @@ class Device:
 @dataclass(frozen=True)
 class Request:
     key: Hashable
-    count: int
+    count: int  # devices on each node
     seconds: float
     promise: float | None = None  # the start it was given, with the devices it was given them on
     devices: tuple[int, ...] = ()
+    nodes: int = 1  # all or nothing: `count` devices on each of this many nodes, from one start
 
 
 @dataclass(frozen=True)
@@ -63,9 +64,18 @@ class Schedule:
         i = bisect_left(self.starts[dev], end)
         return i == 0 or self.ends[dev][i - 1] <= start
 
-    def fits(self, devs: tuple[int, ...], start: float, end: float) -> bool:
-        return (start >= self.now and len(set(devs)) == len(devs) and all(d in self.node_of for d in devs)
-                and len({self.node_of[d] for d in devs}) == 1 and all(self.free(d, start, end) for d in devs))
+    def fits(self, req: Request, start: float) -> bool:
+        """The request's promised devices are still there, as many on each of its nodes, and free for it."""
+        devs = req.devices
+        if start < self.now or len(set(devs)) != len(devs) or len(devs) != req.count * req.nodes:
+            return False
+        if not all(d in self.node_of for d in devs):
+            return False
+        per_node: dict[int, int] = {}
+        for d in devs:
+            per_node[self.node_of[d]] = per_node.get(self.node_of[d], 0) + 1
+        return (len(per_node) == req.nodes and set(per_node.values()) == {req.count}
+                and all(self.free(d, start, start + req.seconds) for d in devs))
 
     def add(self, devs: Iterable[int], start: float, end: float) -> None:
         for d in devs:
@@ -148,6 +158,27 @@ class Schedule:
                 return Placement(t, node, tuple(sorted(chosen)))
         return None
 
+    def earliest_nodes(self, count: int, seconds: float, nodes: int, cap: float = math.inf) -> Placement | None:
+        """The earliest start before `cap` at which `nodes` nodes each have `count` devices free for `seconds`: a scan
+        of the times some device frees (requests over several nodes are few)."""
+        times = sorted({self.now, *(e for ends in self.ends.values() for e in ends if self.now <= e < cap)})
+        for t in times:
+            chosen: list[int] = []
+            found = 0
+            for devs in self.nodes.values():
+                free = [d for d in devs if self.free(d, t, t + seconds)]
+                if len(free) >= count:
+                    chosen.extend(sorted(free)[:count])
+                    found += 1
+                    if found == nodes:
+                        return Placement(t, self.node_of[min(chosen)], tuple(sorted(chosen)))
+        return None
+
+    def place(self, req: Request, cap: float = math.inf) -> Placement | None:
+        if req.nodes > 1:
+            return self.earliest_nodes(req.count, req.seconds, req.nodes, cap)
+        return self.earliest(req.count, req.seconds, cap)
+
 
 def plan(now: float, devices: Iterable[Device], requests: Iterable[Request], *,
          compress: bool = True) -> dict[Hashable, Placement | None]:
@@ -162,9 +193,9 @@ def plan(now: float, devices: Iterable[Device], requests: Iterable[Request], *,
     kept = []
     for r in promised:
         start = max(r.promise, now)
-        if len(r.devices) == r.count and schedule.fits(r.devices, start, start + r.seconds):
+        if schedule.fits(r, start):
             schedule.add(r.devices, start, start + r.seconds)
-            placements[r.key] = Placement(start, schedule.node_of[r.devices[0]], tuple(sorted(r.devices)))
+            placements[r.key] = Placement(start, schedule.node_of[min(r.devices)], tuple(sorted(r.devices)))
             kept.append(r)
     if compress:
         for r in kept:
@@ -172,7 +203,7 @@ def plan(now: float, devices: Iterable[Device], requests: Iterable[Request], *,
             if old.start <= now:
                 continue
             schedule.remove(old.devices, old.start)
-            better = schedule.earliest(r.count, r.seconds, cap=old.start)
+            better = schedule.place(r, cap=old.start)
             if better is not None:
                 placements[r.key] = better
             placed = placements[r.key]
@@ -180,7 +211,7 @@ def plan(now: float, devices: Iterable[Device], requests: Iterable[Request], *,
     for r in reqs:
         if r.key in placements:
             continue
-        placed = schedule.earliest(r.count, r.seconds)
+        placed = schedule.place(r)
         placements[r.key] = placed
         if placed is not None:
             schedule.add(placed.devices, placed.start, placed.start + r.seconds)

@@ -81,8 +81,8 @@ def test_reserve_wait_extend_warn_expire_from_the_cli(live_server, postgres, tmp
     assert out.returncode == 1 and "is already expired. (HTTP 409)" in out.stdout
 
 
-def test_quarter_hour_and_cancel_without_an_id_from_the_cli(live_server, postgres, tmp_path):
-    gpu_pool(nodes=1, per_node=4)
+def test_quarter_hour_two_nodes_and_cancel_without_an_id_from_the_cli(live_server, postgres, tmp_path):
+    gpu_pool(nodes=2, per_node=4)
     dev = factories.UserFactory(username="dev")
     env = cli_env(live_server.url, do_create_token(dev)[1], tmp_path)
     out = cli(env, "reserve", "--gpu", "h100", "--gpus", "1", "--duration", "0.25h", "--no-wait")
@@ -104,3 +104,8 @@ def test_quarter_hour_and_cancel_without_an_id_from_the_cli(live_server, postgre
     none = subprocess.run([sys.executable, "-m", "kernelbot.cli.main", "gpus", "cancel"], cwd=REPO, env=env,
                           input="\n", capture_output=True, text=True, timeout=60)
     assert none.returncode == 0 and Reservation.objects.filter(status="active").count() == 1
+    out = cli(env, "reserve", "--gpu", "h100", "--gpus", "2", "--nodes", "2", "--duration", "30m", "--no-wait")
+    assert out.returncode == 0 and "2× H100 × 2 nodes" in out.stdout, out.stdout + out.stderr
+    pair = Reservation.objects.get(user=dev, node_count=2)
+    assert pair.status == "active" and pair.hostnames() == ["lab-node0", "lab-node1"]
+    assert "lab-node0,lab-node1" in out.stdout

@@ -179,3 +179,37 @@ def test_a_short_reservation_is_warned_once(user, monkeypatch, sync_queue, djang
         assert tasks.tick()["warned"] == 1
         assert tasks.tick()["warned"] == 0
     assert len([m for m in sent if "ends in" in m]) == 1
+
+
+def test_planner_places_a_multi_node_request_all_or_nothing():
+    devices = [planner.Device(0, 0, 0.0), planner.Device(1, 0, 0.0), planner.Device(2, 1, 100.0),
+               planner.Device(3, 1, 0.0)]
+    placed = planner.plan(0, devices, [planner.Request("two", 2, 50, nodes=2), planner.Request("one", 1, 100)])
+    assert placed["two"] == planner.Placement(100, 0, (0, 1, 2, 3))  # node 1 is whole only at 100
+    assert placed["one"].start == 0 and placed["one"].node == 0  # the hole before it on node 0
+    assert planner.plan(0, devices, [planner.Request("three", 1, 10, nodes=3)])["three"] is None
+
+
+@pytest.mark.django_db
+def test_a_two_node_reservation(user, other, sync_queue, django_capture_on_commit_callbacks):
+    gpu_pool(nodes=3, per_node=4)
+    both = actions.do_reserve(user, ReserveRequest("H100", 4, 60, nodes=2))
+    assert both.status == "active" and both.total_gpus == 8
+    assert len(both.hostnames()) == 2 and both.holds.held().count() == 8
+    assert {h.node_id for h in both.holds.all()} == {g.node_id for g in both.gpus()}
+    waiting = actions.do_reserve(other, ReserveRequest("H100", 4, 30, nodes=2))  # one node free: waits for two
+    assert waiting.status == "pending" and waiting.planned_start == both.ends_at
+    third = factories.UserFactory(username="third")
+    assert actions.do_reserve(third, ReserveRequest("H100", 4, 30)).status == "active"  # the third node, now
+    with pytest.raises(Refused, match="at most 3 nodes lend 4"):
+        actions.do_reserve(third, ReserveRequest("H100", 4, 30, nodes=4))
+    with pytest.raises(Refused, match="nodes must be at least 1"):
+        actions.do_reserve(third, ReserveRequest("H100", 1, 30, nodes=0))
+    with pytest.raises(Refused, match="at most 8 GPUs per user"):
+        actions.do_reserve(user, ReserveRequest("H100", 1, 30, nodes=1))
+    with django_capture_on_commit_callbacks(execute=True):
+        actions.do_cancel(user, both.pk)
+    waiting.refresh_from_db()
+    assert waiting.status == "active" and len(waiting.hostnames()) == 2
+    held = list(DeviceHold.objects.held().values_list("gpu_id", flat=True))
+    assert len(held) == len(set(held)) == 12
