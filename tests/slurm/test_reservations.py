@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import subprocess
 import time
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from leaderboards.errors import Refused
 from runners.models import Gpu, GpuPool, GpuType, GpuVendor, Node
@@ -134,3 +136,31 @@ def test_an_extension_slurm_refuses_changes_nothing(slurm_pool, sync_queue,
     with django_capture_on_commit_callbacks(execute=True):
         tasks.finish(r.pk, "ended", "test over")
     assert wait_gone(job) == "CANCELLED"
+
+
+def test_at_its_end_the_job_and_the_holders_processes_stop(slurm_pool, sync_queue, monkeypatch,
+                                                           django_capture_on_commit_callbacks):
+    user = factories.UserFactory(username="dev")
+    with django_capture_on_commit_callbacks(execute=True):
+        r = actions.do_reserve(user, ReserveRequest("h100", 1, 30))
+    r.refresh_from_db()
+    assert r.status == "active", r.failure
+    job = r.access["slurm_job"]
+    holder = subprocess.Popen(["srun", f"--jobid={job}", "--overlap", "sleep", "600"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while squeue("-s", "-j", job, "-o", "%i").count("\n") < 1 and time.monotonic() < deadline:
+            time.sleep(0.2)  # the holder's step is running in the job
+        moment = r.ends_at + timedelta(seconds=1)
+        monkeypatch.setattr(timezone, "now", lambda: moment)
+        with django_capture_on_commit_callbacks(execute=True):  # what manage.py workers ticks every 2 s
+            assert tasks.keep_time() == 1
+        r.refresh_from_db()
+        assert r.status == "expired" and not DeviceHold.objects.held().exists()
+        assert set(r.holds.values_list("ended", flat=True)) == {r.ends_at}
+        assert wait_gone(job) == "CANCELLED"
+        assert holder.wait(timeout=30) != 0  # the holder's process ended with its job
+    finally:
+        if holder.poll() is None:
+            holder.kill()
