@@ -15,7 +15,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from leaderboards.models import BoardEntry, Problem, Run, RunStatus, SubmissionMode
+from leaderboards import finals
+from leaderboards.models import BoardEntry, Final, FinalStatus, Problem, Run, RunStatus, SubmissionMode
 from leaderboards.serializers import problem_error_of
 from runners.harness.result import PROBLEM_BROKEN
 
@@ -50,6 +51,17 @@ def _text(entry: BoardEntry) -> tuple[str, str]:
                     f"(#{entry.submission_id})"
 
 
+def _claim_once(key: str, guild: Guild, text: str) -> list[Claimed]:
+    """The announcement `key` in `guild`'s announcement channel, unless a process claimed it already."""
+    try:
+        with transaction.atomic():
+            row = Announcement.objects.create(key=key, guild=guild, text=text)
+    except IntegrityError:
+        log.info("announcement %s was claimed already", key)  # by this process or another
+        return []
+    return [Claimed(row.pk, guild.announcement_channel_id, text)]
+
+
 def claim(entries) -> list[Claimed]:
     """Claims the announcements these board entries call for, in every guild with an announcement channel."""
     guilds = list(Guild.objects.filter(enabled=True, announcement_channel_id__isnull=False))
@@ -60,13 +72,7 @@ def claim(entries) -> list[Claimed]:
         kind, text = _text(entry)
         for guild in guilds:
             key = f"{guild.guild_id}:{entry.leaderboard_id}:{entry.gpu_type_id}:{entry.submission_id}"
-            try:
-                with transaction.atomic():
-                    row = Announcement.objects.create(key=key, guild=guild, text=text)
-            except IntegrityError:
-                log.info("announcement %s was claimed already", key)  # by this process or another
-                continue
-            claimed.append(Claimed(row.pk, guild.announcement_channel_id, text))
+            claimed += _claim_once(key, guild, text)
     return claimed
 
 
@@ -121,6 +127,36 @@ def claim_broken_problems() -> list[Claimed]:
             log.info("announcement %s was claimed already", key)  # by another process since we looked
             continue
         claimed.append(Claimed(row.pk, guild.report_channel_id, text))
+    return claimed
+
+
+def _final_text(final: Final) -> str:
+    lines = [f"🏁 Final standings of **{final.leaderboard.name}**: the top {final.top_n} re-run {final.rounds}× on "
+             "fresh inputs after the deadline"]
+    entries = finals.final_entries(final)
+    for gpu in dict.fromkeys(e.gpu_type.name for e in entries):
+        mine = [e for e in entries if e.gpu_type.name == gpu]
+        podium = [f"{e.rank}{' ≈' if e.tied else ''}. {e.user.get_username()} {render.seconds(e.score)}"
+                  f"{render.ratio(e.ratio_low, e.ratio, e.ratio_high)}"
+                  for e in mine if e.rank is not None][:3]
+        dropped = sum(1 for e in mine if e.dropped)
+        lines.append(f"**{gpu}**: " + "; ".join(podium) + (f" ({dropped} dropped out)" if dropped else ""))
+    if url := render.link("leaderboard", final.leaderboard.name):
+        lines.append(url)
+    return render.clip("\n".join(lines))
+
+
+def claim_final_standings() -> list[Claimed]:
+    """Claims, in every guild with an announcement channel, one message per published final standings
+    (`leaderboards.finals`), published within the last RECENT. Every bot sweeps this; the unique key makes one post."""
+    guilds = list(Guild.objects.filter(enabled=True, announcement_channel_id__isnull=False))
+    published = list(Final.objects.filter(status=FinalStatus.PUBLISHED, published_at__gte=timezone.now() - RECENT)
+                     .select_related("leaderboard")) if guilds else []
+    claimed = []
+    for final in published:
+        text = _final_text(final)
+        for guild in guilds:
+            claimed += _claim_once(f"{guild.guild_id}:final:{final.pk}", guild, text)
     return claimed
 
 

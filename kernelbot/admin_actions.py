@@ -26,6 +26,7 @@ class ObjectAction:
     consequence: str  # what happens, said before it happens
     perform: Callable[[Any], str]  # does it; returns the message shown afterwards
     shown: Callable[[Any], bool] = lambda obj: True  # offered for this object at all (e.g. cancel: only while active)
+    with_user: bool = False  # perform(obj, user): the organiser who asked is recorded
 
 
 def confirm_page(model_admin: admin.ModelAdmin, request: HttpRequest, *, label: str, question: str,
@@ -79,7 +80,8 @@ class ObjectActionsMixin:
             self.message_user(request, f"{chosen.label}: not possible for {obj} now.", messages.WARNING)
             return HttpResponseRedirect(_change_url(obj))
         if request.method == "POST":
-            self.message_user(request, chosen.perform(obj), messages.SUCCESS)
+            done = chosen.perform(obj, request.user) if chosen.with_user else chosen.perform(obj)
+            self.message_user(request, done, messages.SUCCESS)
             return HttpResponseRedirect(_change_url(obj))
         return confirm_page(self, request, label=chosen.label, question=chosen.question.format(obj=obj),
                             consequence=chosen.consequence, objects=[obj])

@@ -8,10 +8,11 @@ from django.http import HttpRequest
 from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.utils.html import format_html
+from django.utils.safestring import mark_safe
 
 from kernelbot.admin_actions import ObjectAction, ObjectActionsMixin, confirmed_list_action
 
-from . import actions, lifecycle
+from . import actions, finals, lifecycle
 from .access import actions as access_actions
 from .access.authority import RunView, may_see_precheck
 from .access.models import ApiToken, Ban, Invite, JobSwitch, Membership, PendingLogin, SubmissionQuota
@@ -31,6 +32,8 @@ from .models import (
     BoardEntry,
     Code,
     Competition,
+    Final,
+    FinalStatus,
     Leaderboard,
     LiveEvent,
     Problem,
@@ -234,6 +237,28 @@ def _remove_barred(leaderboard: Leaderboard) -> str:
             f"({count} submission{'' if count == 1 else 's'} deleted); the rankings are being rebuilt.")
 
 
+def _refusal_text(perform):
+    """An object action whose refusal (already running, nothing to re-run) is told as its message, not a 500."""
+    def run(*args) -> str:
+        try:
+            return perform(*args)
+        except finals.Refused as exc:
+            return f"Not done: {exc.message}"
+    return run
+
+
+REVERIFY_CONSEQUENCE = ("The board's top entries of each GPU type (its “final top N”) are re-run “final rounds” times "
+                        "on fresh secret inputs, interleaved, one at a time; the new standings wait on their page "
+                        "under Final standings, beside the board's ranks and the published ones, until you publish "
+                        "them. Nothing on the board changes.")
+
+
+@_refusal_text
+def _reverify(leaderboard: Leaderboard, user) -> str:
+    final = finals.do_start_final(leaderboard, requested_by=user, publish_when_done=False)
+    return f"Re-verification #{final.pk} of {leaderboard} started ({final.entries.count()} entries)."
+
+
 REMOVE_BARRED_CONSEQUENCE = ("Every submission to this leaderboard of its banned and deactivated users is deleted "
                              "(unfinished runs are cancelled) and its rankings are rebuilt without them. Their "
                              "accounts and their submissions elsewhere stay.")
@@ -257,6 +282,10 @@ class LeaderboardAdmin(ObjectActionsMixin, admin.ModelAdmin):
         ObjectAction("remove-barred", "Remove banned users from the rankings", "Remove {obj}'s banned and "
                      "deactivated users from its rankings?", REMOVE_BARRED_CONSEQUENCE, _remove_barred,
                      shown=lambda leaderboard: barred_entries(leaderboard).exists()),
+        ObjectAction("reverify", "Re-verify final standings", "Re-run {obj}'s top entries on fresh inputs?",
+                     REVERIFY_CONSEQUENCE, _reverify,
+                     shown=lambda leaderboard: not leaderboard.internal and leaderboard.final_top_n > 0,
+                     with_user=True),
     )
     public_link = public_link
 
@@ -315,6 +344,40 @@ class LeaderboardAdmin(ObjectActionsMixin, admin.ModelAdmin):
     rescore = admin.action(description="Rescore with the current ranking rule")(confirmed_list_action(
         "Rescore", "Rescore the selected leaderboards?", RESCORE_CONSEQUENCE,
         lambda queryset: " ".join(_rescore(leaderboard) for leaderboard in queryset)))
+
+
+@admin.register(Final)
+class FinalAdmin(ObjectActionsMixin, admin.ModelAdmin):
+    """A re-verification of a board's final standings: its entries' board, new and published ranks side by side."""
+
+    list_display = ["__str__", "leaderboard", "status", "created", "finished_at", "published_at"]
+    list_filter = ["status"]
+    search_fields = ["leaderboard__name"]
+    fields = readonly_fields = ["leaderboard", "status", "top_n", "rounds", "requested_by", "publish_when_done",
+                                "created", "finished_at", "published_at", "comparison"]
+    object_actions = (
+        ObjectAction("publish", "Publish", "Publish {obj}?", "These ranks become the board's final standings on its "
+                     "page and /api/v1 (replacing any published before) and are announced on Discord.",
+                     _refusal_text(lambda final: f"Published {finals.do_publish_final(final)}."),
+                     shown=lambda final: final.status == FinalStatus.DONE),
+        ObjectAction("cancel", "Cancel", "Cancel {obj}?", "Its runs under way are cancelled; nothing is published.",
+                     _refusal_text(lambda final: f"Cancelled {finals.do_cancel_final(final)}."),
+                     shown=lambda final: final.status == FinalStatus.RUNNING),
+    )
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    @admin.display(description="ranks: board, these re-runs, published")
+    def comparison(self, final: Final) -> str:
+        rows = "".join(format_html(
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            row["gpu"], row["user"], row["board_rank"], row["rank"] or "dropped", " ≈" if row["tied"] else "",
+            row["published_rank"] or "–", ratio_text(row["ratio"], row["ratio_low"], row["ratio_high"]),
+            row["reason"] or "") for row in finals.compare(final))
+        return format_html("<table><tr><th>GPU</th><th>User</th><th>Board rank</th><th>New rank</th>"
+                           "<th>Published rank</th><th>× reference</th><th>Dropped because</th></tr>{}</table>",
+                           mark_safe(rows))  # noqa: S308 - each row is format_html's
 
 
 def stamp(field: str, label: str):

@@ -18,7 +18,7 @@ from kernelbot.cli.directives import parse_directives
 from kernelbot.errors import ErrorOut
 from kernelbot.inputs import Text
 
-from . import actions
+from . import actions, finals
 from .access import actions as access
 from .access.api import optional_token_auth, token_auth
 from .access.authority import RunView, access_leaderboard, access_submission, run_view
@@ -29,6 +29,7 @@ from .schemas import (
     DeletedOut,
     LeaderboardOut,
     RankingPageOut,
+    StandingsOut,
     SubmissionOut,
     SubmissionPageOut,
 )
@@ -85,6 +86,18 @@ def rankings(request, name: str, gpu: str, page: int = 1, page_size: int = 50):
                  "ratio_low": e.ratio_low, "ratio_high": e.ratio_high, "tied": e.tied,
                  "submission_id": e.submission_id, "submitted_at": e.submitted_at}
                 for e in entries.page(start, start + page_size)]}
+
+
+@router.get("/leaderboards/{name}/final", response={200: StandingsOut, 401: ErrorOut, 404: ErrorOut},
+            auth=optional_token_auth)
+def final_standings(request, name: str):
+    """The final standings (the top entries re-run on fresh inputs after the deadline), and whether the board's
+    ranks are still provisional."""
+    board = visible(request, name)
+    shown = finals.standings(board)
+    return {"leaderboard": board.name, "provisional": shown.provisional,
+            "published": finals.final_out(shown.published, request.auth) if shown.published else None,
+            "running": {"done": shown.done, "total": shown.total} if shown.running else None}
 
 
 def queue_out(submission: Submission, runs: list[Run] | None = None) -> dict[str, Any] | None:

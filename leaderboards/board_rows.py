@@ -43,6 +43,13 @@ def _ratio(value: float | None) -> str:
     return "–" if value is None else f"{value:.3f}"
 
 
+def interval_text(ratio: float | None, low: float | None, high: float | None) -> str:
+    """A ratio with its 95 % interval, as every board shows it."""
+    if ratio is None:
+        return "–"
+    return f"{_ratio(ratio)}× ({_ratio(low or 0)}–{'∞' if high is None else _ratio(high)})"
+
+
 def _benchmark(b: dict) -> str:
     if b.get("time") is not None:
         cells = (ns(b["time"]), f"{ns(b.get('time_low'))} – {ns(b.get('time_high'))}", _ratio(b.get("ratio")))
@@ -57,8 +64,7 @@ def row_html(e: BoardEntry) -> SafeString:
     standard library's escaping, not in a template: a page renders 50 of them, and the template engine's 0.7 ms a
     row was most of a page view."""
     if e.ratio is not None:
-        high = "∞" if e.ratio_high is None else _ratio(e.ratio_high)
-        interval = f"{_ratio(e.ratio)}× ({_ratio(e.ratio_low or 0)}–{high})"
+        interval = interval_text(e.ratio, e.ratio_low, e.ratio_high)
     elif e.ci:
         interval = f"{ns(e.ci[0])} – {ns(e.ci[1])} (mean, last benchmark)"
     else:

@@ -138,6 +138,11 @@ class Leaderboard(models.Model):
         default=False, help_text="After the deadline, everyone may read every submission's code.")
     internal = models.BooleanField(default=False, editable=False, help_text="Kept by the platform for pool health "
                                    "checks: never shown, listed, ranked or counted on the site or the APIs.")
+    final_top_n = models.PositiveIntegerField(
+        default=10, help_text="At the deadline, the top N entries of each GPU type are re-run on fresh secret inputs "
+        "and the final standings come from those runs (leaderboards/finals.py); 0: no re-verification.")
+    final_rounds = models.PositiveIntegerField(
+        default=3, help_text="How many times each of the top N is re-run, interleaved A B C … A B C ….")
     created = models.DateTimeField(auto_now_add=True)
 
     objects = LeaderboardQuerySet.as_manager()
@@ -187,7 +192,8 @@ class SubmissionQuerySet(models.QuerySet):
         """Staff see every submission, owners their own, others the ranked ones of leaderboards they see."""
         if user.is_staff:
             return self.filter(leaderboard__internal=False)
-        others = Q(mode=SubmissionMode.LEADERBOARD, leaderboard__in=Leaderboard.objects.visible_to(user))
+        others = Q(mode=SubmissionMode.LEADERBOARD, final_entry__isnull=True,
+                   leaderboard__in=Leaderboard.objects.visible_to(user))
         return self.filter(others | Q(user=user) if user.is_authenticated else others)
 
 
@@ -203,6 +209,10 @@ class Submission(models.Model):
     precheck = models.JSONField(
         "pre-check", default=dict, blank=True,
         help_text="KernelGuard's findings on the source at submission time ({} when it did not run); staff only.")
+    final_entry = models.ForeignKey(
+        "FinalEntry", null=True, blank=True, editable=False, on_delete=models.CASCADE, related_name="reruns",
+        help_text="A re-run of that entry for the final standings (leaderboards/finals.py): on no board, in no quota.")
+    final_round = models.PositiveIntegerField(null=True, blank=True, editable=False)
 
     objects = SubmissionQuerySet.as_manager()
 
@@ -255,7 +265,8 @@ class RunQuerySet(models.QuerySet):
         return self.active().filter(status_deadline__lt=now or timezone.now())
 
     def ranked(self) -> "RunQuerySet":
-        return self.filter(submission__mode=SubmissionMode.LEADERBOARD)
+        """Runs of ranked submissions; the final standings' re-runs (`Submission.final_entry`) rank on no board."""
+        return self.filter(submission__mode=SubmissionMode.LEADERBOARD, submission__final_entry__isnull=True)
 
 
 class Run(models.Model):
@@ -524,3 +535,65 @@ class LiveEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.group} {self.payload.get('type')}"
+
+
+class FinalStatus(models.TextChoices):
+    RUNNING = "running", "Re-runs in progress"
+    DONE = "done", "Done, not published"
+    PUBLISHED = "published", "Published"
+    SUPERSEDED = "superseded", "Superseded by a later publication"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+class Final(models.Model):
+    """One re-verification of a leaderboard's final standings (leaderboards/finals.py): its top N entries of each GPU
+    type re-run on inputs from a fresh secret seed, interleaved, and ranked from those runs."""
+
+    leaderboard = models.ForeignKey(Leaderboard, on_delete=models.CASCADE, related_name="finals")
+    status = models.CharField(max_length=12, choices=FinalStatus.choices, default=FinalStatus.RUNNING)
+    top_n = models.PositiveIntegerField()
+    rounds = models.PositiveIntegerField()
+    seed = models.BigIntegerField(default=new_secret_seed, editable=False)
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                     related_name="+", help_text="Empty: started at the deadline.")
+    publish_when_done = models.BooleanField(default=True, help_text="Publish as soon as the re-runs end (the "
+                                            "deadline's); an organiser's re-run waits to be compared and published.")
+    created = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    published_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created"]
+        constraints = [models.UniqueConstraint(fields=["leaderboard"], condition=Q(status="running"),
+                                               name="final_one_running")]
+
+    def __str__(self) -> str:
+        return f"final standings of {self.leaderboard} #{self.pk} ({self.status})"
+
+
+class FinalEntry(models.Model):
+    """One board entry taken into a final re-verification, and where the re-runs put it."""
+
+    final = models.ForeignKey(Final, on_delete=models.CASCADE, related_name="entries")
+    gpu_type = models.ForeignKey(GpuType, on_delete=models.CASCADE, related_name="+")
+    submission = models.ForeignKey(Submission, on_delete=models.CASCADE, related_name="final_entries",
+                                   help_text="The entry's submission, whose code is re-run.")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="final_entries")
+    board_rank = models.PositiveIntegerField(help_text="Its rank on the board when the re-verification started.")
+    position = models.PositiveIntegerField(help_text="Its turn within a round (the board's order).")
+    rank = models.PositiveIntegerField(null=True, blank=True, help_text="Final rank; empty while running or dropped.")
+    tied = models.BooleanField(default=False, help_text="Statistically tied with the entry ranked just above.")
+    score = models.FloatField(null=True, blank=True, help_text="Seconds: geometric mean over the re-runs.")
+    ratio = models.FloatField(null=True, blank=True)
+    ratio_low = models.FloatField(null=True, blank=True)
+    ratio_high = models.FloatField(null=True, blank=True)
+    dropped = models.TextField(blank=True, help_text="Why it dropped out (a re-run did not pass); author and "
+                               "organisers only.")
+
+    class Meta:
+        ordering = ["final", "gpu_type", "position"]
+        constraints = [models.UniqueConstraint(fields=["final", "gpu_type", "submission"], name="final_entry_unique")]
+        verbose_name_plural = "final entries"
+
+    def __str__(self) -> str:
+        return f"{self.final_id}/{self.gpu_type} {self.user}"

@@ -44,6 +44,39 @@ class RankingPageOut(Schema):
     results: list[RankingEntryOut]
 
 
+class FinalEntryOut(Schema):
+    gpu: str
+    rank: int | None = Field(description="Final rank from the re-runs; null when the entry dropped out.")
+    board_rank: int = Field(description="Its rank on the board when the re-verification started.")
+    user: str
+    submission_id: int
+    score: float | None = Field(description="Seconds: geometric mean of the re-runs' times.")
+    ratio: float | None = Field(description="Geometric mean of the re-runs' ratios to the reference.")
+    ratio_low: float | None
+    ratio_high: float | None
+    tied: bool = Field(description="Statistically tied with the entry ranked just above.")
+    dropped: bool = Field(description="A re-run on fresh inputs did not pass.")
+    reason: str | None = Field(description="Why it dropped out: only for its author and staff.")
+
+
+class FinalOut(Schema):
+    id: int
+    status: str
+    top_n: int
+    rounds: int
+    started: datetime
+    finished: datetime | None
+    published: datetime | None
+    entries: list[FinalEntryOut]
+
+
+class StandingsOut(Schema):
+    leaderboard: str
+    provisional: bool = Field(description="Past the deadline and not yet re-verified: the board's ranks may change.")
+    published: FinalOut | None = Field(description="The final standings, re-verified on fresh inputs.")
+    running: dict[str, int] | None = Field(description="A re-verification under way: runs done and planned.")
+
+
 class QueueOut(Schema):
     runner: str
     gpu: str

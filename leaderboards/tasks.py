@@ -2,7 +2,7 @@
 
 from runners.models import GpuPool
 
-from . import actions, health, lifecycle
+from . import actions, finals, health, lifecycle
 
 
 def dispatch_run(run_id: int) -> None:
@@ -43,3 +43,8 @@ def check_pools() -> int:
 def check_pool(pool_id: int) -> int:
     pool = GpuPool.objects.filter(pk=pool_id).first()
     return len(health.do_start_pool_check(pool)) if pool else 0
+
+
+def verify_finals() -> int:
+    """Every minute: re-verify the final standings of boards whose deadline passed; move running ones on."""
+    return finals.tick()

@@ -17,10 +17,10 @@ from django.utils import timezone
 
 from runners.actions import gpu_availability
 
-from . import actions
+from . import actions, finals
 from .access.actions import accepting_jobs
 from .access.authority import RunView, access_leaderboard, access_submission, may_see_run_details, run_view
-from .board_rows import PAGE_ROWS, attach_breakdown, name_of, records_html, row_html
+from .board_rows import PAGE_ROWS, attach_breakdown, interval_text, name_of, records_html, row_html
 from .errors import AccessDenied, Refused
 from .history import board_history
 from .models import Board, BoardEntry, Leaderboard, Run, Submission, number_rows
@@ -76,7 +76,12 @@ def leaderboard(request: HttpRequest, name: str) -> HttpResponse:
              "users": {str(e.user_id): history["users"].get(e.user_id, []) for e in entries},
              "userNames": {str(e.user_id): name_of(e.user) for e in entries}}
     definition = lb.problem.definition
+    standings = finals.standings(lb)
+    final_rows = [{**finals.entry_out(e, request.user), "interval": interval_text(e.ratio, e.ratio_low, e.ratio_high)}
+                  for e in finals.final_entries(standings.published) if e.gpu_type_id == gpu.pk] \
+        if standings.published else []
     return render(request, "leaderboards/leaderboard.html", {
+        "standings": standings, "final_rows": final_rows,
         "lb": lb, "gpu": gpu, "gpu_types": gpu_types, "page": page, "entries": entries,
         "rows": [row_html(e) for e in entries], "records_html": records_html(history["records"]), "version": version,
         "chart": chart, "templates": sorted((definition.get("templates") or {}).keys()),

@@ -45,8 +45,12 @@ def derive_seed(*parts: object) -> int:
 
 
 def run_seed(run: Run) -> int:
-    """Public runs are reproducible from the task seed; the secret run mixes in the leaderboard's secret."""
+    """Public runs are reproducible from the task seed; the secret run mixes in the leaderboard's secret. A final
+    standings' re-run (`submission.final_entry`) takes its round's fresh seed: every entry of a round gets the same
+    inputs, which no earlier run saw."""
     submission = run.submission
+    if getattr(submission, "final_entry_id", None):
+        return derive_seed("final", submission.final_entry.final.seed, submission.final_round, run.gpu_type_id)
     base = submission.problem.definition.get("seed") or 0
     if run.secret:
         return derive_seed("secret", submission.leaderboard.secret_seed, submission.pk, run.gpu_type_id)
