@@ -4,7 +4,7 @@ from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import UserAdmin
 from django.db.models import Q, QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.utils.html import format_html
@@ -12,7 +12,7 @@ from django.utils.safestring import mark_safe
 
 from kernelbot.admin_actions import ObjectAction, ObjectActionsMixin, confirmed_list_action
 
-from . import actions, finals, lifecycle
+from . import actions, dataset, finals, lifecycle
 from .access import actions as access_actions
 from .access.authority import RunView, may_see_precheck
 from .access.models import ApiToken, Ban, Invite, JobSwitch, Membership, PendingLogin, SubmissionQuota
@@ -93,7 +93,8 @@ class NoAddAdmin(admin.ModelAdmin):
 
 @admin.register(Profile)
 class ProfileAdmin(admin.ModelAdmin):
-    list_display = ["user", "display_name"]
+    list_display = ["user", "display_name", "publish_submissions"]
+    list_filter = ["publish_submissions"]
     search_fields = ["user__username", "display_name"]
 
 
@@ -276,7 +277,7 @@ class LeaderboardAdmin(ObjectActionsMixin, admin.ModelAdmin):
     readonly_fields = ["problem_state"]
     search_fields = ["name"]
     filter_horizontal = ["gpu_types"]
-    actions = ["rescore"]
+    actions = ["rescore", "export_dataset"]
     object_actions = (
         ObjectAction("rescore", "Rescore", "Rescore {obj}?", RESCORE_CONSEQUENCE, _rescore),
         ObjectAction("remove-barred", "Remove banned users from the rankings", "Remove {obj}'s banned and "
@@ -340,6 +341,19 @@ class LeaderboardAdmin(ObjectActionsMixin, admin.ModelAdmin):
 
     def get_queryset(self, request):
         return super().get_queryset(request).select_related("problem").prefetch_related("gpu_types")
+
+    @admin.action(description="Export the submissions dataset (parquet)")
+    def export_dataset(self, request, queryset):
+        """Downloads the selected closed boards' dataset (`leaderboards.dataset`); nothing is published."""
+        boards = list(queryset)
+        try:
+            data = dataset.parquet_bytes(boards)
+        except finals.Refused as exc:
+            self.message_user(request, exc.message, messages.ERROR)
+            return None
+        response = HttpResponse(data, content_type="application/vnd.apache.parquet")
+        response["Content-Disposition"] = f'attachment; filename="{dataset.file_name(boards)}"'
+        return response
 
     rescore = admin.action(description="Rescore with the current ranking rule")(confirmed_list_action(
         "Rescore", "Rescore the selected leaderboards?", RESCORE_CONSEQUENCE,

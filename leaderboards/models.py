@@ -34,6 +34,8 @@ def new_secret_seed() -> int:
 class Profile(models.Model):
     user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="profile")
     display_name = models.CharField(max_length=80, blank=True)
+    publish_submissions = models.BooleanField(
+        default=True, help_text="Include my submissions in the published submissions dataset.")
 
     def __str__(self) -> str:
         return self.display_name or self.user.get_username()

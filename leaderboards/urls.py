@@ -6,6 +6,7 @@ urlpatterns = [
     path("", views.home, name="home"),
     path("submit/", views.submit, name="submit"),
     path("lb/<slug:name>/", views.leaderboard, name="leaderboard"),
+    path("lb/<slug:name>/dataset.parquet", views.leaderboard_dataset, name="leaderboard_dataset"),
     path("lb/<slug:name>/<str:kind>/<str:key>", views.leaderboard_file, name="leaderboard_file"),
     path("s/<int:pk>/", views.submission, name="submission"),
     path("s/<int:pk>/code", views.submission_code, name="submission_code"),

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from runners.actions import gpu_availability
 
-from . import actions, finals
+from . import actions, dataset, finals
 from .access.actions import accepting_jobs
 from .access.authority import RunView, access_leaderboard, access_submission, may_see_run_details, run_view
 from .board_rows import PAGE_ROWS, attach_breakdown, interval_text, name_of, records_html, row_html
@@ -81,12 +81,24 @@ def leaderboard(request: HttpRequest, name: str) -> HttpResponse:
                   for e in finals.final_entries(standings.published) if e.gpu_type_id == gpu.pk] \
         if standings.published else []
     return render(request, "leaderboards/leaderboard.html", {
-        "standings": standings, "final_rows": final_rows,
+        "standings": standings, "final_rows": final_rows, "dataset": dataset.public_to_everyone(lb),
         "lb": lb, "gpu": gpu, "gpu_types": gpu_types, "page": page, "entries": entries,
         "rows": [row_html(e) for e in entries], "records_html": records_html(history["records"]), "version": version,
         "chart": chart, "templates": sorted((definition.get("templates") or {}).keys()),
         "files": sorted((definition.get("files") or {}).keys()), "live": page.number == 1,
     })
+
+
+@refusals_as_pages
+def leaderboard_dataset(request: HttpRequest, name: str) -> HttpResponse:
+    """The board's submissions dataset (parquet), once its deadline has passed and its code is public."""
+    lb = access_leaderboard(request.user, name)
+    if not dataset.public_to_everyone(lb):
+        raise AccessDenied(f"The submissions of '{lb.name}' are published once its deadline has passed, if its code is "
+                      "made public then.", 404)
+    response = HttpResponse(dataset.parquet_bytes([lb]), content_type="application/vnd.apache.parquet")
+    response["Content-Disposition"] = f'attachment; filename="{dataset.file_name([lb])}"'
+    return response
 
 
 @refusals_as_pages

@@ -7,6 +7,7 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
+from .. import dataset
 from . import actions
 from .models import ApiToken
 
@@ -51,5 +52,21 @@ def tokens(request):
         status = exc.status
     return render(request, "leaderboards/access/tokens.html", {
         "created": created, "tokens": ApiToken.objects.filter(user=request.user, revoked__isnull=True),
-        "api_url": request.build_absolute_uri("/popcorn").rstrip("/"),
+        "api_url": request.build_absolute_uri("/popcorn").rstrip("/"), "publishes": dataset.publishes(request.user),
         "site_url": request.build_absolute_uri("/").rstrip("/")}, status=status)
+
+
+@login_required
+@require_http_methods(["POST"])
+def publishing(request):
+    """Opt in or out of the published submissions dataset (`leaderboards.dataset`)."""
+    choice = request.POST.get("publish", "")
+    if choice not in ("yes", "no"):
+        messages.error(request, f"'publish' must be yes or no, not {choice[:40]!r}.")
+        return render(request, "leaderboards/access/tokens.html", {
+            "tokens": ApiToken.objects.filter(user=request.user, revoked__isnull=True),
+            "publishes": dataset.publishes(request.user)}, status=400)
+    dataset.do_set_publishing(request.user, choice == "yes")
+    messages.success(request, "Your submissions will be in published datasets." if choice == "yes" else
+                     "Your submissions are left out of every dataset exported from now on.")
+    return redirect("access:tokens")

@@ -1,0 +1,161 @@
+"""The submissions dataset (issue 28, part 3): closed boards' submissions as one parquet table in the schema of
+KernelBot's published data (GPUMODE/kernelbot-data, written by its `/admin export-hf`), plus what each row's run tells
+about where and how it ran. One row per distinct code (its first submission; later submissions of the same file add
+nothing), from boards past their deadline; users who opted out (`Profile.publish_submissions`) are left out, and so are
+the final standings' re-runs (copies of code already in). Front-ends: the admin's leaderboard action, `manage.py
+export_dataset`, and the board page's download once the board's code is public (`public_to_everyone`). `push_to_hub`
+uploads a file to a Hugging Face dataset repository with `huggingface_hub` (token from HF_TOKEN)."""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Iterable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from django.conf import settings
+from django.utils import timezone
+
+from .errors import Refused
+from .models import Leaderboard, Profile, Run, Submission, SubmissionMode, Visibility
+from .ranking import interval_from_fields, slower_run
+
+KERNELBOT_FIELDS = [
+    ("submission_id", pa.int64()), ("leaderboard_id", pa.int64()), ("problem_name", pa.string()),
+    ("user_id", pa.int64()), ("user_name", pa.string()), ("code_id", pa.int64()), ("file_name", pa.string()),
+    ("submission_time", pa.timestamp("us", tz="UTC")), ("status", pa.string()), ("score", pa.float64()),
+    ("passed", pa.bool_()), ("mode", pa.string()), ("runner", pa.string()), ("code", pa.string()),
+]
+OUR_FIELDS = [
+    ("leaderboard", pa.string()), ("gpu_type", pa.string()), ("device_name", pa.string()),
+    ("torch_version", pa.string()), ("driver_version", pa.string()), ("ratio", pa.float64()),
+    ("ratio_low", pa.float64()), ("ratio_high", pa.float64()), ("verdict", pa.string()),
+]
+SCHEMA = pa.schema(KERNELBOT_FIELDS + OUR_FIELDS)
+
+
+def check_exportable(leaderboard: Leaderboard) -> None:
+    if leaderboard.internal:
+        raise Refused(f"Leaderboard '{leaderboard.name}' does not exist.", 404)
+    if not leaderboard.is_finished:
+        raise Refused(f"'{leaderboard.name}' is still open: its submissions are exported once its deadline has passed "
+                      f"({leaderboard.deadline:%Y-%m-%d %H:%M} UTC).", 409)
+
+
+def public_to_everyone(leaderboard: Leaderboard) -> bool:
+    """Whether anyone may download the board's dataset: closed, listed or unlisted, and its code public."""
+    return (leaderboard.is_finished and not leaderboard.internal and leaderboard.code_public_after_deadline
+            and leaderboard.visibility != Visibility.CLOSED)
+
+
+def published_leaderboards():
+    """What the published dataset holds by default: every board anyone may download."""
+    return [b for b in Leaderboard.objects.filter(internal=False, deadline__lte=timezone.now(),
+                                                  code_public_after_deadline=True)
+            .exclude(visibility=Visibility.CLOSED) if public_to_everyone(b)]
+
+
+def publishes(user) -> bool:
+    profile = getattr(user, "profile", None) if user.is_authenticated else None
+    return profile is None or profile.publish_submissions
+
+
+def do_set_publishing(user, publish: bool) -> None:
+    """The user's choice: their submissions in published datasets (the default) or left out of every later export."""
+    Profile.objects.update_or_create(user=user, defaults={"publish_submissions": publish},
+                                     create_defaults={"publish_submissions": publish,
+                                                      "display_name": user.get_username()})
+
+
+def _device(system: dict) -> str:
+    device = str(system.get("device") or "")
+    return str(system.get("cpu") or device) if device in ("", "cpu") else device
+
+
+def _scored_run(submission: Submission, runs: list[Run]) -> Run:
+    """The run a row describes: for a ranked submission whose runs passed, the one its score comes from (the slower,
+    as on every page); else the first that did not pass, else the first. Runs of its first GPU type only."""
+    first_gpu = runs[0].gpu_type_id
+    runs = [r for r in runs if r.gpu_type_id == first_gpu]
+    failing = [r for r in runs if not (r.status == "succeeded" and r.passed)]
+    if failing:
+        return failing[0]
+    if submission.mode == SubmissionMode.LEADERBOARD and len(runs) == 2 and all(r.score is not None for r in runs):
+        chosen = slower_run([(r.score, interval_from_fields(r.ratio, r.ratio_low, r.ratio_high)) for r in runs])
+        return next(r for r in runs if r.score == chosen[0]
+                    and interval_from_fields(r.ratio, r.ratio_low, r.ratio_high) == chosen[1])
+    return runs[0]
+
+
+def dataset_rows(leaderboards: Iterable[Leaderboard]) -> list[dict]:
+    boards = list(leaderboards)
+    for board in boards:
+        check_exportable(board)
+    submissions = (Submission.objects.filter(leaderboard__in=boards, final_entry__isnull=True)
+                   .exclude(user__profile__publish_submissions=False)
+                   .select_related("user", "code", "problem", "leaderboard").order_by("created", "pk"))
+    runs: dict[int, list[Run]] = {}
+    ordered = Run.objects.filter(submission__in=submissions).select_related("gpu_type")
+    for run in ordered.order_by("submission", "gpu_type", "secret"):
+        runs.setdefault(run.submission_id, []).append(run)
+    rows, seen = [], set()
+    for sub in submissions:
+        if sub.code_id in seen or sub.pk not in runs:
+            continue
+        seen.add(sub.code_id)
+        run = _scored_run(sub, runs[sub.pk])
+        system = run.system_info or {}
+        rows.append({
+            "submission_id": sub.pk, "leaderboard_id": sub.leaderboard_id, "problem_name": sub.problem.name,
+            "user_id": sub.user_id, "user_name": sub.user.get_username(), "code_id": sub.code_id,
+            "file_name": sub.file_name, "submission_time": sub.created, "status": run.status, "score": run.score,
+            "passed": run.passed, "mode": sub.mode, "runner": run.runner, "code": sub.code.text,
+            "leaderboard": sub.leaderboard.name, "gpu_type": run.gpu_type.name, "device_name": _device(system),
+            "torch_version": str(system.get("torch") or ""), "driver_version": str(system.get("driver") or ""),
+            "ratio": run.ratio, "ratio_low": run.ratio_low, "ratio_high": run.ratio_high, "verdict": run.verdict})
+    return rows
+
+
+def dataset_table(leaderboards: Iterable[Leaderboard]) -> pa.Table:
+    return pa.Table.from_pylist(dataset_rows(leaderboards), schema=SCHEMA)
+
+
+def do_export_dataset(leaderboards: Iterable[Leaderboard], target: str | os.PathLike | io.IOBase) -> int:
+    """Writes the boards' dataset as parquet to `target` (a path or a binary file); returns its row count."""
+    table = dataset_table(leaderboards)
+    pq.write_table(table, target)
+    return table.num_rows
+
+
+def parquet_bytes(leaderboards: Iterable[Leaderboard]) -> bytes:
+    buffer = io.BytesIO()
+    do_export_dataset(leaderboards, buffer)
+    return buffer.getvalue()
+
+
+def push_to_hub(data: bytes, repo_id: str, path_in_repo: str, *, token: str | None = None,
+                endpoint: str | None = None) -> str:
+    """Uploads `data` as `path_in_repo` to the Hugging Face dataset repository `repo_id` (created if missing) in one
+    commit; returns the commit's URL. The token comes from HF_TOKEN unless given; the Hub from HF_ENDPOINT."""
+    from huggingface_hub import HfApi  # noqa: PLC0415 - only the push needs it
+    from huggingface_hub.errors import HfHubHTTPError  # noqa: PLC0415
+
+    token = token or os.environ.get("HF_TOKEN", "")
+    if not token:
+        raise Refused("Set HF_TOKEN (a Hugging Face token with write access) to push the dataset.")
+    if repo_id.count("/") != 1 or not all(repo_id.split("/")):
+        raise Refused(f"'{repo_id}' is not a Hugging Face repository id (owner/name).")
+    api = HfApi(endpoint=endpoint or settings.HF_ENDPOINT, token=token)
+    try:
+        api.create_repo(repo_id, repo_type="dataset", exist_ok=True)
+        commit = api.upload_file(path_or_fileobj=data, path_in_repo=path_in_repo, repo_id=repo_id,
+                                 repo_type="dataset", commit_message=f"KernelBot submissions: {path_in_repo}")
+    except HfHubHTTPError as exc:
+        raise Refused(f"The Hugging Face Hub refused the upload: {exc}", 502) from exc
+    return commit.commit_url
+
+
+def file_name(leaderboards: Iterable[Leaderboard]) -> str:
+    names = sorted(b.name for b in leaderboards)
+    return f"{names[0] if len(names) == 1 else 'submissions'}.parquet"
