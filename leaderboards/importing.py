@@ -12,7 +12,7 @@ from runners.models import GpuType
 
 from .actions import do_rescore_leaderboard
 from .models import Competition, HarnessProtocol, Leaderboard, Problem, RankingRule
-from .taskfile import CompetitionDefinition, TaskDefinition, leaderboard_name_error
+from .taskfile import CompetitionDefinition, TaskDefinition, has_own_evaluator, leaderboard_name_error
 
 DEFAULT_OPEN_DAYS = 365  # no deadline given anywhere: open a year, as KernelBot's problem sync does
 
@@ -57,8 +57,7 @@ def resolve_harness(task: TaskDefinition, harness: str) -> str:
     auto: the problem's own evaluator (config.main's eval.py among its files, or a cu task's eval.cu),
     else the trusted harness."""
     names = set(task.files) | {task.submission_name}
-    has_main = task.main is not None and task.main in task.files
-    own_evaluator = has_main or task.lang == "cu"
+    own_evaluator = has_own_evaluator(task)
     if harness not in (*HarnessProtocol.values, "auto"):
         raise ImportRejected([f"problem {task.name}: unknown harness {harness!r}; expected auto, "
                               f"{', '.join(HarnessProtocol.values)}"])

@@ -165,6 +165,12 @@ class CompetitionDefinition:
     problems: list[CompetitionProblem]
 
 
+def has_own_evaluator(task: TaskDefinition) -> bool:
+    """Whether the task brings its own evaluator (config.main's eval.py among its files, or a cu task's eval.cu):
+    what the `auto` harness runs it under the popcorn protocol for, else the trusted harness."""
+    return (task.main is not None and task.main in task.files) or task.lang == "cu"
+
+
 def case_line(case: dict[str, CaseValue]) -> str:
     """One case as KernelBot writes it for eval.py: `f"{k}: {v}"` joined by "; " (True, [128, 256])."""
     return "; ".join(f"{k}: {v}" for k, v in case.items())

@@ -4,18 +4,16 @@ Takes a `leaderboards.models.Run` (duck-typed: `runners` never imports `leaderbo
 
 from __future__ import annotations
 
-import hashlib
-import re
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 
+from runners import jobspec
 from runners.harness import contract
+from runners.jobspec import DEFAULT_LIMITS, derive_seed
 from runners.models import Gpu, GpuPool
 
-DEFAULT_LIMITS = {k: contract.DEFAULT_LIMITS[k] for k in ("memory_bytes", "cpu_seconds", "processes",
-                                                           "file_size_bytes", "output_bytes")}
 CUDA_COMPILE_TIMEOUT = contract.COMPILE_TIMEOUT_S
 Run = Any  # leaderboards.models.Run
 
@@ -40,10 +38,6 @@ def run_limits(gpu: Gpu) -> dict[str, int]:
             "runs_per_node": Gpu.objects.filter(node_id=gpu.node_id, enabled=True).count() or 1}
 
 
-def derive_seed(*parts: object) -> int:
-    return int.from_bytes(hashlib.sha256(":".join(map(str, parts)).encode()).digest()[:8], "big") >> 2
-
-
 def run_seed(run: Run) -> int:
     """Public runs are reproducible from the task seed; the secret run mixes in the leaderboard's secret. A final
     standings' re-run (`submission.final_entry`) takes its round's fresh seed: every entry of a round gets the same
@@ -58,29 +52,16 @@ def run_seed(run: Run) -> int:
 
 
 def workdir_files(run: Run) -> dict[str, str]:
-    definition = run.submission.problem.definition
-    return {**definition["files"], definition["submission_name"]: run.submission.code.text}
+    return jobspec.workdir_files(run.submission.problem.definition, run.submission.code.text)
 
 
 def run_job(run: Run, pool: GpuPool | None = None) -> dict:
     """The job without the fields only the runner machine knows (contract.RUNNER_FIELDS)."""
-    definition = run.submission.problem.definition
-    return {
-        "mode": run.submission.mode,
-        "protocol": run.submission.problem.harness,
-        "lang": definition["lang"],
-        "main": definition.get("main"),
-        "tests": definition["tests"],
-        "benchmarks": definition["benchmarks"],
-        "ranking_by": run.submission.leaderboard.ranking_by,
-        "seed": run_seed(run),
-        "multi_gpu": definition.get("multi_gpu", False),
-        "timeouts": {"test": definition["test_timeout"], "benchmark": definition["benchmark_timeout"],
-                     "ranked": definition["ranked_timeout"], "compile": CUDA_COMPILE_TIMEOUT},
-        "limits": pool_limits(pool),
-        "timing": settings.HARNESS_TIMING,
-        "cuda": cuda_config(run),
-    }
+    submission = run.submission
+    return jobspec.task_job(submission.problem.definition, mode=submission.mode, protocol=submission.problem.harness,
+                            ranking_by=submission.leaderboard.ranking_by, seed=run_seed(run),
+                            limits=pool_limits(pool), timing=settings.HARNESS_TIMING,
+                            architecture=run.gpu_type.architecture)
 
 
 def harness_job(run: Run, workdir: Path, devices: list[str], gpu: Gpu) -> dict:
@@ -107,20 +88,5 @@ def job_payload(run: Run, pool: GpuPool | None) -> dict:
             "timeout_s": total_timeout(run)}
 
 
-def cuda_config(run: Run) -> dict:
-    """A `lang: cu` task's config as declared, its other files as headers, and the GPU type's arch."""
-    definition = run.submission.problem.definition
-    if definition["lang"] != "cu":
-        return {}
-    config = definition.get("config", {})
-    files = [*definition["files"], definition["submission_name"]]
-    arch = re.fullmatch(r"(?:sm_|compute_)?(\d{2,3}[a-z]?)", run.gpu_type.architecture.strip())
-    return {**config, "headers": [f for f in files if f not in config.get("sources", [])],
-            "arch": arch.group(1) if arch else ""}
-
-
 def total_timeout(run: Run) -> int:
-    definition = run.submission.problem.definition
-    timeouts = {"test": definition["test_timeout"], "benchmark": definition["benchmark_timeout"],
-                "ranked": definition["ranked_timeout"]}
-    return contract.total_timeout(run.submission.mode, definition["lang"], timeouts)
+    return jobspec.total_timeout(run.submission.problem.definition, run.submission.mode)
