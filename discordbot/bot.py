@@ -7,25 +7,32 @@ import asyncio
 import contextlib
 import io
 import logging
+import os
+import socket
 import time
+import uuid
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+import aiohttp
 import discord
 import yarl
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from discord import app_commands
 from django.conf import settings
+from django.db import DatabaseError
 from django.utils import timezone
+from django_redis.exceptions import ConnectionInterrupted
+from redis.exceptions import RedisError
 
 from leaderboards import live
 from leaderboards.models import TERMINAL_STATUSES
 
-from . import announce, gpus, service
+from . import announce, gpus, render, service
 from .service import BotError, Member
 
 log = logging.getLogger(__name__)
@@ -34,6 +41,15 @@ EDITS_PER_WINDOW, EDIT_WINDOW = 5, 5.5
 RATE_LIMIT_BACKOFF = 2.0  # s, after a 429 that discord.py gave up on
 SAFETY_REFRESH = 30.0  # a status re-read even without an event (channel layers deliver at most once)
 MAX_FILE = 8 * 1024 * 1024
+GPU_CHOICE_SECONDS = 120.0  # how long a submission naming no GPU type waits for its author's choice
+UPLOAD_LIMIT = 10 * 1024 * 1024 - 64 * 1024  # what any server accepts in one message (its boosts may allow more)
+RETRY_AFTER = (1.0, 2.0, 5.0, 10.0, 15.0)  # s, after Discord, the network or a service failed past their own retries
+# Failures that pass: Discord answering 5xx (or 4xx we did not expect), the network, Redis (the channel layer, the
+# cache), the database. What they interrupt is done again later; anything else is a bug and is logged as one.
+TRANSIENT = (discord.HTTPException, aiohttp.ClientError, OSError, TimeoutError, DatabaseError, RedisError,
+             ConnectionInterrupted)
+# The process that holds a status message's lease edits it (several processes may run at once, e.g. in a restart)
+PROCESS = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
 def point_at(api_url: str) -> None:
@@ -66,11 +82,33 @@ def member_of(interaction: discord.Interaction) -> Member:
                   interaction.guild_id, interaction.channel_id)
 
 
+def already_acknowledged(exc: discord.HTTPException) -> bool:
+    return exc.code == 40060
+
+
+async def respond(interaction: discord.Interaction, content: str, ephemeral: bool = True, **kwargs) -> None:
+    """The interaction's answer, or a follow-up when it has one already (Discord answers 40060 when another process
+    of ours, or an earlier try, acknowledged it)."""
+    if not interaction.response.is_done():
+        try:
+            return await interaction.response.send_message(content, ephemeral=ephemeral, **kwargs)
+        except discord.HTTPException as exc:
+            if not already_acknowledged(exc):
+                raise
+            log.info("interaction %s was acknowledged already; following up instead", interaction.id)
+    await interaction.followup.send(content, ephemeral=ephemeral, **kwargs)
+
+
+async def send(interaction: discord.Interaction, text: str, ephemeral: bool = True, **kwargs) -> None:
+    """Text of any length: the answer, then follow-ups, each within Discord's 2,000 characters."""
+    first, *rest = render.split(text)
+    await respond(interaction, first, ephemeral, **kwargs)
+    for part in rest:
+        await interaction.followup.send(part, ephemeral=ephemeral)
+
+
 async def refuse(interaction: discord.Interaction, message: str) -> None:
-    if interaction.response.is_done():
-        await interaction.followup.send(message, ephemeral=True)
-    else:
-        await interaction.response.send_message(message, ephemeral=True)
+    await respond(interaction, render.clip(message), True)
 
 
 async def answer(interaction: discord.Interaction, fn, *args, ephemeral: bool = True) -> None:
@@ -79,11 +117,15 @@ async def answer(interaction: discord.Interaction, fn, *args, ephemeral: bool = 
         text = await in_thread(fn, member_of(interaction), *args)
     except BotError as exc:
         return await refuse(interaction, str(exc))
-    await interaction.response.send_message(text, ephemeral=ephemeral)
+    await send(interaction, text, ephemeral=ephemeral)
 
 
 def text_file(name: str, text: str) -> discord.File:
     return discord.File(io.BytesIO(text.encode()), filename=name)
+
+
+def upload_limit(interaction: discord.Interaction) -> int:
+    return getattr(interaction, "filesize_limit", 0) or UPLOAD_LIMIT  # the guild's limit (its boosts), from Discord
 
 
 # --- live status messages --------------------------------------------------------------------------------------
@@ -107,6 +149,8 @@ class Watch:
         default_factory=lambda: deque([time.monotonic()], maxlen=EDITS_PER_WINDOW))
     dirty: asyncio.Event = field(default_factory=asyncio.Event)
     final: bool = False  # a run ended: shown without the coalescing interval (the rate-limit window still holds)
+    reported: bool = False  # the owner has its report
+    task: asyncio.Task | None = None
 
     def next_edit_at(self, interval: float) -> float:
         """The coalescing interval, and never more edits per window than Discord allows on one message."""
@@ -117,7 +161,12 @@ class Watch:
 
 class Live:
     """Follows submissions and boards on the channel layer. Each status message is re-rendered from the database
-    when an event says its submission moved, at most once per DISCORD_EDIT_INTERVAL (edits coalesce)."""
+    when an event says its submission moved, at most once per DISCORD_EDIT_INTERVAL (edits coalesce).
+
+    A process edits only the status messages whose lease it holds (`service.claim_status_messages`), so bots running
+    at once (a restart overlapping the old process) never edit one message twice or send its report twice; a dead
+    process's messages are taken over when its lease lapses. Discord, Redis or the database failing for a while
+    delays an edit, never loses it: the round is done again after RETRY_AFTER."""
 
     def __init__(self, client: KernelBot):
         self.client = client
@@ -127,6 +176,7 @@ class Live:
         self.boards: set[int] = set()
         self.tasks: set[asyncio.Task] = set()
         self.channel = ""
+        self.layer_failed = False  # events may have been missed: re-read every watched submission soon
 
     def spawn(self, coro) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
@@ -139,19 +189,64 @@ class Live:
         if not task.cancelled() and task.exception() is not None:
             log.error("live task failed", exc_info=task.exception())
 
+    async def _forever(self, what: str, step) -> None:
+        """`step()` again and again; a transient failure is logged and the step retried after a pause."""
+        failures = 0
+        while True:
+            try:
+                await step()
+                failures = 0
+            except TRANSIENT as exc:
+                log.warning("%s failed (%r); retrying", what, exc)
+                await asyncio.sleep(RETRY_AFTER[min(failures, len(RETRY_AFTER) - 1)])
+                failures += 1
+
     async def start(self) -> None:
         if self.layer is None:
             log.error("no channel layer: live status and announcements are off")
             return
         live.ensure_tailer()  # the outbox, when this process's layer cannot hear the workers by itself
         self.channel = await self.layer.new_channel("discordbot.")
-        self.spawn(self._receive())
-        self.spawn(self._follow_boards())
-        for row in await in_live_thread(service.unfinished_status_messages):
-            await self.watch(Watch(row.pk, row.submission_id, row.public, row.discord_user_id, row.channel_id,
-                                   row.guild_id, row.application_id, row.interaction_token, row.token_expires,
-                                   row.original_id, row.message_id))
-        await self._announce(await in_live_thread(announce.claim_recent))
+        self.spawn(self._forever("receiving events", self._receive))
+        self.spawn(self._forever("the board sweep", self._follow_boards))
+        self.spawn(self._forever("keeping status messages", self._keep_leases))
+        with contextlib.suppress(*TRANSIENT):  # the sweep posts them otherwise
+            await self._announce(await in_live_thread(announce.claim_recent))
+
+    async def _keep_leases(self) -> None:
+        """Renew this process's leases, take over status messages no live process holds, drop those lost."""
+        while True:
+            held = await in_live_thread(service.renew_status_leases, PROCESS)
+            for submission_id, watch in list(self.watches.items()):
+                if watch.row_id not in held:
+                    log.info("status message of submission %s is another process's now", submission_id)
+                    self._drop(watch)
+            for row in await in_live_thread(service.claim_status_messages, PROCESS):
+                await self.watch(Watch(row.pk, row.submission_id, row.public, row.discord_user_id, row.channel_id,
+                                       row.guild_id, row.application_id, row.interaction_token, row.token_expires,
+                                       row.original_id, row.message_id, reported=row.reported))
+            await asyncio.sleep(service.lease_seconds() / 3)
+
+    async def _subscribe(self, group: str, channel: str) -> None:
+        """Join a group; while Redis is away, the follow loops poll and the group is joined again later."""
+        try:
+            await self.layer.group_add(group, channel)
+        except TRANSIENT as exc:
+            log.warning("could not follow %s (%r); polling until the channel layer is back", group, exc)
+            self.layer_failed = True
+            self.spawn(self._subscribe_again(group, channel))
+
+    async def _subscribe_again(self, group: str, channel: str) -> None:
+        while True:
+            await asyncio.sleep(RETRY_AFTER[1])
+            try:
+                await self.layer.group_add(group, channel)
+            except TRANSIENT:
+                continue
+            self.layer_failed = False
+            for watch in self.watches.values():
+                watch.dirty.set()  # what happened while nobody listened
+            return
 
     async def watch(self, watch: Watch) -> None:
         leaderboard_id, run_ids = await in_live_thread(service.runs_of, watch.submission_id)
@@ -160,9 +255,14 @@ class Live:
         if leaderboard_id is not None:
             await self._follow_board(leaderboard_id)
         self.watches[watch.submission_id] = watch
-        await self.layer.group_add(f"submission.{watch.submission_id}", self.channel)
+        await self._subscribe(f"submission.{watch.submission_id}", self.channel)
         watch.dirty.set()  # events sent before group_add are covered by this first read
-        self.spawn(self._follow(watch))
+        watch.task = self.spawn(self._follow(watch))
+
+    def _drop(self, watch: Watch) -> None:
+        self.watches.pop(watch.submission_id, None)
+        if watch.task is not None and watch.task is not asyncio.current_task():
+            watch.task.cancel()
 
     async def _receive(self) -> None:
         while True:
@@ -178,23 +278,27 @@ class Live:
                 pass
 
     async def _follow_boards(self) -> None:
-        """New open boards, broken problem versions to tell the report channel of, published final standings, and
-        announcements that another (dead) process or a refused post left unposted."""
+        """New open boards, broken problem versions to tell the report channel of, and announcements that another
+        (dead) process or a refused post left unposted."""
         while True:
             for board_id in await in_live_thread(announce.open_leaderboard_ids):
                 await self._follow_board(board_id)
             await self._announce(await in_live_thread(announce.claim_broken_problems))
-            await self._announce(await in_live_thread(announce.claim_final_standings))
             await self._announce(await in_live_thread(announce.claim_stale))
             await asyncio.sleep(settings.DISCORD_SWEEP_SECONDS)
 
     async def _follow_board(self, board_id: int) -> None:
         if board_id in self.boards:
             return
+        try:
+            channel = await self.layer.new_channel("discordbot.")
+        except TRANSIENT as exc:  # the next sweep tries again
+            log.warning("could not follow board %s (%r)", board_id, exc)
+            self.layer_failed = True
+            return
         self.boards.add(board_id)
-        channel = await self.layer.new_channel("discordbot.")
-        await self.layer.group_add(f"leaderboard.{board_id}", channel)
-        self.spawn(self._receive_board(board_id, channel))
+        await self._subscribe(f"leaderboard.{board_id}", channel)
+        self.spawn(self._forever(f"board {board_id}", lambda: self._receive_board(board_id, channel)))
 
     async def _receive_board(self, board_id: int, channel: str) -> None:
         while True:
@@ -208,8 +312,8 @@ class Live:
         for item in claimed:
             try:
                 sent = await self.client.get_partial_messageable(item.channel_id).send(item.text)
-            except discord.HTTPException as exc:
-                log.warning("could not post announcement %s (%s); retried after %s s", item.announcement_id, exc,
+            except TRANSIENT as exc:
+                log.warning("could not post announcement %s (%r); retried after %s s", item.announcement_id, exc,
                             settings.DISCORD_ANNOUNCE_RETRY_SECONDS)
                 continue
             await in_live_thread(announce.posted, item.announcement_id, sent.id)
@@ -223,7 +327,7 @@ class Live:
     def _token_usable(self, watch: Watch) -> bool:
         lifetime = settings.DISCORD_INTERACTION_TOKEN_SECONDS
         margin = min(60.0, lifetime / 4)
-        return timezone.now() < watch.token_expires - timedelta(seconds=margin)
+        return bool(watch.token) and timezone.now() < watch.token_expires - timedelta(seconds=margin)
 
     async def _target(self, watch: Watch) -> discord.abc.Messageable:
         if watch.public:
@@ -235,10 +339,26 @@ class Live:
         user = await self.client.fetch_user(watch.discord_user_id)
         return await user.create_dm()
 
-    async def _edit(self, watch: Watch, content: str) -> None:
+    async def _through_token(self, watch: Watch, call):
+        """A call through the interaction's token; when Discord says the token is spent (401, 50027) before we
+        expected, the message moves on as if it had expired."""
+        try:
+            return await call()
+        except discord.HTTPException as exc:
+            if exc.status != 401 and exc.code != 50027:
+                raise
+            log.info("interaction token of submission %s expired early", watch.submission_id)
+            watch.token = ""
+            await in_live_thread(service.save_status_message, watch.row_id, interaction_token="")
+            return None
+
+    async def _edit(self, watch: Watch, content: str) -> bool:
+        content = render.clip(content)
         if watch.message_id is None and self._token_usable(watch):
-            await self._webhook(watch).edit_message(watch.original_id, content=content)
-            return
+            edited = await self._through_token(
+                watch, lambda: self._webhook(watch).edit_message(watch.original_id, content=content))
+            if edited is not None:
+                return True
         target = await self._target(watch)
         if watch.message_id is None:
             sent = await target.send(content)
@@ -246,51 +366,98 @@ class Live:
             await in_live_thread(service.save_status_message, watch.row_id, message_id=sent.id, interaction_token="")
         else:
             await target.get_partial_message(watch.message_id).edit(content=content)
+        return True
 
     async def _report(self, watch: Watch, report: str) -> None:
-        file = text_file(f"submission-{watch.submission_id}.txt", report)
-        if self._token_usable(watch):
-            await self._webhook(watch).send("The full report (only you see it):", file=file, ephemeral=True)
-        else:
-            user = await self.client.fetch_user(watch.discord_user_id)
-            await user.send(f"The full report of submission #{watch.submission_id}:", file=file)
+        limit = UPLOAD_LIMIT
+        while True:
+            file = text_file(f"submission-{watch.submission_id}.txt", render.fit_file(report, limit))
+            try:
+                if self._token_usable(watch):
+                    sent = await self._through_token(watch, lambda file=file: self._webhook(watch).send(
+                        "The full report (only you see it):", file=file, ephemeral=True, wait=True))
+                    if sent is not None:
+                        return
+                user = await self.client.fetch_user(watch.discord_user_id)
+                await user.send(f"The full report of submission #{watch.submission_id}:", file=file)
+                return
+            except discord.HTTPException as exc:
+                if exc.status == 413 or exc.code == 40005:  # this server's upload limit is lower: cut the report
+                    limit = min(limit, len(render.fit_file(report, limit).encode())) // 2
+                    if limit >= 64:
+                        continue
+                    log.info("submission %s's report fits no upload; it is on the site", watch.submission_id)
+                    return
+                if exc.code == 50007:  # the member accepts no DMs: there is nowhere private left to send it
+                    log.info("submission %s's author takes no DMs; its report is on the site", watch.submission_id)
+                    return
+                raise
 
     async def _follow(self, watch: Watch) -> None:
-        interval = settings.DISCORD_EDIT_INTERVAL
+        failures = 0
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(watch.dirty.wait(), SAFETY_REFRESH)
-            wait = watch.next_edit_at(interval) - time.monotonic()
-            if wait > 0:
-                await asyncio.sleep(wait)  # everything that arrives meanwhile makes one edit
-            watch.dirty.clear()
-            watch.final = False
-            shown = await in_live_thread(service.progress, watch.submission_id, watch.public)
-            if shown is None:
-                shown = service.Progress(f"Submission #{watch.submission_id} was deleted.", True, "")
-            if shown.content != watch.last_content or (watch.message_id is None and not self._token_usable(watch)):
-                try:
-                    await self._edit(watch, shown.content)
-                except discord.NotFound:
-                    log.info("status message of submission %s is gone; no more edits", watch.submission_id)
-                    shown.done, shown.report = True, ""
-                except discord.HTTPException as exc:
-                    if exc.status != 429:
-                        raise
-                    # rate limited past discord.py's own retries: show the latest state on a later round
-                    log.info("edit of submission %s rate limited; retrying later", watch.submission_id)
-                    watch.dirty.set()
-                    watch.last_edit = time.monotonic() + RATE_LIMIT_BACKOFF
-                    continue
-                watch.last_content, watch.last_edit = shown.content, time.monotonic()
-                watch.recent_edits.append(watch.last_edit)
-            if shown.done:
-                if shown.report:
-                    await self._report(watch, shown.report)
-                await in_live_thread(service.save_status_message, watch.row_id, finished=True, interaction_token="")
-                self.watches.pop(watch.submission_id, None)
-                await self.layer.group_discard(f"submission.{watch.submission_id}", self.channel)
-                return
+            try:
+                if await self._round(watch):
+                    return
+                failures = 0
+            except TRANSIENT as exc:  # Discord, the network, Redis or the database failing: the round is done again
+                pause = RETRY_AFTER[min(failures, len(RETRY_AFTER) - 1)]
+                log.warning("status of submission %s not updated (%r); trying again in %s s", watch.submission_id,
+                            exc, pause)
+                failures += 1
+                watch.dirty.set()
+                await asyncio.sleep(pause)
+
+    async def _round(self, watch: Watch) -> bool:
+        """One edit of the status message (when it changed), and at the end its report; True when it is done."""
+        interval = settings.DISCORD_EDIT_INTERVAL
+        refresh = RETRY_AFTER[2] if self.layer_failed else SAFETY_REFRESH
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(watch.dirty.wait(), refresh)
+        wait = watch.next_edit_at(interval) - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)  # everything that arrives meanwhile makes one edit
+        watch.dirty.clear()
+        if not await in_live_thread(service.hold_status_lease, watch.row_id, PROCESS):
+            log.info("status message of submission %s is another process's now", watch.submission_id)
+            self._drop(watch)
+            return True
+        shown = await in_live_thread(service.progress, watch.submission_id, watch.public)
+        if shown is None:
+            shown = service.Progress(f"Submission #{watch.submission_id} was deleted.", True, "")
+        if shown.content != watch.last_content or (watch.message_id is None and not self._token_usable(watch)):
+            try:
+                await self._edit(watch, shown.content)
+            except discord.NotFound:
+                log.info("status message of submission %s is gone; no more edits", watch.submission_id)
+                shown.done, shown.report = True, ""
+            except discord.Forbidden as exc:
+                if exc.code != 50007:
+                    raise
+                log.info("submission %s's author takes no DMs: its status is on the site", watch.submission_id)
+                shown.done, shown.report = True, ""
+            except discord.HTTPException as exc:
+                if exc.status != 429:
+                    raise
+                # rate limited past discord.py's own retries: show the latest state on a later round
+                log.info("edit of submission %s rate limited; retrying later", watch.submission_id)
+                watch.dirty.set()
+                watch.last_edit = time.monotonic() + RATE_LIMIT_BACKOFF
+                return False
+            watch.last_content, watch.last_edit = shown.content, time.monotonic()
+            watch.recent_edits.append(watch.last_edit)
+        watch.final = False
+        if not shown.done:
+            return False
+        if shown.report and not watch.reported:
+            await self._report(watch, shown.report)
+            watch.reported = True
+            await in_live_thread(service.save_status_message, watch.row_id, reported=True)
+        await in_live_thread(service.save_status_message, watch.row_id, finished=True, interaction_token="")
+        self.watches.pop(watch.submission_id, None)
+        with contextlib.suppress(*TRANSIENT):
+            await self.layer.group_discard(f"submission.{watch.submission_id}", self.channel)
+        return True
 
 
 # --- commands ----------------------------------------------------------------------------------------------------
@@ -373,10 +540,14 @@ async def template_command(interaction: discord.Interaction, leaderboard: str, l
 async def get_submission_command(interaction: discord.Interaction, submission_id: int) -> None:
     try:
         name, text = await in_thread(service.get_submission, member_of(interaction), submission_id)
+        if len(text.encode()) > upload_limit(interaction):
+            link = render.link("submission", submission_id)
+            raise BotError(f"Submission #{submission_id} is {len(text.encode())} bytes, more than this server takes "
+                           f"in an upload ({upload_limit(interaction)} bytes); download it on the site"
+                           f"{': ' + link if link else ''}.")
     except BotError as exc:
         return await refuse(interaction, str(exc))
-    await interaction.response.send_message(f"Submission #{submission_id}:", file=text_file(name, text),
-                                            ephemeral=True)
+    await respond(interaction, f"Submission #{submission_id}:", file=text_file(name, text))
 
 
 submission_group = app_commands.Group(name="submission", description="Submissions", guild_only=True)
@@ -449,8 +620,79 @@ async def rescore_command(interaction: discord.Interaction, leaderboard: str) ->
 
 
 @admin_group.command(name="stats", description="Submissions, runs per runner, pass rate, queue delay, GPU time")
-async def stats_command(interaction: discord.Interaction, days: app_commands.Range[int, 1, 3650] = 1) -> None:
-    await answer(interaction, service.statistics, days)
+@app_commands.autocomplete(leaderboard=leaderboard_autocomplete)
+async def stats_command(interaction: discord.Interaction, days: app_commands.Range[int, 1, 3650] = 1,
+                        leaderboard: str | None = None) -> None:
+    await answer(interaction, service.statistics, days, leaderboard)
+
+
+@admin_group.command(name="show-stats", description="KernelBot's statistics: all time, or the last day only")
+@app_commands.autocomplete(leaderboard_name=leaderboard_autocomplete)
+async def show_stats_command(interaction: discord.Interaction, last_day_only: bool = False,
+                             leaderboard_name: str | None = None) -> None:
+    await answer(interaction, service.statistics, 1 if last_day_only else 3650, leaderboard_name)
+
+
+@admin_group.command(name="ban", description="Stop a Discord user from submitting (to one leaderboard or all)")
+@app_commands.describe(user_id="Discord user id (Developer Mode → right-click → Copy User ID)")
+@app_commands.autocomplete(leaderboard=leaderboard_autocomplete)
+async def ban_command(interaction: discord.Interaction, user_id: str, leaderboard: str | None = None,
+                      reason: str = "") -> None:
+    await answer(interaction, service.ban, user_id, leaderboard, reason)
+
+
+@admin_group.command(name="unban", description="Let a banned Discord user submit again")
+@app_commands.autocomplete(leaderboard=leaderboard_autocomplete)
+async def unban_command(interaction: discord.Interaction, user_id: str, leaderboard: str | None = None) -> None:
+    await answer(interaction, service.unban, user_id, leaderboard)
+
+
+@admin_group.command(name="get-user-names", description="Discord id → shown name of everyone who submitted (JSON)")
+async def get_user_names_command(interaction: discord.Interaction) -> None:
+    try:
+        text = await in_thread(service.user_names, member_of(interaction))
+    except BotError as exc:
+        return await refuse(interaction, str(exc))
+    await respond(interaction, "Discord id → name:", file=text_file("user_mapping.json", text))
+
+
+@admin_group.command(name="update-user-names", description="Set shown names from a JSON file of Discord id → name")
+async def update_user_names_command(interaction: discord.Interaction, attachment: discord.Attachment) -> None:
+    member = member_of(interaction)
+    try:
+        await in_thread(service.require_organiser, member)
+        if attachment.size > MAX_FILE:
+            raise BotError(f"'{attachment.filename}' is {attachment.size} bytes; the limit is {MAX_FILE} bytes.")
+        text = await in_thread(service.update_user_names, member, await attachment.read())
+    except BotError as exc:
+        return await refuse(interaction, str(exc))
+    await respond(interaction, text)
+
+
+@admin_group.command(name="update-problems", description="Import the problem sets of a repository's branch")
+@app_commands.describe(repository="owner/name (default: the configured one)", problem_set="problems/<set>.yaml "
+                       "(default: every set)", branch="The branch (no slashes)", force="Let leaderboards with "
+                       "submissions change (with one problem set)")
+async def update_problems_command(interaction: discord.Interaction, repository: str | None = None,
+                                  problem_set: str | None = None, branch: str = "main", force: bool = False) -> None:
+    member = member_of(interaction)
+    try:
+        await in_thread(service.require_organiser, member)
+        await interaction.response.defer(ephemeral=True, thinking=True)  # a download takes longer than 3 s
+        text = await in_thread(service.update_problems, member, repository, problem_set, branch, force)
+    except BotError as exc:
+        return await refuse(interaction, str(exc))
+    await send(interaction, text)
+
+
+@admin_group.command(name="verifyruns", description="Run the health checks (a known-good submission) on every pool")
+async def verify_runs_command(interaction: discord.Interaction) -> None:
+    await answer(interaction, service.verify_runs)
+
+
+@app_commands.command(name="ping", description="Is the bot alive?")
+async def ping_command(interaction: discord.Interaction) -> None:
+    await answer(interaction, service.ping)
 
 
 @admin_group.command(name="import", description="Import a problem from a zip (task.yml and its files)")
@@ -471,9 +713,11 @@ async def import_command(interaction: discord.Interaction, archive: discord.Atta
 
 
 class ConfirmDelete(discord.ui.View):
-    def __init__(self, organiser_id: int, submission_id: int):
+    """Delete or keep, answered by the organiser who asked: `delete` is a service function of the member."""
+
+    def __init__(self, organiser_id: int, what: str, delete, *args):
         super().__init__(timeout=300)
-        self.organiser_id, self.submission_id = organiser_id, submission_id
+        self.organiser_id, self.what, self.delete, self.args = organiser_id, what, delete, args
 
     async def interaction_check(self, interaction: discord.Interaction) -> bool:
         if interaction.user.id != self.organiser_id:
@@ -485,7 +729,7 @@ class ConfirmDelete(discord.ui.View):
     async def confirm(self, interaction: discord.Interaction, button: discord.ui.Button) -> None:
         self.stop()
         try:
-            text = await in_thread(service.delete_submission, member_of(interaction), self.submission_id)
+            text = await in_thread(self.delete, member_of(interaction), *self.args)
         except BotError as exc:
             text = str(exc)
         await interaction.response.edit_message(content=text, view=None)
@@ -493,7 +737,18 @@ class ConfirmDelete(discord.ui.View):
     @discord.ui.button(label="Keep", style=discord.ButtonStyle.secondary, custom_id="kb-delete-keep")
     async def keep(self, interaction: discord.Interaction, button: discord.ui.Button) -> None:
         self.stop()
-        await interaction.response.edit_message(content=f"Submission #{self.submission_id} is kept.", view=None)
+        await interaction.response.edit_message(content=f"{self.what} is kept.", view=None)
+
+
+@admin_group.command(name="delete-leaderboard", description="Delete a leaderboard (asks for confirmation)")
+@app_commands.autocomplete(leaderboard=leaderboard_autocomplete)
+async def delete_leaderboard_command(interaction: discord.Interaction, leaderboard: str, force: bool = False) -> None:
+    try:
+        text = await in_thread(service.describe_leaderboard_delete, member_of(interaction), leaderboard, force)
+    except BotError as exc:
+        return await refuse(interaction, str(exc))
+    await respond(interaction, text, view=ConfirmDelete(interaction.user.id, f"Leaderboard '{leaderboard}'",
+                                                        service.delete_leaderboard, leaderboard, force))
 
 
 @admin_group.command(name="delete-submission", description="Delete a submission (asks for confirmation)")
@@ -502,8 +757,8 @@ async def delete_command(interaction: discord.Interaction, submission_id: int) -
         text = await in_thread(service.describe_for_delete, member_of(interaction), submission_id)
     except BotError as exc:
         return await refuse(interaction, str(exc))
-    await interaction.response.send_message(text, view=ConfirmDelete(interaction.user.id, submission_id),
-                                            ephemeral=True)
+    await respond(interaction, text, view=ConfirmDelete(interaction.user.id, f"Submission #{submission_id}",
+                                                        service.delete_submission, submission_id))
 
 
 # --- the client ----------------------------------------------------------------------------------------------------
@@ -521,8 +776,8 @@ class KernelBot(discord.Client):
         intents.guilds = True  # roles for the organiser check; slash commands need no privileged intent
         super().__init__(intents=intents, **options)
         self.tree = CommandTree(self)
-        for group in (leaderboard_group, submission_group, gpus_group, admin_group):
-            self.tree.add_command(group)
+        for command in (leaderboard_group, submission_group, gpus_group, admin_group, ping_command):
+            self.tree.add_command(command)
         self.live = Live(self)
 
     async def setup_hook(self) -> None:
@@ -547,10 +802,18 @@ class KernelBot(discord.Client):
         # acknowledge at once ("thinking…"): under a burst of submissions the checks below queue for the database,
         # and Discord drops an interaction not answered within 3 s.
         public = service.is_public(mode)
-        await interaction.response.defer(ephemeral=not public, thinking=True)
+        try:
+            await interaction.response.defer(ephemeral=not public, thinking=True)
+        except discord.HTTPException as exc:
+            if not already_acknowledged(exc):
+                raise
         deferred_at = time.monotonic()
         try:
             content = await script.read()
+            if not gpus:
+                gpus = await self.choose_gpus(interaction, member, leaderboard, content)
+                if gpus is None:
+                    raise BotError("No GPU type was chosen; nothing was submitted.")
             submitted = await in_thread(service.submit, member, mode, script.filename, content, leaderboard, gpus)
         except BotError as exc:
             if public:  # a refusal is for the submitter only: the public "thinking…" answer makes way for it
@@ -561,12 +824,45 @@ class KernelBot(discord.Client):
             return
         shown = await interaction.edit_original_response(content=submitted.content)
         row = await in_thread(service.track, submitted, member, interaction.application_id, interaction.token,
-                              shown.id)
+                              shown.id, PROCESS)
         edited_at = time.monotonic()
         await self.live.watch(Watch(row.pk, row.submission_id, row.public, row.discord_user_id, row.channel_id,
                                     row.guild_id, row.application_id, row.interaction_token, row.token_expires,
                                     shown.id, last_content=submitted.content, last_edit=edited_at,
                                     recent_edits=deque([deferred_at, edited_at], maxlen=EDITS_PER_WINDOW)))
+
+
+    async def choose_gpus(self, interaction: discord.Interaction, member: Member, leaderboard: str | None,
+                          content: bytes) -> str | None:
+        """A submission that names no GPU type: its board's only one, or the author's choice from a menu (as
+        KernelBot does); "" when there is nothing to choose from (`service.submit` says why), None when the author
+        chose nothing in time."""
+        options = await in_thread(service.gpu_options, member, leaderboard, content)
+        if len(options) <= 1:
+            return options[0] if options else ""
+        view = GpuChoice(interaction.user.id, options)
+        await interaction.followup.send("Choose the GPU type(s) to run on:", view=view, ephemeral=True)
+        await view.wait()
+        return ",".join(view.chosen) or None
+
+
+class GpuChoice(discord.ui.View):
+    def __init__(self, author_id: int, names: list[str]):
+        super().__init__(timeout=GPU_CHOICE_SECONDS)
+        self.author_id, self.chosen = author_id, []
+        self.menu = discord.ui.Select(custom_id="kb-gpu-choice", placeholder="GPU types", min_values=1,
+                                      max_values=min(len(names), 25),
+                                      options=[discord.SelectOption(label=n) for n in names[:25]])
+        self.menu.callback = self.picked
+        self.add_item(self.menu)
+
+    async def interaction_check(self, interaction: discord.Interaction) -> bool:
+        return interaction.user.id == self.author_id
+
+    async def picked(self, interaction: discord.Interaction) -> None:
+        self.chosen = list(self.menu.values)
+        self.stop()
+        await interaction.response.edit_message(content=f"Submitting on {', '.join(self.chosen)}.", view=None)
 
 
 def run(token: str) -> None:

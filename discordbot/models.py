@@ -80,6 +80,9 @@ class StatusMessage(models.Model):
     original_id = models.BigIntegerField(help_text="The interaction's response message.")
     message_id = models.BigIntegerField(null=True, blank=True, help_text="The channel message, once it moved there.")
     finished = models.BooleanField(default=False)
+    reported = models.BooleanField(default=False, help_text="Its author was sent the full report.")
+    owner = models.CharField(max_length=100, blank=True, help_text="The bot process that edits it (host:pid:id).")
+    lease_until = models.DateTimeField(null=True, blank=True, help_text="Another process may take it over after.")
     created = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:

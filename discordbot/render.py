@@ -4,6 +4,7 @@ within Discord's 2,000 characters per message."""
 from __future__ import annotations
 
 import json
+import math
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -19,6 +20,37 @@ PHASES = {"test": "tests", "benchmark": "benchmarks", "ranked": "ranked cases"}
 
 def clip(text: str, limit: int = LIMIT) -> str:
     return text if len(text) <= limit else text[: limit - 2] + " …"
+
+
+def split(text: str, limit: int = LIMIT) -> list[str]:
+    """Text of any length as messages of at most `limit` characters, cut between lines where it can be."""
+    parts: list[str] = []
+    current = ""
+    for line in text.split("\n"):
+        while len(line) > limit:  # one line longer than a message: cut it
+            if current:
+                parts.append(current)
+                current = ""
+            parts.append(line[:limit])
+            line = line[limit:]
+        if current and len(current) + 1 + len(line) > limit:
+            parts.append(current)
+            current = line
+        else:
+            current = f"{current}\n{line}" if current else line
+    if current or not parts:
+        parts.append(current)
+    return parts
+
+
+def fit_file(text: str, limit: int) -> str:
+    """A report within an upload limit of `limit` bytes: its beginning and its end, with a note of what is left out."""
+    data = text.encode()
+    if len(data) <= limit:
+        return text
+    keep = max(0, limit - 200) // 2
+    return (data[:keep].decode(errors="ignore") + f"\n\n[… {len(data) - 2 * keep} bytes left out: Discord's upload "
+            f"limit; the site has the whole report …]\n\n" + data[len(data) - keep:].decode(errors="ignore"))
 
 
 def when(value: datetime) -> str:
@@ -45,7 +77,7 @@ def link(name: str, *args) -> str:
     return f"{settings.SITE_URL}{reverse(name, args=args)}" if settings.SITE_URL else ""
 
 
-def _run_line(run: dict) -> str:
+def _run_line(run: dict, scored: bool = False) -> str:
     kind = "secret" if run["secret"] else "public"
     line = f"{ICONS.get(run['status'], '')} **{run['gpu']}** ({kind}): {run['status'].replace('_', ' ')}"
     progress = run.get("progress") or {}
@@ -54,7 +86,7 @@ def _run_line(run: dict) -> str:
                 f"{progress.get('total', '?')}"
     if run["outcome"] is not None and run["outcome"] != Outcome.PASSED:
         line += f" — {failure_text(run)}".split("\n")[0][:300]
-    if run["score"] is not None:
+    if run["score"] is not None and not scored:  # scored: the submission's one score is shown instead
         line += f" — {seconds(run['score'])}{ratio(run['ratio_low'], run['ratio'], run['ratio_high'])}"
     cases = [c for phase in ("tests", "benchmarks") for c in run.get(phase) or []]
     if cases:
@@ -62,14 +94,25 @@ def _run_line(run: dict) -> str:
     return line
 
 
-def status(submission, runs: list[dict], state: str, queue: dict | None) -> str:
+def score(value: float, interval) -> str:
+    """A submission's score as the board and the announcements show it."""
+    if interval is None:
+        return seconds(value)
+    return seconds(value) + ratio(interval.low, interval.value, None if math.isinf(interval.high) else interval.high)
+
+
+def status(submission, runs: list[dict], state: str, queue: dict | None, scores: dict | None = None) -> str:
+    """`scores`: GPU name → the submission's one (score, ratio) there (`serializers.submission_results`), shown
+    instead of each run's own."""
+    scores = scores or {}
     head = f"**#{submission.pk}** `{submission.file_name}` → **{submission.leaderboard.name}** ({submission.mode}): " \
            f"{state}"
     lines = [head]
     if queue:
         lines.append(f"Queue position {queue['position']} of {queue['queued_jobs']} on {queue['gpu']}, about "
                      f"{timedelta(seconds=int(queue['eta_seconds']))} to go.")
-    lines += [_run_line(r) for r in runs]
+    lines += [f"Score on **{gpu}**: {score(*result)}" for gpu, result in scores.items()]
+    lines += [_run_line(r, r["gpu"] in scores) for r in runs]
     if url := link("submission", submission.pk):
         lines.append(url)
     return clip("\n".join(lines))

@@ -5,11 +5,13 @@ precise message a user gets (ephemeral) when a command is refused; nothing is wr
 from __future__ import annotations
 
 import copy
+import json
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import PurePosixPath
 
+from allauth.socialaccount.models import SocialAccount
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser
 from django.db import transaction
@@ -17,16 +19,18 @@ from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Q,
 from django.utils import timezone
 
 from kernelbot.cli.directives import parse_directives
-from leaderboards import actions
+from leaderboards import actions, health
 from leaderboards.access import actions as access
 from leaderboards.access.authority import access_leaderboard, access_submission, run_view
 from leaderboards.api import queue_out
 from leaderboards.errors import AccessDenied, SubmissionRejected
 from leaderboards.importing import ImportRejected, do_import_task
-from leaderboards.models import BoardEntry, Leaderboard, Run, RunStatus, Submission, SubmissionMode
+from leaderboards.models import BoardEntry, Leaderboard, Profile, Run, RunStatus, Submission, SubmissionMode
 from leaderboards.popcorn.wire import public_task
-from leaderboards.serializers import job_state, run_out, submission_scores
+from leaderboards.repository import RepositoryError, do_import_repository
+from leaderboards.serializers import job_state, run_out, submission_results, submission_scores
 from leaderboards.taskfile import TaskFileError, load_task_from_zip, parse_deadline
+from runners.models import GpuPool
 
 from . import render
 from .identity import user_for_discord
@@ -167,12 +171,15 @@ def submit(member: Member, command_mode: str, file_name: str, content: bytes, le
                      [r.pk for r in submission.new_runs])
 
 
-def track(submitted: Submitted, member: Member, application_id: int, token: str, original_id: int) -> StatusMessage:
+def track(submitted: Submitted, member: Member, application_id: int, token: str, original_id: int,
+          process: str) -> StatusMessage:
+    """The status message of a submission just made, leased to the process that answered it."""
     return StatusMessage.objects.create(
         submission_id=submitted.submission_id, user_id=submitted.user_id, discord_user_id=member.id,
         public=submitted.public, guild_id=member.guild_id, channel_id=member.channel_id, application_id=application_id,
         interaction_token=token, original_id=original_id,
-        token_expires=timezone.now() + timedelta(seconds=settings.DISCORD_INTERACTION_TOKEN_SECONDS))
+        token_expires=timezone.now() + timedelta(seconds=settings.DISCORD_INTERACTION_TOKEN_SECONDS),
+        owner=process, lease_until=timezone.now() + timedelta(seconds=lease_seconds()))
 
 
 @dataclass
@@ -195,7 +202,7 @@ def progress(submission_id: int, public: bool) -> Progress | None:
     shown = [run_out(r, view) for r in runs]
     queue = None if done else queue_out(submission, runs)
     owner_view = [run_out(r, run_view(submission.user, submission)) for r in runs]
-    return Progress(render.status(submission, shown, state, queue), done,
+    return Progress(render.status(submission, shown, state, queue, submission_results(submission.mode, runs)), done,
                     render.report(submission, owner_view) if done else "")
 
 
@@ -205,8 +212,37 @@ def runs_of(submission_id: int) -> tuple[int | None, list[int]]:
     return leaderboard_id, list(Run.objects.filter(submission_id=submission_id).values_list("pk", flat=True))
 
 
-def unfinished_status_messages() -> list[StatusMessage]:
-    return list(StatusMessage.objects.filter(finished=False).select_related("submission"))
+def lease_seconds() -> float:
+    return settings.DISCORD_LEASE_SECONDS
+
+
+def claim_status_messages(process: str) -> list[StatusMessage]:
+    """The unfinished status messages no process holds (their bot died or stopped), now leased to `process`: each
+    taken with a compare-and-set, so two processes never both take one."""
+    now = timezone.now()
+    lapsed = StatusMessage.objects.filter(finished=False).filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now))
+    claimed = []
+    for row in lapsed.order_by("pk")[:100]:
+        if StatusMessage.objects.filter(pk=row.pk, finished=False, lease_until=row.lease_until).update(
+                owner=process, lease_until=now + timedelta(seconds=lease_seconds())):
+            row.owner = process
+            claimed.append(row)
+    return claimed
+
+
+def renew_status_leases(process: str) -> set[int]:
+    """Extend the leases `process` holds; the ids of its unfinished status messages."""
+    mine = StatusMessage.objects.filter(owner=process, finished=False)
+    mine.filter(lease_until__gte=timezone.now()).update(
+        lease_until=timezone.now() + timedelta(seconds=lease_seconds()))
+    return set(mine.filter(lease_until__gte=timezone.now()).values_list("pk", flat=True))
+
+
+def hold_status_lease(row_id: int, process: str) -> bool:
+    """True (and the lease extended) when `process` still holds the status message's lease: it may edit it."""
+    now = timezone.now()
+    return bool(StatusMessage.objects.filter(pk=row_id, owner=process, lease_until__gte=now).update(
+        lease_until=now + timedelta(seconds=lease_seconds())))
 
 
 def save_status_message(row_id: int, **fields) -> None:
@@ -321,7 +357,7 @@ def submission_status(member: Member, submission_id: int) -> str:
     runs = list(submission.runs.select_related("gpu_type", "submission").order_by("gpu_type", "secret"))
     done, state, _ = job_state(runs, view)
     return render.status(submission, [run_out(r, view) for r in runs], state,
-                         None if done else queue_out(submission, runs))
+                         None if done else queue_out(submission, runs), submission_results(submission.mode, runs))
 
 
 # --- organisers --------------------------------------------------------------------------------------------------
@@ -395,11 +431,13 @@ def import_problem(member: Member, data: bytes, leaderboard: str | None, deadlin
     return f"Imported {task_def.name}: " + "; ".join(report.lines)
 
 
-def statistics(member: Member, days: int) -> str:
-    require_organiser(member)
+def statistics(member: Member, days: int, leaderboard_name: str | None = None) -> str:
+    actor = require_organiser(member)
     since = timezone.now() - timedelta(days=days)
-    subs = Submission.objects.filter(created__gte=since)
-    runs = Run.objects.filter(submission__created__gte=since)
+    subs = Submission.objects.filter(created__gte=since, leaderboard__internal=False)  # not the pool health checks
+    if leaderboard_name:
+        subs = subs.filter(leaderboard=_leaderboard(actor, leaderboard_name))
+    runs = Run.objects.filter(submission__in=subs)
     finished = runs.filter(status__in=[RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.TIMED_OUT,
                                        RunStatus.HACKED])
     per_runner = list(runs.exclude(runner="").values("runner").annotate(n=Count("pk")).order_by("-n")[:10])
@@ -410,8 +448,9 @@ def statistics(member: Member, days: int) -> str:
         F("finished_at") - F("started_at"), output_field=DurationField())))["t"]
     top = list(subs.values("user__username").annotate(n=Count("pk")).order_by("-n", "user__username")[:5])
     by_mode = dict(subs.values_list("mode").annotate(n=Count("pk")).values_list("mode", "n"))
-    return render.statistics(days, subs.count(), by_mode, per_runner, passed, finished.count(), delay, gpu_time,
+    text = render.statistics(days, subs.count(), by_mode, per_runner, passed, finished.count(), delay, gpu_time,
                              top, runs.filter(Q(status=RunStatus.QUEUED)).count())
+    return f"'{leaderboard_name}': {text}" if leaderboard_name else text
 
 
 @transaction.atomic
@@ -422,3 +461,130 @@ def ensure_bootstrap_guild() -> None:
 
 def served_guild_ids() -> list[int]:
     return list(Guild.objects.filter(enabled=True).values_list("guild_id", flat=True))
+
+
+def gpu_options(member: Member, leaderboard_name: str | None, content: bytes) -> list[str]:
+    """The GPU types a submission naming none may choose from (KernelBot offers them): [] when it names some (the
+    option or a #!POPCORN gpu line) or its leaderboard cannot be found (`submit` then says why)."""
+    found = parse_directives(content.decode("utf-8", errors="replace"))
+    name = (leaderboard_name or found.get("leaderboard") or "").strip()
+    if found.get("gpu") or not name:
+        return []
+    try:
+        board = access_leaderboard(actor_for(member).user, name, queryset=Leaderboard.objects.prefetch_related(
+            "gpu_types"))
+    except AccessDenied:
+        return []
+    return sorted(g.name for g in board.gpu_types.all())
+
+
+# --- KernelBot's other organiser commands --------------------------------------------------------------------------
+
+def ping(member: Member) -> str:
+    started = time.monotonic()
+    Guild.objects.exists()
+    return f"pong (the database answered in {(time.monotonic() - started) * 1000:.0f} ms)"
+
+
+def _discord_user(discord_id: str):
+    """The platform user of a Discord id (created when they have never used the bot, so they can be banned first)."""
+    if not discord_id.strip().isdigit() or len(discord_id.strip()) > 20:
+        raise BotError(f"'{discord_id[:40]}' is not a Discord user id (Developer Mode → right-click → Copy User ID).")
+    try:
+        return user_for_discord(int(discord_id), f"discord-{discord_id.strip()}")
+    except AccessDenied as exc:
+        raise BotError(str(exc)) from exc
+
+
+def ban(member: Member, discord_id: str, leaderboard_name: str | None, reason: str) -> str:
+    actor = require_organiser(member)
+    board = _leaderboard(actor, leaderboard_name) if leaderboard_name else None
+    user = _discord_user(discord_id)
+    access.do_ban(user, board, reason[:200])
+    return f"<@{discord_id.strip()}> may no longer submit to " + (f"'{board.name}'" if board else "any leaderboard") \
+        + (f": {reason[:200]}" if reason else "") + "."
+
+
+def unban(member: Member, discord_id: str, leaderboard_name: str | None) -> str:
+    actor = require_organiser(member)
+    board = _leaderboard(actor, leaderboard_name) if leaderboard_name else None
+    if not access.do_unban(_discord_user(discord_id), board):
+        raise BotError(f"<@{discord_id.strip()}> is not banned from "
+                       + (f"'{board.name}'" if board else "all leaderboards") + ".")
+    return f"<@{discord_id.strip()}> may submit to " + (f"'{board.name}'" if board else "every leaderboard") + \
+        " again."
+
+
+def describe_leaderboard_delete(member: Member, leaderboard_name: str, force: bool) -> str:
+    actor = require_organiser(member)
+    board = _leaderboard(actor, leaderboard_name)
+    count = board.submissions.count()
+    if count and not force:
+        raise BotError(f"Leaderboard '{board.name}' has {count} submission(s); pass force:True to delete them too.")
+    return f"Delete leaderboard '{board.name}'" + (f" and its {count} submission(s)" if count else "") + \
+        "? Its board and announcements go with it."
+
+
+def delete_leaderboard(member: Member, leaderboard_name: str, force: bool) -> str:
+    actor = require_organiser(member)
+    board = _leaderboard(actor, leaderboard_name)
+    try:
+        count = actions.do_delete_leaderboard(board, force=force)
+    except SubmissionRejected as exc:
+        raise BotError(str(exc)) from exc
+    return f"Leaderboard '{leaderboard_name}' is deleted" + (f" with {count} submission(s)." if count else ".")
+
+
+def user_names(member: Member) -> str:
+    """KernelBot's get-user-names: Discord id → the name shown on the boards, for everyone who submitted."""
+    require_organiser(member)
+    accounts = SocialAccount.objects.filter(provider="discord", user__submissions__isnull=False).distinct() \
+        .select_related("user__profile")
+    return json.dumps({a.uid: (getattr(a.user, "profile", None) and a.user.profile.display_name)
+                       or a.user.get_username() for a in accounts.order_by("uid")}, indent=2, ensure_ascii=False)
+
+
+def update_user_names(member: Member, data: bytes) -> str:
+    """KernelBot's update-user-names: a JSON object of Discord id → display name; unknown ids are created."""
+    require_organiser(member)
+    try:
+        mapping = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BotError(f"The file is not JSON: {exc}.") from exc
+    if not isinstance(mapping, dict) or not all(isinstance(v, str) for v in mapping.values()):
+        raise BotError('Expected a JSON object of Discord user id → name, e.g. {"123456789": "Ada"}.')
+    bad = [k for k, v in mapping.items() if not k.isdigit() or len(k) > 20 or "\x00" in v or not v.strip()]
+    if bad:
+        raise BotError(f"Not a Discord id with a name: {', '.join(bad[:5])}.")
+    with transaction.atomic():
+        for discord_id, name in mapping.items():
+            user = _discord_user(discord_id)
+            Profile.objects.update_or_create(user=user, defaults={"display_name": name.strip()[:80]})
+    return f"Updated {len(mapping)} name(s)."
+
+
+def update_problems(member: Member, repository: str | None, problem_set: str | None, branch: str,
+                    force: bool) -> str:
+    """KernelBot's update-problems: the competition files of a repository's branch (`leaderboards.repository`)."""
+    require_organiser(member)
+    repository = (repository or settings.PROBLEMS_REPOSITORY).strip()
+    try:
+        done = do_import_repository(repository, branch.strip() or "main", (problem_set or "").strip() or None,
+                                    force=force)
+    except RepositoryError as exc:
+        raise BotError(f"Update refused: {exc}") from exc
+    lines = [f"From {repository}@{branch}:"] + done.imported + [f"refused (nothing of it imported): {e}"
+                                                               for e in done.errors]
+    return "\n".join(lines)
+
+
+def verify_runs(member: Member) -> str:
+    """KernelBot's verifyruns: a round of the health checks (a known-good submission of the check problem) on every
+    pool; their results show on the pool's admin page and in its health."""
+    require_organiser(member)
+    lines = []
+    for pool in GpuPool.objects.filter(enabled=True).order_by("name"):
+        started = health.do_start_pool_check(pool)
+        lines.append(f"**{pool.name}**: " + (f"{len(started)} check run(s) started" if started
+                                              else "a round of checks is already running"))
+    return "\n".join(lines) or "No pool is enabled."

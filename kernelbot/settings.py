@@ -256,12 +256,6 @@ KERNELGUARD_FAIL_OPEN = env_bool("KERNELBOT_KERNELGUARD_FAIL_OPEN", True)
 KERNELGUARD_BLOCK = env_bool("KERNELBOT_KERNELGUARD_BLOCK", False)
 KERNELGUARD_TIMEOUT_S = float(os.environ.get("KERNELBOT_KERNELGUARD_TIMEOUT_S", "10"))
 KERNELGUARD_PROFILE = os.environ.get("KERNELBOT_KERNELGUARD_PROFILE", "")  # a built-in profile, e.g. strict
-# The submissions dataset's push (leaderboards/dataset.py): the Hugging Face Hub (tests: a loopback fake); the token
-# is read from HF_TOKEN when pushing.
-HF_ENDPOINT = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
-# Final standings (leaderboards/finals.py): boards whose deadline passed at most this long ago are re-verified by the
-# scheduled tick (older boards of an installation are left as they are; an organiser may still re-verify them).
-FINAL_VERIFY_WITHIN = int(os.environ.get("KERNELBOT_FINAL_VERIFY_WITHIN", str(2 * 24 * 3600)))
 # Seconds a run may sit in each non-terminal state before the reaper retries or fails it.
 RUN_STATE_DEADLINES = {
     "queued": int(os.environ.get("KERNELBOT_QUEUED_DEADLINE", "300")),
@@ -363,5 +357,13 @@ DISCORD_ANNOUNCE_RETRY_SECONDS = float(os.environ.get("DISCORD_ANNOUNCE_RETRY_SE
 DISCORD_SWEEP_SECONDS = float(os.environ.get("DISCORD_SWEEP_SECONDS", "60"))
 # An interaction's token edits its response for 15 minutes; the status moves to a channel message (or a DM) before.
 DISCORD_INTERACTION_TOKEN_SECONDS = float(os.environ.get("DISCORD_INTERACTION_TOKEN_SECONDS", "900"))
+# One bot process edits a live status message at a time: it renews its lease every third of this; another process
+# takes the message over when the lease lapses (its bot died or hangs).
+DISCORD_LEASE_SECONDS = float(os.environ.get("DISCORD_LEASE_SECONDS", "60"))
+# /admin update-problems: the repository (owner/name) whose problems/<set>.yaml files it imports unless told another,
+# and where a branch's zip is downloaded from ({repository}, {branch}; a mirror, the tests' loopback server).
+PROBLEMS_REPOSITORY = os.environ.get("KERNELBOT_PROBLEMS_REPOSITORY", "gpu-mode/reference-kernels")
+PROBLEMS_ARCHIVE_URL = os.environ.get("KERNELBOT_PROBLEMS_ARCHIVE_URL",
+                                      "https://github.com/{repository}/archive/refs/heads/{branch}.zip")
 # Where links in the bot's messages point (the public site), e.g. https://kernels.example.org
 SITE_URL = os.environ.get("KERNELBOT_SITE_URL", "").rstrip("/")

@@ -119,10 +119,10 @@ def run_out(run: Run, view: RunView) -> dict[str, Any]:
             "problem_error": problem_error}
 
 
-def submission_scores(mode: str, runs: Iterable[Run]) -> dict[str, float]:
-    """GPU type name → a submission's one score there, the board entry's (`actions.ranked_candidates`): for a
-    ranked submission the slower of its public and secret runs once both passed, for other modes (which have
-    no secret run) its public run's. Needs `run.gpu_type`."""
+def submission_results(mode: str, runs: Iterable[Run]) -> dict[str, tuple[float, Interval | None]]:
+    """GPU type name → a submission's one (score, ratio) there, the board entry's (`actions.ranked_candidates`):
+    for a ranked submission the slower of its public and secret runs once both passed, for other modes (which have
+    no secret run) its public run's. Every front-end shows this one. Needs `run.gpu_type`."""
     found: dict[str, dict[bool, tuple[float, Interval | None]]] = {}
     for run in runs:
         if run.passed and run.score is not None:
@@ -130,7 +130,12 @@ def submission_scores(mode: str, runs: Iterable[Run]) -> dict[str, float]:
             ratio = None if run.ratio is None else Interval(run.ratio, run.ratio_low or 0.0, high)
             found.setdefault(run.gpu_type.name, {})[run.secret] = (run.score, ratio)
     needed = 2 if mode == SubmissionMode.LEADERBOARD else 1
-    return {gpu: slower_run(list(scores.values()))[0] for gpu, scores in found.items() if len(scores) == needed}
+    return {gpu: slower_run(list(scores.values())) for gpu, scores in found.items() if len(scores) == needed}
+
+
+def submission_scores(mode: str, runs: Iterable[Run]) -> dict[str, float]:
+    """`submission_results` without the ratios."""
+    return {gpu: score for gpu, (score, _) in submission_results(mode, runs).items()}
 
 
 def score_rule(mode: str) -> str:

@@ -29,6 +29,7 @@ from ..fakes.discord import CHANNEL_ID, GUILD_ID, ORGANISER_ROLE_ID, FakeDiscord
 ANNOUNCE_CHANNEL_ID = 900_000_000_000_000_010
 REPORT_CHANNEL_ID = 900_000_000_000_000_011
 WATCHED = ("discord", "discordbot", "leaderboards", "asyncio")
+TOLERATED = ("Unexpected exception in receive task",)  # channels-redis, before it reconnects (a Redis cut)
 
 
 class ErrorLog(logging.Handler):
@@ -170,3 +171,52 @@ def bot(fake_discord, guild, live_layer):
         logging.getLogger().removeHandler(errors)
     problems = thread.errors + [logging.Formatter().format(r) for r in errors.records]
     assert not problems, "errors inside the bot:\n" + "\n".join(problems)
+
+
+class Bots:
+    """Real bot processes (`manage.py discordbot`) against the fake, on this test's database and channel layer."""
+
+    def __init__(self, fake, instance: str, logs):
+        self.fake, self.instance, self.logs = fake, instance, logs
+        self.processes: list[subprocess.Popen] = []
+
+    def start(self, count: int, **env: str) -> list[subprocess.Popen]:
+        identified = self.fake.identifies
+        started = []
+        for _ in range(count):
+            environ = process_env(self.instance, DISCORD_TOKEN="fake-token", DISCORD_API_URL=self.fake.url,
+                                  DISCORD_ANNOUNCE_RETRY_SECONDS="2", DISCORD_SWEEP_SECONDS="1", LOG_LEVEL="INFO",
+                                  DISCORD_EDIT_INTERVAL="0.3", **env)
+            log = (self.logs / f"bot-{len(self.processes)}.log").open("w")
+            started.append(subprocess.Popen([sys.executable, "manage.py", "discordbot"], cwd=REPO, env=environ,
+                                            start_new_session=True, stdout=log, stderr=subprocess.STDOUT))
+            self.processes.append(started[-1])
+        self.fake.wait_for(lambda: self.fake.identifies == identified + count, 60, f"{count} bots to identify")
+        return started
+
+    def kill(self, *processes: subprocess.Popen) -> None:
+        """SIGKILL: no goodbye, as a crash or an OOM kill."""
+        for process in processes or self.processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(10)
+            reap_group(process.pid)
+
+    def log_text(self) -> str:
+        return "".join(path.read_text() for path in sorted(self.logs.glob("bot-*.log")))
+
+    def failures(self) -> list[str]:
+        """The messages the bots logged with a traceback (the line before one that is not a chained exception's),
+        except channels-redis's own, before it reconnects after a Redis cut."""
+        lines = self.log_text().splitlines()
+        logged = [lines[i - 1] for i, line in enumerate(lines) if line.startswith("Traceback") and i
+                  and lines[i - 1].strip()]
+        return [message for message in logged if not message.startswith(TOLERATED)]
+
+
+@pytest.fixture
+def bots(fake_discord, guild, live_layer, tmp_path):
+    started = Bots(fake_discord, live_layer, tmp_path)
+    yield started
+    started.kill()
+    assert not started.failures(), started.log_text()

@@ -3,10 +3,6 @@ were down while the change happened, and when Discord refused the first post."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -15,47 +11,12 @@ from discordbot.models import Announcement
 from leaderboards import actions
 from leaderboards.models import BoardEntry, SubmissionMode
 
-from ..conftest import REPO, reap_group
+from ..conftest import REPO
 from ..factories import UserFactory
-from .conftest import ANNOUNCE_CHANNEL_ID, process_env
+from .conftest import ANNOUNCE_CHANNEL_ID
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 CORRECT = (REPO / "problems" / "demo" / "vectoradd_py" / "solutions" / "correct.py").read_bytes()
-
-
-class Bots:
-    def __init__(self, fake, instance: str, logs):
-        self.fake, self.instance, self.logs = fake, instance, logs
-        self.processes: list[subprocess.Popen] = []
-
-    def start(self, count: int) -> None:
-        identified = self.fake.identifies
-        for _ in range(count):
-            env = process_env(self.instance, DISCORD_TOKEN="fake-token", DISCORD_API_URL=self.fake.url,
-                              DISCORD_ANNOUNCE_RETRY_SECONDS="2", DISCORD_SWEEP_SECONDS="1", LOG_LEVEL="INFO")
-            log = (self.logs / f"bot-{len(self.processes)}.log").open("w")
-            self.processes.append(subprocess.Popen([sys.executable, "manage.py", "discordbot"], cwd=REPO, env=env,
-                                                   start_new_session=True, stdout=log, stderr=subprocess.STDOUT))
-        self.fake.wait_for(lambda: self.fake.identifies == identified + count, 60, f"{count} bots to identify")
-
-    def kill(self) -> None:
-        """SIGKILL: no goodbye, as a crash or an OOM kill."""
-        for process in self.processes:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(10)
-            reap_group(process.pid)
-
-    def log_text(self) -> str:
-        return "".join(path.read_text() for path in sorted(self.logs.glob("bot-*.log")))
-
-
-@pytest.fixture
-def bots(fake_discord, guild, live_layer, tmp_path):
-    started = Bots(fake_discord, live_layer, tmp_path)
-    yield started
-    started.kill()
-    assert "Traceback" not in started.log_text(), started.log_text()
 
 
 def ranked(leaderboard, name: str):

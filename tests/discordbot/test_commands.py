@@ -1,6 +1,9 @@
 """Every command through the fake, its permissions and its error paths (no cluster: runs stay queued)."""
 
+import http.server
 import io
+import json
+import threading
 import zipfile
 
 import pytest
@@ -9,6 +12,7 @@ from allauth.socialaccount.models import SocialAccount
 from discordbot.models import StatusMessage
 from leaderboards.access.actions import accepting_jobs, do_ban
 from leaderboards.models import Leaderboard, Run, RunStatus, Submission
+from runners.models import GpuType
 
 from ..conftest import REPO
 from ..factories import LeaderboardFactory
@@ -193,3 +197,101 @@ def test_organiser_commands_cancel_requeue_rescore_stats_delete_and_import(bot, 
     bad = fake.command("admin import", ORG, archive=Attachment("bad.zip", b"not a zip"), **org)
     fake.wait_for(lambda: fake.followups(bad), 20, "the refusal")
     assert "Import refused" in fake.followups(bad)[0].content
+
+
+def test_a_submission_naming_no_gpu_takes_the_only_one_or_offers_a_choice(bot, leaderboard, cpu_pool):
+    fake = bot.fake
+    only = submit(fake, leaderboard=leaderboard.name)  # the board runs on CPU only
+    assert "queued" in reply(fake, only)[0]
+    assert Submission.objects.get().runs.get().gpu_type == cpu_pool.cpu
+
+    two = LeaderboardFactory(problem=leaderboard.problem, gpu_types=[cpu_pool.cpu, GpuType.objects.create(
+        name="H100")])
+    interaction = submit(fake, leaderboard=two.name)
+    fake.answer(interaction)
+    menu = fake.wait_for(lambda: fake.followups(interaction), 10, "the GPU menu")[0]
+    options = menu.components[0]["components"][0]
+    assert [o["label"] for o in options["options"]] == ["CPU", "H100"] and menu.ephemeral
+    fake.choose(menu, options["custom_id"], ALICE, ["CPU"])
+    fake.wait_for(lambda: Submission.objects.filter(leaderboard=two).exists(), 10, "the submission")
+    assert Submission.objects.get(leaderboard=two).runs.get().gpu_type == cpu_pool.cpu
+    assert "Submitting on CPU" in menu.content
+
+
+def test_kernelbot_organiser_commands_ban_delete_leaderboard_names_stats_ping(bot, leaderboard):
+    fake = bot.fake
+    org = {"roles": [ORGANISER_ROLE_ID]}
+    assert "pong" in reply(fake, fake.command("ping", BOB))[0]
+    assert "queued" in reply(fake, submit(fake, leaderboard=leaderboard.name, gpus="CPU"))[0]
+    assert "for organisers" in refused(fake, fake.command("admin ban", BOB, user_id=str(ALICE)))
+    assert "may no longer submit to any leaderboard" in reply(fake, fake.command("admin ban", ORG, user_id=str(ALICE),
+                                                                               reason="spam", **org))[0]
+    assert "banned from submitting" in reply(fake, submit(fake, leaderboard=leaderboard.name, gpus="CPU"))[0]
+    assert "may submit to every leaderboard again" in reply(fake, fake.command("admin unban", ORG,
+                                                                               user_id=str(ALICE), **org))[0]
+    assert "is not banned" in refused(fake, fake.command("admin unban", ORG, user_id=str(ALICE), **org))
+    assert "not a Discord user id" in refused(fake, fake.command("admin ban", ORG, user_id="alice", **org))
+
+    names = fake.command("admin get-user-names", ORG, **org)
+    reply(fake, names)
+    assert json.loads(fake.original(names).files[0][1]) == {str(ALICE): "member1"}
+    update = fake.command("admin update-user-names", ORG, attachment=Attachment(
+        "names.json", json.dumps({str(ALICE): "Ada"}).encode()), **org)
+    assert "Updated 1 name(s)" in reply(fake, update)[0]
+    assert SocialAccount.objects.get(uid=str(ALICE)).user.profile.display_name == "Ada"
+    assert "not JSON" in refused(fake, fake.command("admin update-user-names", ORG,
+                                                    attachment=Attachment("n.json", b"{"), **org))
+
+    stats = reply(fake, fake.command("admin show-stats", ORG, last_day_only=True,
+                                     leaderboard_name=leaderboard.name, **org))[0]
+    assert stats.startswith(f"'{leaderboard.name}': **Last 1 day(s)**: 1 submissions")
+    assert "has 1 submission(s); pass force:True" in refused(fake, fake.command(
+        "admin delete-leaderboard", ORG, leaderboard=leaderboard.name, **org))
+    ask = fake.command("admin delete-leaderboard", ORG, leaderboard=leaderboard.name, force=True, **org)
+    assert "and its 1 submission(s)?" in reply(fake, ask)[0]
+    fake.press(fake.original(ask), "kb-delete-confirm", ORG, [ORGANISER_ROLE_ID])
+    fake.wait_for(lambda: "is deleted with 1 submission(s)" in fake.original(ask).content, 10, "the deletion")
+    assert not Leaderboard.objects.filter(pk=leaderboard.pk).exists()
+
+
+@pytest.fixture
+def problems_repository(settings):
+    """A loopback server for a repository's branch zips: owner/problems@main holds this project's problems/."""
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w") as z:
+        for path in sorted((REPO / "problems").rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                z.write(path, "problems-main/" + str(path.relative_to(REPO)))
+    zips = {"/owner/problems/main.zip": archive.getvalue()}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = zips.get(self.path)
+            self.send_response(200 if body else 404)
+            self.end_headers()
+            self.wfile.write(body or b"Not Found")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    settings.PROBLEMS_ARCHIVE_URL = f"http://127.0.0.1:{server.server_port}/{{repository}}/{{branch}}.zip"
+    yield
+    server.shutdown()
+
+
+def test_update_problems_imports_a_repositorys_problem_set(bot, leaderboard, problems_repository):
+    fake = bot.fake
+    org = {"roles": [ORGANISER_ROLE_ID]}
+    done = reply(fake, fake.command("admin update-problems", ORG, repository="owner/problems", problem_set="demo",
+                                    **org))[0]
+    assert done.startswith("From owner/problems@main:") and "vectoradd" in done
+    assert set(Leaderboard.objects.values_list("name", flat=True)) >= {"vectoradd", "softmax", "prefixsum", "matmul"}
+    assert "no problem set 'nope' in owner/problems@main; available: demo" in refused(fake, fake.command(
+        "admin update-problems", ORG, repository="owner/problems", problem_set="nope", **org))
+    assert "answered 404" in refused(fake, fake.command("admin update-problems", ORG, repository="owner/problems",
+                                                        branch="dev", **org))
+    assert "not a branch name" in refused(fake, fake.command("admin update-problems", ORG,
+                                                             repository="owner/problems", branch="a/b", **org))
+    assert "for organisers" in refused(fake, fake.command("admin update-problems", ALICE))

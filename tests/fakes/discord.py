@@ -1,8 +1,12 @@
 """A loopback fake of Discord's gateway and REST API, enough for an unmodified discord.py application-command bot:
 one guild with channels and roles, slash-command, autocomplete and button interactions pushed over the gateway,
 interaction callbacks, webhook (interaction token) and channel messages, DMs and attachment downloads. It keeps every
-message and its edit history, applies a per-message edit rate limit like Discord's (429 with retry_after) and can
-drop the gateway connection to make the client RESUME."""
+message and its edit history, applies a per-message edit rate limit like Discord's (429 with retry_after, and the
+X-RateLimit headers on every message call) and can drop the gateway connection to make the client RESUME.
+
+Faults as real Discord has them: 500 on every REST call for a while (`fail_for`), message content over 2,000
+characters (50035), uploads over the size limit (413, 40005), interaction tokens that expire (401, 50027), an
+interaction answered twice (400, 40060) and members whose DMs are closed (403, 50007)."""
 
 from __future__ import annotations
 
@@ -23,6 +27,8 @@ CHANNEL_ID = 900_000_000_000_000_003
 ORGANISER_ROLE_ID = 900_000_000_000_000_004
 OPTION_TYPES = {str: 3, int: 4, bool: 5}
 EDITS_PER_WINDOW, EDIT_WINDOW = 5, 5.0  # Discord: about 5 edits per 5 s per message
+MAX_CONTENT = 2000  # characters of a message's content
+UPLOAD_LIMIT = 10 * 1024 * 1024  # bytes of a message's files together (a server without boosts)
 
 
 def now_iso() -> str:
@@ -84,6 +90,14 @@ class FakeDiscord:
         self.bot_user = self.user(APP_ID, "kernelbot", bot=True)
         self.channels = {CHANNEL_ID: "submissions"}
         self.roles = {GUILD_ID: "@everyone", ORGANISER_ROLE_ID: "organisers"}
+        # faults
+        self.failing_until = 0.0  # monotonic time: every REST call answers 500 before it
+        self.failed = 0  # calls answered 500
+        self.refused: list[tuple[int, str]] = []  # (code, path) of every 4xx fault answered
+        self.dm_closed: set[int] = set()  # users who accept no DMs
+        self.expired_tokens: set[str] = set()  # interaction tokens Discord no longer accepts
+        self.acknowledged_elsewhere: set[int] = set()  # interactions whose first callback gets 40060
+        self.upload_limit = UPLOAD_LIMIT
 
     # --- running ------------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -167,6 +181,10 @@ class FakeDiscord:
                 "explicit_content_filter": 0, "mfa_level": 0, "nsfw_level": 0, "preferred_locale": "en-US",
                 "afk_timeout": 300, "system_channel_flags": 0, "icon": None, "splash": None, "banner": None,
                 "description": None, "vanity_url_code": None, "premium_subscription_count": 0}
+
+    def fail_for(self, seconds: float) -> None:
+        """Every REST call answers 500 for `seconds` from now, as during a Discord outage."""
+        self.failing_until = time.monotonic() + seconds
 
     def in_channel(self, channel_id: int) -> list[Message]:
         return [m for m in self.messages.values() if m.channel_id == channel_id and m.via == "channel"]
@@ -254,16 +272,17 @@ class FakeDiscord:
                                "permission_overwrites": [], "nsfw": False, "parent_id": None},
                    "member": self.member(user_id, roles), "data": data, "locale": "en-US", "guild_locale": "en-US",
                    "app_permissions": "2147483647", "entitlements": [], "authorizing_integration_owners": {},
-                   "context": 0, "attachment_size_limit": 26214400}
+                   "context": 0, "attachment_size_limit": self.upload_limit}
         if message is not None:
             payload["message"] = message
         return payload
 
-    def command(self, path: str, user_id: int, *, roles: list[int] | None = None, channel_id: int = CHANNEL_ID,
-                autocomplete: bool = False, **values: Any) -> int:
-        """Push `/a b c opt:value…` from user `user_id`; returns the interaction id."""
-        if user_id not in self.users:
-            self.user(user_id, f"member{user_id % 10000}")
+    def command(self, path: str, member_id: int, /, *, roles: list[int] | None = None, channel_id: int = CHANNEL_ID,
+                autocomplete: bool = False, acknowledged: bool = False, **values: Any) -> int:
+        """Push `/a b c opt:value…` from user `member_id`; returns the interaction id. `acknowledged`: Discord
+        answers the bot's first callback with 40060, as when another process answered the interaction."""
+        if member_id not in self.users:
+            self.user(member_id, f"member{member_id % 10000}")
         names = path.split()
         resolved: dict = {}
         options = self._options(values, resolved)
@@ -273,13 +292,22 @@ class FakeDiscord:
                 "guild_id": str(GUILD_ID)}
         if resolved:
             data["resolved"] = resolved
-        payload = self._interaction(4 if autocomplete else 2, data, user_id, roles or [], channel_id)
+        payload = self._interaction(4 if autocomplete else 2, data, member_id, roles or [], channel_id)
+        if acknowledged:
+            self.acknowledged_elsewhere.add(int(payload["id"]))
         return self._push(payload)
 
     def press(self, message: Message, custom_id: str, user_id: int, roles: list[int] | None = None) -> int:
         if user_id not in self.users:
             self.user(user_id, f"member{user_id % 10000}")
         payload = self._interaction(3, {"custom_id": custom_id, "component_type": 2}, user_id, roles or [],
+                                    message.channel_id, self.message_json(message))
+        self.tokens[payload["token"]]["message"] = message.id
+        return self._push(payload)
+
+    def choose(self, message: Message, custom_id: str, user_id: int, values: list[str]) -> int:
+        """Pick `values` in a select menu of `message`."""
+        payload = self._interaction(3, {"custom_id": custom_id, "component_type": 3, "values": values}, user_id, [],
                                     message.channel_id, self.message_json(message))
         self.tokens[payload["token"]]["message"] = message.id
         return self._push(payload)
@@ -354,11 +382,32 @@ class FakeDiscord:
         m.files += files
         return None
 
+    def error(self, status: int, code: int, message: str, path: str, **extra: Any) -> web.Response:
+        self.refused.append((code, path))
+        return self.json({"message": message, "code": code, **extra}, status)
+
+    def _too_big(self, body: dict, files, path: str) -> web.Response | None:
+        if len(body.get("content") or "") > MAX_CONTENT:
+            return self.error(400, 50035, "Invalid Form Body", path, errors={"content": {"_errors": [
+                {"code": "BASE_TYPE_MAX_LENGTH", "message": f"Must be {MAX_CONTENT} or fewer in length."}]}})
+        if sum(len(data) for _, data in files) > self.upload_limit:
+            return self.error(413, 40005, "Request entity too large", path)
+        return None
+
     async def rest(self, request: web.Request) -> web.Response:
         path, method = request.match_info["path"], request.method
         self.requests.append((method, path))
         try:
-            return await self._rest(request, method, path.split("/"))
+            if time.monotonic() < self.failing_until:
+                self.failed += 1
+                return web.Response(status=500, text="500: Internal Server Error")
+            response = await self._rest(request, method, path.split("/"))
+            if "messages" in path or path.startswith("webhooks"):
+                # the headers discord.py reads to pace itself (one bucket per route, never exhausted here)
+                response.headers.update({"X-RateLimit-Limit": "5", "X-RateLimit-Remaining": "4",
+                                         "X-RateLimit-Reset": f"{time.time() + 1:.3f}",
+                                         "X-RateLimit-Reset-After": "1.000", "X-RateLimit-Bucket": "fake-bucket"})
+            return response
         finally:
             self._notify()
 
@@ -378,6 +427,15 @@ class FakeDiscord:
         if parts[0] == "interactions" and parts[-1] == "callback":
             interaction_id, token = int(parts[1]), parts[2]
             body, files = await self._body(request)
+            if interaction_id in self.acknowledged_elsewhere or interaction_id in self.callback_bodies:
+                self.acknowledged_elsewhere.discard(interaction_id)
+                self.callback_bodies.setdefault(interaction_id, {"type": 5, "data": {}})
+                if self.tokens[token]["original"] is None:  # what the other answer made
+                    self.tokens[token]["original"] = self._new_message(CHANNEL_ID, {}, [], "callback",
+                                                                       interaction_id).id
+                return self.error(400, 40060, "Interaction has already been acknowledged.", "/".join(parts))
+            if refused := self._too_big(body.get("data") or {}, files, "/".join(parts)):
+                return refused
             self.callback_bodies[interaction_id] = body
             self.answered[interaction_id] = time.monotonic() - self.pushed_at.get(interaction_id, time.monotonic())
             kind, data = body.get("type"), body.get("data") or {}
@@ -398,7 +456,11 @@ class FakeDiscord:
             token = parts[2]
             if token not in self.tokens:
                 return self.json({"message": "Unknown Webhook", "code": 10015}, 404)
+            if token in self.expired_tokens:
+                return self.error(401, 50027, "Invalid Webhook Token", "/".join(parts))
             body, files = await self._body(request)
+            if refused := self._too_big(body, files, "/".join(parts)):
+                return refused
             if method == "POST":
                 m = self._new_message(CHANNEL_ID, body, files, f"webhook:{token}")
                 return self.json(self.message_json(m))
@@ -424,6 +486,10 @@ class FakeDiscord:
         if parts[0] == "channels" and parts[2:3] == ["messages"]:
             channel_id = int(parts[1])
             body, files = await self._body(request)
+            if refused := self._too_big(body, files, "/".join(parts)):
+                return refused
+            if self.dm_channels.get(channel_id) in self.dm_closed:
+                return self.error(403, 50007, "Cannot send messages to this user", "/".join(parts))
             if method == "POST":
                 if self.refuse_posts > 0:
                     self.refuse_posts -= 1
