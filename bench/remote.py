@@ -144,7 +144,7 @@ def main() -> None:
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
 
     data = Path(tempfile.mkdtemp(prefix="kernelbot-bench-remote-"))
-    data.chmod(0o755)  # Slurm jobs run as this user but read their key file under it
+    data.chmod(0o755)  # Slurm jobs run as this user but read their token files under it
     port = free_port()
     timing = {"KERNELBOT_REL_CI": "0.05", "KERNELBOT_CASE_BUDGET_S": "1", "KERNELBOT_MAX_SAMPLES": "200"}
     os.environ.update({"KERNELBOT_DATA_DIR": str(data), "DJANGO_SETTINGS_MODULE": "kernelbot.settings",
@@ -195,15 +195,13 @@ def main() -> None:
             github = FakeGithub(token=env["GITHUB_TOKEN"])
             stack.callback(github.close)
             github.add_repo("bench/gpu-runners")
-            github.secrets["KERNELBOT_RUNNER_KEY"] = KEY
             github.vars["KERNELBOT_PYTHON"] = sys.executable
             github.runner_labels.append({"self-hosted", "cpu"})
             github.env["KERNELBOT_SANDBOX"] = env["KERNELBOT_SANDBOX"]
         if "modal" in backends:
             from tests.fakes.modal import FakeModal
 
-            modal = stack.enter_context(FakeModal(token_id="ak-bench", token_secret="as-bench",
-                                                  env={"KERNELBOT_RUNNER_KEY": KEY}))
+            modal = stack.enter_context(FakeModal(token_id="ak-bench", token_secret="as-bench"))
             modal.deploy("kernelbot", "run_cpu", "runners.modal_app:run_h100")
             env["MODAL_SERVER_URL"] = modal.url
         platform = Platform(env)

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 AGENT = """import argparse, json, pathlib
 p = argparse.ArgumentParser()
-for name in ("--platform", "--run", "--attempt", "--nonce", "--workdir", "--result-file"):
+for name in ("--platform", "--run", "--attempt", "--workdir", "--result-file"):
     p.add_argument(name)
 pathlib.Path(p.parse_args().result_file).write_text(json.dumps({"verdict": "pass"}))
 """

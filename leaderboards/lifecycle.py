@@ -25,6 +25,7 @@ from runners.backends.base import (
     Poll,
     RemoteState,
     RunnerBackend,
+    attempt_token,
     backend_for,
     platform_url,
     queue_timeout,
@@ -103,7 +104,8 @@ def dispatch_run(run_id: int) -> None:
                           deadline_seconds=deadline, attempt_fields={"pool": pool, "nonce": secrets.token_hex(16)})
         attempt = run.attempt
         nonce = _attempt(run).nonce
-        job = Dispatch(run_id=run.pk, attempt=attempt, nonce=nonce, platform_url=platform_url(pool),
+        job = Dispatch(run_id=run.pk, attempt=attempt, nonce=nonce, token=attempt_token(pool, run.pk, attempt, nonce),
+                       platform_url=platform_url(pool),
                        gpu_type=run.gpu_type, gpu_count=gpu_count(_with_definition(run)),
                        timeout_s=total_timeout(run), label=f"kernelbot run {run.pk} attempt {attempt}",
                        user_id=run.submission.user_id, project=run.submission.leaderboard.name)
@@ -323,6 +325,7 @@ def _claim_one(node: Node, gpus: list[Gpu]) -> dict | None:
                               runner=f"{node.pool.name} / {node.hostname}"[:60])
             first = next(g for g in gpus if g.pk == held[0])
             return {"run": run.pk, "attempt": run.attempt, "nonce": attempt.nonce, "devices": devices,
+                    "token": attempt_token(node.pool, run.pk, run.attempt, attempt.nonce),
                     "gpus": [] if gpu_type.is_cpu else devices,
                     "job": {"limits": run_limits(first), "sandbox_uid": sandbox_uid(first)},
                     "heartbeat_s": max(0.5, settings.RUN_HEARTBEAT_DEADLINE / 4)}

@@ -1,6 +1,7 @@
 """The runner HTTP API under /api/runner/v1/: how a remote agent (runners/harness/agent.py) fetches its job and
-reports back. Authorised per attempt: Bearer HMAC-SHA256(pool's runner key, "run:attempt:nonce"), checked in
-constant time against the stored nonce. A valid token of an attempt that is no longer current (retried, finished,
+reports back. Authorised per attempt: Bearer HMAC-SHA256(pool's runner key, "run:attempt:nonce"), the token the
+platform hands over with the dispatch or a node's claim (the key never leaves it), checked in constant time against
+the stored nonce. A valid token of an attempt that is no longer current (retried, finished,
 cancelled) gets 409 and changes nothing. Every bad request is a 4xx with a JSON {"detail": ...}, never a 500.
 """
 

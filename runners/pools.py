@@ -60,7 +60,8 @@ def secret_envs(choice: BackendChoice, settings: dict) -> list[tuple[str, str]]:
     """(what, environment variable) for each secret the backend reads with these settings."""
     found: list[tuple[str, str]] = []
     if choice.cls is not None and choice.cls.remote:
-        found.append(("Runner key (the remote side holds the same)", settings.get("runner_key_env") or RUNNER_KEY_ENV))
+        found.append(("Runner key (it stays here: runners get per-attempt tokens)",
+                      settings.get("runner_key_env") or RUNNER_KEY_ENV))
     found += list(choice.cls.secrets.items()) if choice.cls is not None else []
     if choice.options is not None:
         for name, field in choice.options.base_fields.items():

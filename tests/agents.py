@@ -15,7 +15,7 @@ from django.conf import settings
 from django.test import Client
 
 from runners.harness.agent import Refused
-from runners.harness.node import NodeAgent
+from runners.harness.node import NodeAgent, node_token
 from runners.models import GpuPool, Node
 
 REPO = settings.BASE_DIR
@@ -39,7 +39,8 @@ def machine_probe() -> dict:
 def in_process_agent(node: Node, report: dict | None = None) -> NodeAgent:
     """The node's agent calling the runner API through the test client, registered with `report` (default: this
     machine's probe) unless the node's agent is live already (then it goes on with the devices registered)."""
-    agent = NodeAgent("http://testserver", node.pool.name, node.hostname, settings.RUNNER_KEY,
+    agent = NodeAgent("http://testserver", node.pool.name, node.hostname,
+                      node_token(settings.RUNNER_KEY, node.pool.name, node.hostname),
                       python=settings.HARNESS_PYTHON or sys.executable, workroot=settings.RUNS_DIR,
                       transport=client_transport)
     settings.RUNS_DIR.mkdir(parents=True, exist_ok=True)

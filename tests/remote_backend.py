@@ -17,6 +17,7 @@ from typing import ClassVar
 from django.conf import settings
 
 from runners.backends.base import Dispatch, Poll, RemoteState, Reporter, RunnerBackend
+from runners.harness.agent import KEY_ENV, TOKEN_ENV
 
 AGENT_BACKEND = "tests.remote_backend.AgentBackend"
 SCRIPTED_BACKEND = "tests.remote_backend.ScriptedBackend"
@@ -28,8 +29,9 @@ class AgentBackend(RunnerBackend):
     def dispatch(self, job: Dispatch, reporter: Reporter) -> str:
         proc = subprocess.Popen(
             [sys.executable, "-m", "runners.harness.agent", "--platform", job.platform_url, "--run", str(job.run_id),
-             "--attempt", str(job.attempt), "--nonce", job.nonce], cwd=settings.BASE_DIR,
-            env={**os.environ, "KERNELBOT_RUNNER_KEY": settings.RUNNER_KEY}, start_new_session=True,
+             "--attempt", str(job.attempt)], cwd=settings.BASE_DIR,
+            env={**{k: v for k, v in os.environ.items() if k != KEY_ENV}, TOKEN_ENV: job.token},
+            start_new_session=True,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self.processes[str(proc.pid)] = proc
         return str(proc.pid)

@@ -77,7 +77,11 @@ def test_the_documented_production_install_runs_a_kernel(empty_database, redis_u
     assert "pool lab created" in manage("add_pool", "lab", "--gpu-type", "CPU")
     runs = str(tmp_path / "runs")
     os.makedirs(runs)
-    services = [subprocess.Popen(exec_start(unit, env, port, runs), cwd=REPO, env=env, start_new_session=True,
+    # the agent's machine holds its node's token only, never the platform's runner key
+    node = manage("node_token", "lab", "--hostname", socket.gethostname()).strip()
+    agent_env = {k: v for k, v in env.items() if k != "KERNELBOT_RUNNER_KEY"} | {"KERNELBOT_NODE_TOKEN": node}
+    services = [subprocess.Popen(exec_start(unit, env, port, runs), cwd=REPO, start_new_session=True,
+                                 env=agent_env if unit == "kernelbot-agent.service" else env,
                                  stdout=(tmp_path / f"{unit}.log").open("w"), stderr=subprocess.STDOUT)
                 for unit in ("kernelbot-web.service", "kernelbot-workers.service", "kernelbot-agent.service")]
     try:

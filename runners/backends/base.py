@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from importlib import import_module
 from typing import ClassVar, Protocol
@@ -17,6 +17,7 @@ from typing import ClassVar, Protocol
 from django import forms
 from django.conf import settings
 
+from runners.harness.agent import runner_token
 from runners.models import GpuPool, GpuType, RunnerBackendName
 
 BACKENDS = {
@@ -35,7 +36,7 @@ class BackendUnavailable(Exception):
 class Dispatch:
     run_id: int
     attempt: int
-    nonce: str  # public per-attempt value; the remote derives its token from it (runner_token)
+    nonce: str  # public per-attempt value (a correlation id the runner may show)
     platform_url: str  # where the remote side reaches the platform
     gpu_type: GpuType
     gpu_count: int  # world_size for multi_gpu problems, else 1 (0 on a CPU type)
@@ -43,6 +44,8 @@ class Dispatch:
     label: str  # short human string for job names, e.g. "kernelbot run 42 attempt 1"
     user_id: int | None = None  # whose run: usage reports count the devices it holds for them
     project: str = ""  # what the usage is for (the run's leaderboard)
+    # the attempt's credential, the only one its runner gets (attempt_token); never logged
+    token: str = field(default="", repr=False)
 
 
 class RemoteState(StrEnum):
@@ -80,7 +83,7 @@ class PoolOptions(forms.Form):
         "elsewhere (default KERNELBOT_REMOTE_QUEUE_TIMEOUT, 30 min).")
     runner_key_env = forms.RegexField(
         required=False, regex=r"^[A-Z_][A-Z0-9_]*$", help_text="Environment variable holding this pool's runner key "
-        "(default KERNELBOT_RUNNER_KEY); the remote side needs the same key.")
+        "(default KERNELBOT_RUNNER_KEY); it stays on the platform, which gives each runner its attempt's token.")
     platform_url = forms.URLField(
         required=False, assume_scheme="https",
         help_text="Where this pool's runners reach the platform, if not KERNELBOT_PUBLIC_URL.")
@@ -155,6 +158,12 @@ def available_backends() -> dict[str, type[RunnerBackend]]:
         if cls.available() is None:
             usable[name] = cls
     return usable
+
+
+def attempt_token(pool: GpuPool, run_id: int, attempt: int, nonce: str) -> str:
+    """The token that opens one attempt's runner routes while it is current: HMAC-SHA256(the pool's runner key,
+    "run:attempt:nonce"), issued with the dispatch (or a node agent's claim). The key stays on the platform."""
+    return runner_token(runner_key(pool), run_id, attempt, nonce)
 
 
 def runner_key(pool: GpuPool | None) -> str:

@@ -1,11 +1,12 @@
 """GitHub Actions: dispatch the workflow we ship (runners/github/kernelbot-run.yml) in the pool's runner repository.
 
-The dispatch carries only run id, attempt, nonce and platform URL (workflow inputs are public to repository
-readers). GitHub names the workflow run in its answer to the dispatch, which becomes the external id; servers
-that refuse `return_run_details` (older GitHub Enterprise) get `pending:<nonce>`, resolved on the next poll by
-the nonce the workflow puts in its run name, so nothing waits. A signed `workflow_run` webhook
-(runners.webhooks) makes the lifecycle poll at once on completion; `poll` reads the run and, once completed,
-the result artifact, which the workflow encrypts with the attempt's token."""
+The dispatch carries run id, attempt, nonce, platform URL and the attempt's token: the runner holds no long-lived
+secret, the workflow masks the token in its logs, and inputs are visible only to the repository's writers. GitHub
+names the workflow run in its answer to the dispatch, which becomes the external id; servers that refuse
+`return_run_details` (older GitHub Enterprise) get `pending:<nonce>`, resolved on the next poll by the nonce the
+workflow puts in its run name, so nothing waits. A signed `workflow_run` webhook (runners.webhooks) makes the
+lifecycle poll at once on completion; `poll` reads the run and, once completed, the result artifact, which the
+workflow encrypts with the attempt's token."""
 
 from __future__ import annotations
 
@@ -139,7 +140,7 @@ class GithubBackend(RunnerBackend):
         return labels
 
     def dispatch(self, job: Dispatch, reporter: Reporter) -> str:
-        inputs = {"run_id": str(job.run_id), "attempt": str(job.attempt), "nonce": job.nonce,
+        inputs = {"run_id": str(job.run_id), "attempt": str(job.attempt), "nonce": job.nonce, "token": job.token,
                   "platform_url": job.platform_url, "runner_labels": json.dumps(self.labels(job.gpu_type)),
                   "timeout_minutes": str(math.ceil(job.timeout_s / 60) + 5)}  # + harness download and setup
         workflow = self.repo().get_workflow(self.settings["workflow"])

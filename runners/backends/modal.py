@@ -123,7 +123,7 @@ class ModalBackend(RunnerBackend):
         def spawn() -> modal.FunctionCall:
             function = modal.Function.from_name(app, name, environment_name=environment, client=_client())
             return function.spawn(run_id=job.run_id, attempt=job.attempt, nonce=job.nonce,
-                                  platform_url=job.platform_url, timeout_s=job.timeout_s)
+                                  platform_url=job.platform_url, timeout_s=job.timeout_s, token=job.token)
 
         try:
             call = _bounded(spawn, "spawn")

@@ -3,8 +3,9 @@
 The platform is a Slurm submit host (sbatch, squeue, scancel on PATH) or reaches a login node over SSH (the pool's
 `ssh` setting; non-interactive key authentication). Every command is an argv list; over SSH it is quoted with
 shlex for the remote shell, so no setting or id can inject shell code. The batch script goes to sbatch on stdin,
-after one line that refreshes the runner key file (mode 0600, the submitting user's) it sources: no secret is on a
-command line, in the script, or in `scontrol show job`. The job writes its own exit marker (and the agent's result
+after one line that writes the attempt's token file (mode 0600, the submitting user's), which the job reads and
+removes: the job holds only its own attempt's token (never the runner key), and no secret is on a command line, in
+the script, or in `scontrol show job`. The job writes its own exit marker (and the agent's result
 file) under the pool's work directory; `poll` reads those first and asks squeue only when there are none. Whatever
 ends the job short of SIGKILL (the agent's exit, scancel, the time limit) removes its scratch directory first.
 """
@@ -51,9 +52,11 @@ STATES = {
     RemoteState.CANCELLED: {"CANCELLED"},
     RemoteState.FAILED: {"FAILED", "TIMEOUT", "OUT_OF_MEMORY", "DEADLINE", "SPECIAL_EXIT"},
 }
-AGENT_EXITS = {1: "the agent reported an infrastructure failure", 2: "the agent could not start (bad usage or no "
-               "runner key)", 3: "the platform said the attempt was no longer current",
-               4: "the runner key file is not readable on the node", 5: "the harness could not be set up on the node"}
+AGENT_EXITS = {1: "the agent reported an infrastructure failure",
+               2: "the agent could not start (bad usage, or no attempt token)",
+               3: "the platform said the attempt was no longer current",
+               4: "the attempt's token file is not readable on the node",
+               5: "the harness could not be set up on the node"}
 # the batch script's marker when its shell was signalled (it stopped the agent and removed its scratch first)
 SIGNALLED = {129: "SIGHUP", 130: "SIGINT", 143: "SIGTERM"}
 
@@ -92,8 +95,9 @@ class SlurmOptions(PoolOptions):
                            "downloads the platform's harness (harness.tar.gz) with curl.")
     workdir = _path_field("~/.kernelbot", "Directory on the cluster (shared with the compute nodes) for exit "
                           "markers, results, logs and the jobs' scratch; default ~/.kernelbot.")
-    key_file = _path_field("~/.kernelbot/runner.env", "The runner key file the jobs source (written by the "
-                           "platform at each dispatch, mode 0600); default ~/.kernelbot/runner.env.")
+    key_file = _path_field("~/.kernelbot/attempt.env", "Where each job's credential goes: the platform writes the "
+                           "attempt's token to this path + '.' + the attempt's tag (mode 0600) at dispatch, and the "
+                           "job reads and removes it; default ~/.kernelbot/attempt.env.")
     sandbox = forms.ChoiceField(choices=[("require", "require"), ("auto", "auto")], required=False,
                                 help_text="KERNELBOT_SANDBOX for the harness on the nodes (default require: a node "
                                           "without a usable bubblewrap fails the run rather than run it unsandboxed).")
@@ -142,16 +146,14 @@ class SlurmBackend(RunnerBackend):
         tag = job.nonce[:16]
         if not re.fullmatch(r"[0-9a-f]{1,16}", tag):  # it names files in the script: hex only
             raise ValueError(f"the attempt's nonce is not hex: {job.nonce!r}")
-        key = runner_key(self.pool)
-        if not key or "\n" in key:
-            raise RuntimeError(f"no usable runner key (one line): set "
+        if not runner_key(self.pool) or not re.fullmatch(r"[0-9a-f]{64}", job.token):
+            raise RuntimeError(f"no runner key to issue the attempt's token with: set "
                                f"{self.settings.get('runner_key_env') or 'KERNELBOT_RUNNER_KEY'}")
-        key_file = self.setting("key_file")
-        # one call: the first stdin line refreshes the key file, sbatch reads the rest (the batch script)
+        # one call: the first stdin line writes the attempt's token file, sbatch reads the rest (the batch script)
         refresh = (f'{HOME} umask 077 && mkdir -p "$(dirname "$p")" && IFS= read -r line && '
                    'printf "%s\\n" "$line" > "$p.$$" && mv -f "$p.$$" "$p" && shift && exec "$@"')
-        argv = ["sh", "-c", refresh, "kernelbot-sbatch", key_file, *self.sbatch_args(job)]
-        stdin = f"KERNELBOT_RUNNER_KEY={shlex.quote(key)}\n{self.batch_script(job, tag)}"
+        argv = ["sh", "-c", refresh, "kernelbot-sbatch", self.token_file(tag), *self.sbatch_args(job)]
+        stdin = f"KERNELBOT_ATTEMPT_TOKEN={job.token}\n{self.batch_script(job, tag)}"
         out = self.call(argv, stdin)
         if out.returncode != 0:
             raise RuntimeError(f"sbatch refused the job: {_tail(out.stderr or out.stdout)}")
@@ -200,6 +202,9 @@ class SlurmBackend(RunnerBackend):
     def setting(self, name: str) -> str:
         return self.settings.get(name) or SlurmOptions.base_fields[name].initial or ""
 
+    def token_file(self, tag: str) -> str:
+        return f"{self.setting('key_file')}.{tag}"
+
     def sbatch_args(self, job: Dispatch) -> list[str]:
         limit = math.ceil((job.timeout_s + TIME_MARGIN_S) / 60)
         return ["sbatch", "--parsable", "--export=NIL", f"--job-name={job.label}", "--no-requeue", "--nodes=1",
@@ -222,7 +227,7 @@ class SlurmBackend(RunnerBackend):
                  f'|| finish 5\nroot="$work"' if not root else f"root={_sh_path(root)}")
         agent = _sh_path(self.setting("python")) + " " + shlex.join([
             "-m", "runners.harness.agent", "--platform", job.platform_url, "--run", str(job.run_id),
-            "--attempt", str(job.attempt), "--nonce", job.nonce])
+            "--attempt", str(job.attempt)])
         return f"""#!/bin/sh
 # {re.sub(r"[^A-Za-z0-9 _.:-]", "_", job.label)}
 umask 077
@@ -244,9 +249,10 @@ trap 'stop 129' HUP; trap 'stop 130' INT; trap 'stop 143' TERM
 find "$jobs" -type f -mtime +7 -delete 2>/dev/null
 # scratch that SIGKILLed jobs left behind
 find "$base" -maxdepth 1 -type d -name 'attempt-*' -mtime +7 -exec rm -rf {{}} + 2>/dev/null
-key={_sh_path(self.setting("key_file"))}
-[ -r "$key" ] || {{ echo "runner key file $key is not readable"; finish 4; }}
-set -a; . "$key"; set +a
+token={_sh_path(self.token_file(tag))}
+[ -r "$token" ] || {{ echo "the attempt's token file $token is not readable"; finish 4; }}
+set -a; . "$token"; set +a
+rm -f "$token"
 export KERNELBOT_SANDBOX={q(self.settings.get("sandbox") or "require")}
 work=$(mktemp -d "$base/attempt-XXXXXXXX") || finish 5
 {fetch}

@@ -1,18 +1,22 @@
 """The remote agent: runs one attempt of a run on a remote machine and reports to the platform's runner API.
 
-    python -m runners.harness.agent --platform URL --run ID --attempt N --nonce X [--result-file PATH] [--print-result]
+    KERNELBOT_ATTEMPT_TOKEN=… python -m runners.harness.agent --platform URL --run ID --attempt N
+        [--result-file PATH] [--print-result]
 
-Stdlib only, Django-free (bootstrap: `curl -fsS $URL/api/runner/v1/harness.tar.gz | tar xz`). Reads the runner key
-from KERNELBOT_RUNNER_KEY; its token for the attempt is HMAC-SHA256(key, "run:attempt:nonce"). Fetches the job, writes
-the workdir, runs the harness parent exactly as the local backend does (runners.harness.runner: sandbox, result
-nonce), posts progress (heartbeats in between) and the result, or a failure when it cannot run. Exits 0 when a
-verdict was delivered (whatever the verdict), 1 on an infrastructure failure, 2 on bad usage; 3 when the platform
-says the attempt is no longer current (nothing to do).
+Stdlib only, Django-free (bootstrap: `curl -fsS $URL/api/runner/v1/harness.tar.gz | tar xz`). Holds one credential:
+the attempt's token, which the platform issued with the dispatch (HMAC-SHA256(key, "run:attempt:nonce"), computed by
+the platform; the key never leaves it) and which opens only this attempt's routes while the attempt is current. It
+refuses to start with the runner key in its environment. Fetches the job, writes the workdir, runs the harness parent
+as a node agent does (runners.harness.runner: sandbox, result nonce), posts progress (heartbeats in between) and the
+result, or a failure when it cannot run. Exits 0 when a verdict was delivered (whatever the verdict), 1 on an
+infrastructure failure, 2 on bad usage; 3 when the platform says the attempt is no longer current (nothing to do).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import hashlib
 import hmac
 import json
@@ -29,13 +33,21 @@ from pathlib import Path
 
 from .runner import Spares, new_workdir, run_harness, write_workdir
 
-KEY_ENV = "KERNELBOT_RUNNER_KEY"
+KEY_ENV = "KERNELBOT_RUNNER_KEY"  # the platform's (and a node agent's): never a remote runner's
+TOKEN_ENV = "KERNELBOT_ATTEMPT_TOKEN"  # the one attempt's credential a remote runner holds
+PR_SET_DUMPABLE = 4
 HEARTBEAT_S = 20.0
 RETRIES = 5
 
 
 def runner_token(key: str, run_id: int, attempt: int, nonce: str) -> str:
     return hmac.new(key.encode(), f"{run_id}:{attempt}:{nonce}".encode(), hashlib.sha256).hexdigest()
+
+
+def harden_self() -> None:
+    """This process's /proc files (environ, mem) become unreadable to other processes of its uid."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
 
 
 class Gone(Exception):
@@ -162,16 +174,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--platform", required=True, help="the platform's URL, e.g. https://kernelbot.example.org")
     parser.add_argument("--run", type=int, required=True)
     parser.add_argument("--attempt", type=int, required=True)
-    parser.add_argument("--nonce", required=True)
     parser.add_argument("--result-file", type=Path, help="also write the result JSON here")
     parser.add_argument("--print-result", action="store_true", help="print the result JSON as the last stdout line")
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()), help="where to unpack the job")
     args = parser.parse_args(argv)
-    key = os.environ.get(KEY_ENV, "")
-    if not key:
-        print(f"{KEY_ENV} is not set", file=sys.stderr)
+    if os.environ.get(KEY_ENV):
+        print(f"{KEY_ENV} is set: a remote runner must not hold the platform's key (it would open every run's "
+              f"routes); give it only the attempt's {TOKEN_ENV}", file=sys.stderr)
         return 2
-    platform = Platform(args.platform, args.run, args.attempt, runner_token(key, args.run, args.attempt, args.nonce))
+    token = os.environ.get(TOKEN_ENV, "").strip()
+    if not token:
+        print(f"{TOKEN_ENV} is not set (the dispatch carries it)", file=sys.stderr)
+        return 2
+    harden_self()
+    platform = Platform(args.platform, args.run, args.attempt, token)
     try:
         result = run_attempt(platform, args.workdir)
         text = json.dumps(result)  # handed back through the service too, before the post that may fail

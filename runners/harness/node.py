@@ -1,14 +1,16 @@
 """The node agent: the one thing that runs kernels on a machine. Run it as a service on every machine of a pool with
 backend "local" (`./dev serve` starts one for this machine):
 
-    KERNELBOT_RUNNER_KEY=… python -m runners.harness.node --platform https://kb.example.org --pool lab
+    KERNELBOT_NODE_TOKEN=… python -m runners.harness.node --platform https://kb.example.org --pool lab
 
 Stdlib only, Django-free, shipped in `harness.tar.gz` with the remote agent. It probes the machine (its real
 devices, never typed in) and registers them with the platform, then asks for work every `--poll` seconds while a
-device is free: the platform hands it runs of its pool for its free devices (`/api/runner/v1/nodes/…`, Bearer
-HMAC-SHA256(key, "node:pool:hostname")). Each run goes through the same per-attempt routes and the same harness
-runner as the remote agent (`agent.run_attempt`), one thread per run, each beating its attempt while it runs. A
-restarted agent registers again, and the platform retries at once the runs the previous one held.
+device is free: the platform hands it runs of its pool for its free devices (`/api/runner/v1/nodes/…`, Bearer: the
+node's token, HMAC-SHA256(key, "node:pool:hostname"), printed by `manage.py node_token`; an agent beside the platform
+may derive it from KERNELBOT_RUNNER_KEY instead). Each claim carries its attempt's token; the run goes through the
+same per-attempt routes and the same harness runner as the remote agent (`agent.run_attempt`), one thread per run,
+each beating its attempt while it runs. A restarted agent registers again, and the platform retries at once the runs
+the previous one held.
 
 Warm by default: torch and the harness are imported once, by a template process each run's trusted parent is forked
 from (`runners.harness.warm`), and each device slot keeps a spare parent whose sandboxed child has started already,
@@ -32,10 +34,11 @@ import time
 from pathlib import Path
 
 from . import agent
-from .agent import KEY_ENV, Gone, Platform, Refused, Transport, http, run_attempt, runner_token
+from .agent import KEY_ENV, Gone, Platform, Refused, Transport, http, run_attempt
 from .runner import Spares
 
 VERSION = "1"
+NODE_TOKEN_ENV = "KERNELBOT_NODE_TOKEN"
 POLL_S = 0.5
 
 
@@ -53,17 +56,16 @@ def probe(python: str) -> dict:
 
 
 class NodeAgent:
-    def __init__(self, platform: str, pool: str, hostname: str, key: str, *, python: str = sys.executable,
+    def __init__(self, platform: str, pool: str, hostname: str, token: str, *, python: str = sys.executable,
                  workroot: Path | None = None, poll_s: float = POLL_S, transport: Transport = http,
                  warm: bool = True, spares: bool = False):
         """warm: fork each run's harness parent from a template that imported torch once (runners.harness.warm);
         spares: also keep a parent per device slot started ahead of its run, its sandboxed child ready (Spares)."""
-        self.platform, self.pool, self.hostname, self.key = platform.rstrip("/"), pool, hostname, key
+        self.platform, self.pool, self.hostname, self.token = platform.rstrip("/"), pool, hostname, token
         self.python, self.poll_s, self.transport = python, poll_s, transport
         self.workroot = workroot or Path(tempfile.gettempdir())
         self.warm = warm or spares
         self.spares = Spares(python, str(Path(__file__).resolve().parents[2]), self.workroot) if spares else None
-        self.token = node_token(key, pool, hostname)
         self.devices: list[int] = []
         self.busy: dict[int, tuple[int, int]] = {}  # device index → (run, attempt)
         self.threads: list[threading.Thread] = []
@@ -111,8 +113,7 @@ class NodeAgent:
 
     def execute(self, claim: dict, indices: list[int]) -> None:
         run_id, number = int(claim["run"]), int(claim["attempt"])
-        platform = Platform(self.platform, run_id, number, runner_token(self.key, run_id, number, claim["nonce"]),
-                            self.transport)
+        platform = Platform(self.platform, run_id, number, claim["token"], self.transport)
         try:
             result = run_attempt(platform, self.workroot, gpus=[str(i) for i in claim.get("gpus", [])],
                                  job_extra=claim.get("job", {}), python=self.python,
@@ -182,12 +183,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-spares", action="store_true",
                         help="start no harness ahead of its run (a spare holds a sandboxed interpreter per device)")
     args = parser.parse_args(argv)
-    key = os.environ.get(KEY_ENV, "")
-    if not key:
-        print(f"{KEY_ENV} is not set", file=sys.stderr)
+    key = os.environ.pop(KEY_ENV, "")  # not passed on to anything this agent starts
+    token = os.environ.pop(NODE_TOKEN_ENV, "").strip() or (node_token(key, args.pool, args.hostname) if key else "")
+    if not token:
+        print(f"{NODE_TOKEN_ENV} is not set (`manage.py node_token --pool {args.pool} --hostname {args.hostname}` "
+              "prints it)", file=sys.stderr)
         return 2
+    agent.harden_self()
     args.workdir.mkdir(parents=True, exist_ok=True)
-    node = NodeAgent(args.platform, args.pool, args.hostname, key, python=args.python, workroot=args.workdir,
+    node = NodeAgent(args.platform, args.pool, args.hostname, token, python=args.python, workroot=args.workdir,
                      poll_s=args.poll, warm=not args.cold, spares=not (args.cold or args.no_spares))
     signal.signal(signal.SIGTERM, lambda *_: node.stopping.set())
     signal.signal(signal.SIGINT, lambda *_: node.stopping.set())

@@ -327,7 +327,8 @@ class FakeGithub:
                     os.killpg(proc.pid, signal.SIGKILL)
                     out, _ = proc.communicate()
                     timed_out = True
-                run["log"].append((step.get("name", ""), proc.returncode, out.decode(errors="replace")))
+                shown = self._masked(run, out.decode(errors="replace"))
+                run["log"].append((step.get("name", ""), proc.returncode, shown))
                 failed = failed or proc.returncode != 0
             elif step.get("uses", "").startswith("actions/upload-artifact@"):
                 spec = {k: self.expand(str(v), context) for k, v in (step.get("with") or {}).items()}
@@ -364,6 +365,21 @@ class FakeGithub:
                 self.webhook_answers.append(0)
                 run["log"].append(("webhook", -1, str(exc)))
         run["done"].set()
+
+    @staticmethod
+    def _masked(run: dict, text: str) -> str:
+        """The log as GitHub keeps it: `::add-mask::VALUE` commands are not shown, and each VALUE shows as ***."""
+        masks = run.setdefault("masks", set())
+        kept = []
+        for line in text.splitlines(keepends=True):
+            if line.startswith("::add-mask::"):
+                masks.add(line.removeprefix("::add-mask::").strip())
+            else:
+                kept.append(line)
+        text = "".join(kept)
+        for value in filter(None, masks):
+            text = text.replace(value, "***")
+        return text
 
     # -- expressions ------------------------------------------------------------------------------------------
     def expand(self, value: Any, context: dict) -> Any:

@@ -5,7 +5,8 @@ import time
 
 
 def echo(**kwargs) -> dict:
-    return {"kwargs": kwargs, "key": os.environ.get("KERNELBOT_RUNNER_KEY")}
+    return {"kwargs": kwargs, "key": os.environ.get("KERNELBOT_RUNNER_KEY"),
+            "token": os.environ.get("KERNELBOT_ATTEMPT_TOKEN")}
 
 
 def boom(**kwargs) -> dict:

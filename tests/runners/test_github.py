@@ -29,7 +29,7 @@ from django.utils import timezone
 from leaderboards import events, lifecycle
 from leaderboards.actions import check_submission, do_submit
 from leaderboards.models import BoardEntry, Run, RunStatus
-from runners.backends.base import BackendUnavailable, Dispatch, RemoteState
+from runners.backends.base import BackendUnavailable, Dispatch, RemoteState, attempt_token
 from runners.backends.github import PENDING, SEALED, WORKFLOW, GithubBackend, GithubOptions, unseal
 from runners.models import GpuPool, GpuType, GpuVendor, RunnerBackendName
 from runners.signals import remote_news
@@ -48,7 +48,6 @@ LABELS = {"CPU": ["self-hosted", "cpu"], "H100": ["self-hosted", "h100"], "L4": 
 def fake(monkeypatch):
     fake = FakeGithub()
     fake.add_repo(REPO)
-    fake.secrets["KERNELBOT_RUNNER_KEY"] = RUNNER_KEY
     fake.vars["KERNELBOT_PYTHON"] = sys.executable  # the runner image's python with torch
     fake.runner_labels.append({"self-hosted", "cpu"})  # one CPU runner online; none for H100 or L4
     for name in ("KERNELBOT_SANDBOX", "KERNELBOT_CGROUP"):  # the runner machine's own sandbox configuration
@@ -79,7 +78,7 @@ def cpu(db) -> GpuType:
 
 def job(gpu: GpuType, run_id: int = 42, attempt: int = 1, url: str = "http://127.0.0.1:9") -> Dispatch:
     return Dispatch(run_id=run_id, attempt=attempt, nonce=f"n{run_id}x{attempt}", platform_url=url, gpu_type=gpu,
-                    gpu_count=0, timeout_s=120, label=f"kernelbot run {run_id} attempt {attempt}")
+                    gpu_count=0, timeout_s=120, label=f"kernelbot run {run_id} attempt {attempt}", token="f" * 64)
 
 
 class NoReporter:
@@ -115,7 +114,11 @@ def test_shipped_workflow_is_a_valid_github_workflow():
     assert len(inputs) <= 25 and all(spec["type"] == "string" for spec in inputs.values())
     assert "${{ inputs.nonce }}" in workflow["run-name"]  # the correlation id for servers without run details
     text = WORKFLOW.read_text()
-    assert "secrets." not in json.dumps(inputs) and text.count("secrets.KERNELBOT_RUNNER_KEY") == 2
+    # the runner holds no long-lived secret, only the attempt's token, and never runs submitted code unsandboxed
+    assert "secrets." not in text and "KERNELBOT_RUNNER_KEY" not in text
+    assert workflow["jobs"]["run"]["env"]["KERNELBOT_SANDBOX"] == "require"
+    first = workflow["jobs"]["run"]["steps"][0]["run"]
+    assert first.startswith('echo "::add-mask::$KERNELBOT_ATTEMPT_TOKEN"')  # before anything could print it
 
 
 @pytest.mark.parametrize(("status", "setup"), [
@@ -282,9 +285,11 @@ def test_a_leaderboard_submission_runs_on_github_and_lands_on_the_board(
         assert run.status == RunStatus.SUCCEEDED, (run.error, workflow_run["log"])
         assert workflow_run["conclusion"] == "success" and run.score > 0 and run.infra_failures == 0
         assert workflow_run["title"] == f"kernelbot run {run.pk} attempt 1 [{run.attempts.get().nonce}]"
-        assert set(workflow_run["inputs"]) == {"run_id", "attempt", "nonce", "platform_url", "runner_labels",
-                                               "timeout_minutes"}
-        assert all(RUNNER_KEY not in out for _, _, out in workflow_run["log"])
+        assert set(workflow_run["inputs"]) == {"run_id", "attempt", "nonce", "token", "platform_url",
+                                               "runner_labels", "timeout_minutes"}
+        token = workflow_run["inputs"]["token"]
+        assert token == attempt_token(pool, run.pk, 1, run.attempts.get().nonce)
+        assert all(RUNNER_KEY not in out and token not in out for _, _, out in workflow_run["log"])
     assert fake.webhook_answers == [202, 202]
     assert BoardEntry.objects.get(leaderboard=board).submission == sub
     public = runs[0]

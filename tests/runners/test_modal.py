@@ -35,7 +35,7 @@ class NoReporter:
 
 @pytest.fixture
 def fake_modal(monkeypatch):
-    with FakeModal(token_id="ak-test", token_secret="as-test", env={"KERNELBOT_RUNNER_KEY": RUNNER_KEY}) as fake:
+    with FakeModal(token_id="ak-test", token_secret="as-test") as fake:  # the app needs no Modal secret
         monkeypatch.setenv("MODAL_SERVER_URL", fake.url)
         monkeypatch.setenv("MODAL_TOKEN_ID", "ak-test")
         monkeypatch.setenv("MODAL_TOKEN_SECRET", "as-test")
@@ -48,7 +48,8 @@ def backend(**settings) -> ModalBackend:
 
 def job(run_id: int = 7, gpu: str = "H100", count: int = 1) -> Dispatch:
     return Dispatch(run_id=run_id, attempt=2, nonce="public-nonce", platform_url="http://platform.invalid",
-                    gpu_type=GpuType(name=gpu), gpu_count=count, timeout_s=90, label=f"kernelbot run {run_id}")
+                    gpu_type=GpuType(name=gpu), gpu_count=count, timeout_s=90, label=f"kernelbot run {run_id}",
+                    token="the-attempts-token")
 
 
 def spawned_args(fake: FakeModal) -> tuple:
@@ -63,12 +64,13 @@ def test_dispatch_spawns_the_gpu_types_function_with_public_arguments_only(fake_
 
     assert call_id.startswith("fc-") and call_id in fake_modal.calls
     args, kwargs = spawned_args(fake_modal)
-    assert args == () and kwargs == {"run_id": 7, "attempt": 2, "nonce": "public-nonce",
+    assert args == () and kwargs == {"run_id": 7, "attempt": 2, "nonce": "public-nonce", "token": "the-attempts-token",
                                      "platform_url": "http://platform.invalid", "timeout_s": 90}
     fake_modal.wait(call_id)
     poll = modal_backend.poll(call_id)
     assert poll.state == RemoteState.FINISHED
-    assert poll.result == {"kwargs": kwargs, "key": RUNNER_KEY}  # the key reached the function as a Modal secret
+    # the function holds its attempt's token only: no runner key in its container (no Modal secret is needed)
+    assert poll.result == {"kwargs": kwargs, "key": None, "token": None}
 
 
 def test_poll_while_the_function_runs_then_cancel_stops_it(fake_modal):
@@ -232,12 +234,13 @@ def test_app_module_is_django_free_with_one_function_per_gpu_type():
 STAND_IN_AGENT = '''
 import argparse, json, os, sys
 p = argparse.ArgumentParser()
-for flag in ("--platform", "--run", "--attempt", "--nonce", "--result-file", "--workdir"):
+for flag in ("--platform", "--run", "--attempt", "--result-file", "--workdir"):
     p.add_argument(flag)
 a = p.parse_args()
 if a.run == "13":
     sys.exit(2)
 result = {"verdict": "stand-in", "argv": sys.argv[1:], "key": os.environ.get("KERNELBOT_RUNNER_KEY"),
+          "token": os.environ.get("KERNELBOT_ATTEMPT_TOKEN"),
           "agent": os.path.abspath(__file__)}
 with open(a.result_file, "w") as f:
     json.dump(result, f)
@@ -277,15 +280,16 @@ def test_app_function_bootstraps_the_platforms_agent_and_returns_its_result(fake
     fake_modal.deploy("kernelbot", "run_h100", "runners.modal_app:run_h100")
     modal_backend = backend()
     dispatch = Dispatch(run_id=5, attempt=1, nonce="n0nce", platform_url=stand_in_platform + "/",
-                        gpu_type=GpuType(name="H100"), gpu_count=1, timeout_s=60, label="kernelbot run 5")
+                        gpu_type=GpuType(name="H100"), gpu_count=1, timeout_s=60, label="kernelbot run 5",
+                        token="attempt-5-1-token")
     call_id = modal_backend.dispatch(dispatch, NoReporter())
     fake_modal.wait(call_id)
 
     poll = modal_backend.poll(call_id)
     assert poll.state == RemoteState.FINISHED, poll.detail
-    assert poll.result["verdict"] == "stand-in" and poll.result["key"] == RUNNER_KEY
-    assert poll.result["argv"][:8] == ["--platform", stand_in_platform, "--run", "5", "--attempt", "1",
-                                       "--nonce", "n0nce"]
+    # the agent holds its attempt's token and no runner key
+    assert (poll.result["verdict"], poll.result["token"], poll.result["key"]) == ("stand-in", "attempt-5-1-token", None)
+    assert poll.result["argv"][:6] == ["--platform", stand_in_platform, "--run", "5", "--attempt", "1"]
     assert "/kernelbot-" in poll.result["agent"]  # the downloaded harness ran, not the one in this checkout
 
     failing = modal_backend.dispatch(Dispatch(**{**dispatch.__dict__, "run_id": 13}), NoReporter())

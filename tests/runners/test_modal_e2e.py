@@ -27,7 +27,7 @@ def modal_board(transactional_db, runner_platform, demo_task, settings, monkeypa
     cpu, _ = GpuType.objects.get_or_create(name="CPU", defaults={"vendor": GpuVendor.CPU})
     remote_pool("modal", cpu, name="modal", settings={"functions": {"CPU": "run_cpu"}})
     board = LeaderboardFactory(problem=problem_from(demo_task), gpu_types=[cpu])
-    with FakeModal(token_id="ak-e2e", token_secret="as-e2e", env={"KERNELBOT_RUNNER_KEY": runner_platform.key}) as fake:
+    with FakeModal(token_id="ak-e2e", token_secret="as-e2e") as fake:  # no Modal secret: calls carry their token
         fake.deploy("kernelbot", "run_cpu", "runners.modal_app:run_h100")
         monkeypatch.setenv("MODAL_SERVER_URL", fake.url)
         monkeypatch.setenv("MODAL_TOKEN_ID", "ak-e2e")

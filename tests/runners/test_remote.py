@@ -5,6 +5,7 @@ GPU-type check of results."""
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
 import tarfile
@@ -140,7 +141,8 @@ def test_runner_api_serves_the_job_only_to_the_current_attempts_token(client, se
     (job,) = ScriptedBackend.dispatched
     assert (job.run_id, job.attempt, job.nonce, job.gpu_count) == (run.pk, 1, attempt.nonce, 0)
     assert "def custom_kernel" not in repr(job)  # dispatch inputs carry no code and no seed
-    auth = {"HTTP_AUTHORIZATION": f"Bearer {runner_token('k', run.pk, 1, attempt.nonce)}"}
+    assert job.token == runner_token("k", run.pk, 1, attempt.nonce) and job.token not in repr(job)  # never logged
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {job.token}"}
     base = f"/api/runner/v1/runs/{run.pk}/1"
     assert client.get(f"{base}/job", HTTP_AUTHORIZATION="Bearer " + "0" * 64).status_code == 403
     response = client.get(f"{base}/job", **auth)
@@ -396,7 +398,7 @@ def test_the_harness_tarball_runs_the_agent_without_django(client, tmp_path):
     # -S: no site-packages, so no Django: the shipped package runs on a bare python3
     done = subprocess.run([sys.executable, "-S", "-E", "-m", "runners.harness.agent", "--help"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0 and "--nonce" in done.stdout
+    assert done.returncode == 0 and "--attempt" in done.stdout
 
 
 @pytest.mark.django_db
@@ -422,3 +424,38 @@ def test_a_service_that_finished_without_a_result_is_an_infrastructure_failure(l
     lifecycle.poll_remote_runs(now=timezone.now() + timedelta(minutes=1))
     run.refresh_from_db()
     assert run.status == RunStatus.ERROR and "finished without reporting a result (exit code 0)" in run.error
+
+
+@pytest.mark.django_db
+def test_one_attempts_credentials_open_no_other_attempts_routes(client, settings, leaderboard):
+    """A runner holds only what the dispatch gave it: its attempt's token, which opens nothing of any other run."""
+    settings.RUNNER_KEY = "the-platforms-runner-key-4f1c2a9e"
+    mine, _ = _scripted_run(leaderboard)
+    other = submission(leaderboard, mode="test").runs.get()
+    lifecycle.dispatch_run(other.pk)
+    mine_job, other_job = ScriptedBackend.dispatched[-2:]
+    assert mine_job.run_id == mine.pk and other_job.run_id == other.pk and mine_job.token != other_job.token
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {mine_job.token}"}
+    base = f"/api/runner/v1/runs/{other.pk}/1"
+    result = {"event": "result", "status": "ok", "verdict": "pass", "passed": True, "system": {}, "tests": []}
+    assert client.get(f"{base}/job", **auth).status_code == 403
+    for route, body in (("progress", {"event": "progress", "phase": "test", "done": 1, "total": 1}),
+                        ("result", result), ("failure", {"reason": "forged"})):
+        assert client.post(f"{base}/{route}", body, content_type="application/json", **auth).status_code == 403
+    other.refresh_from_db()
+    assert (other.status, other.verdict, other.infra_failures, other.progress) == (RunStatus.DISPATCHED, "", 0, {})
+    # the platform's key never travels with a dispatch: a runner could not derive another attempt's token
+    assert settings.RUNNER_KEY not in repr(ScriptedBackend.dispatched) + mine_job.token
+
+
+def test_a_remote_agent_refuses_to_hold_the_runner_key(tmp_path):
+    env = {"PATH": os.environ["PATH"], "KERNELBOT_RUNNER_KEY": "the-platforms-key", "KERNELBOT_ATTEMPT_TOKEN": "t"}
+    done = subprocess.run([sys.executable, "-m", "runners.harness.agent", "--platform", "http://127.0.0.1:9",
+                           "--run", "1", "--attempt", "1"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and "must not hold the platform's key" in done.stderr
+    del env["KERNELBOT_RUNNER_KEY"], env["KERNELBOT_ATTEMPT_TOKEN"]
+    done = subprocess.run([sys.executable, "-m", "runners.harness.agent", "--platform", "http://127.0.0.1:9",
+                           "--run", "1", "--attempt", "1"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and "KERNELBOT_ATTEMPT_TOKEN is not set" in done.stderr

@@ -26,7 +26,7 @@ import argparse, json, os, sys, time
 from pathlib import Path
 control = Path(__file__).resolve().parents[2] / "control"
 parser = argparse.ArgumentParser()
-for name in ("--platform", "--run", "--attempt", "--nonce", "--workdir", "--result-file"):
+for name in ("--platform", "--run", "--attempt", "--workdir", "--result-file"):
     parser.add_argument(name)
 args = parser.parse_args()
 scratch = Path(args.workdir) / "kernelbot-run-x" / "work"  # as the real agent unpacks its job
@@ -39,8 +39,9 @@ deadline = time.monotonic() + 120
 while not go.exists() and time.monotonic() < deadline:
     time.sleep(0.05)
 seen = {"args": vars(args), "cwd": os.getcwd(),
-        "env": {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "KERNELBOT_RUNNER_KEY", "KERNELBOT_SANDBOX",
-                                               "SLURM_JOB_NAME", "KB_PLATFORM_SECRET")}}
+        "env": {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "KERNELBOT_RUNNER_KEY",
+                                               "KERNELBOT_ATTEMPT_TOKEN", "KERNELBOT_SANDBOX", "SLURM_JOB_NAME",
+                                               "KB_PLATFORM_SECRET")}}
 Path(args.result_file).write_text(json.dumps({"verdict": "pass", "seen": seen}))
 sys.exit(int(go.read_text() or 0))
 """
@@ -106,7 +107,11 @@ def wait_state(backend: SlurmBackend, external_id: str, *states: RemoteState, ti
 def job(run_id: int, gpu_count: int = 1, gpu: str = "H100") -> Dispatch:
     return Dispatch(run_id=run_id, attempt=1, nonce=f"{run_id:04d}" + "ab" * 14, platform_url="http://127.0.0.1:9",
                     gpu_type=GpuType(name=gpu, vendor=GpuVendor.NVIDIA), gpu_count=gpu_count, timeout_s=120,
-                    label=f"kernelbot run {run_id} attempt 1")
+                    label=f"kernelbot run {run_id} attempt 1", token=f"{run_id:04d}" + "c" * 60)
+
+
+def token_file(harness: Harness, run_id: int) -> Path:
+    return harness.root / "keys" / f"runner.env.{job(run_id).nonce[:16]}"
 
 
 def squeue(job_id: str, fmt: str) -> str:
@@ -122,7 +127,7 @@ def harness(tmp_path, settings, slurm_cluster, monkeypatch) -> Harness:
     return Harness(tmp_path)
 
 
-def test_a_job_queues_runs_and_finishes_with_its_gpus_and_key(harness):
+def test_a_job_queues_runs_and_finishes_with_its_gpus_and_its_attempts_token_only(harness):
     backend = SlurmBackend(harness.pool(extra_args="--hold"))
     external_id = backend.dispatch(job(7, gpu_count=2), reporter=None)
     job_id = external_id.split(":")[0]
@@ -130,10 +135,10 @@ def test_a_job_queues_runs_and_finishes_with_its_gpus_and_key(harness):
     held = backend.poll(external_id)
     assert held.state == RemoteState.QUEUED and "JobHeldUser" in held.detail
     assert squeue(job_id, "%j|%b") == "kernelbot run 7 attempt 1|gres:gpu:fake:2"
-    key_file = harness.root / "keys" / "runner.env"
-    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert stat.S_IMODE(token_file(harness, 7).stat().st_mode) == 0o600
     script = subprocess.run(["scontrol", "write", "batch_script", job_id, "-"], capture_output=True, text=True).stdout
-    assert "#!/bin/sh" in script and "slurm-test-key" not in script  # the key travels only in the 0600 file
+    # the token travels only in the 0600 file, the runner key not at all
+    assert "#!/bin/sh" in script and job(7).token not in script and "slurm-test-key" not in script
 
     subprocess.run(["scontrol", "release", job_id], check=True)
     harness.started(7)
@@ -142,9 +147,10 @@ def test_a_job_queues_runs_and_finishes_with_its_gpus_and_key(harness):
     done = wait_state(backend, external_id, RemoteState.FINISHED)
 
     seen = done.result["seen"]
-    assert seen["env"] == {"CUDA_VISIBLE_DEVICES": "0,1", "KERNELBOT_RUNNER_KEY": KEY, "KERNELBOT_SANDBOX": "auto",
+    assert seen["env"] == {"CUDA_VISIBLE_DEVICES": "0,1", "KERNELBOT_RUNNER_KEY": None,
+                           "KERNELBOT_ATTEMPT_TOKEN": job(7).token, "KERNELBOT_SANDBOX": "auto",
                            "SLURM_JOB_NAME": "kernelbot run 7 attempt 1", "KB_PLATFORM_SECRET": None}
-    assert seen["args"]["run"] == "7" and seen["args"]["nonce"] == job(7).nonce
+    assert seen["args"]["run"] == "7" and not token_file(harness, 7).exists()  # read once, then removed
     assert seen["args"]["workdir"].startswith(str(harness.workdir / "attempt-"))
     assert not Path(seen["args"]["workdir"]).exists()  # the job's scratch is removed
     assert seen["cwd"] == str(harness.checkout)
@@ -205,13 +211,13 @@ def test_a_job_that_never_starts_stays_queued_until_cancelled(harness):
     assert wait_state(backend, external_id, RemoteState.CANCELLED)
 
 
-def test_a_job_without_its_key_file_fails_with_the_reason(harness):
+def test_a_job_without_its_token_file_fails_with_the_reason(harness):
     backend = SlurmBackend(harness.pool(extra_args="--hold"))
     external_id = backend.dispatch(job(81), None)
-    (harness.root / "keys" / "runner.env").unlink()  # e.g. a node without the shared home directory
+    token_file(harness, 81).unlink()  # e.g. a node without the shared home directory
     subprocess.run(["scontrol", "release", external_id.split(":")[0]], check=True)
     failed = wait_state(backend, external_id, RemoteState.FAILED)
-    assert failed.detail == "agent exit code 4: the runner key file is not readable on the node"
+    assert failed.detail == "agent exit code 4: the attempt's token file is not readable on the node"
     assert not (harness.control / "started-81").exists()
 
 
@@ -232,7 +238,7 @@ def test_a_failed_node_loses_its_job_and_slurm_does_not_requeue_it(harness, slur
 def test_refused_and_unknown_jobs(harness, settings):
     backend = SlurmBackend(harness.pool())
     settings.RUNNER_KEY = ""
-    with pytest.raises(RuntimeError, match="no usable runner key"):
+    with pytest.raises(RuntimeError, match="no runner key to issue the attempt's token with"):
         backend.dispatch(job(50), None)
     settings.RUNNER_KEY = KEY
     with pytest.raises(RuntimeError, match="sbatch refused the job: .*"):
@@ -269,10 +275,10 @@ def test_ssh_login_node(harness, ssh_login, monkeypatch):
         harness.started(61)
         harness.finish(61)
         done = wait_state(backend, external_id, RemoteState.FINISHED)
-        assert done.result["seen"]["env"]["KERNELBOT_RUNNER_KEY"] == KEY
-        key_file = Path.home() / key_dir / "runner.env"
-        assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
-        assert stat.S_IMODE(key_file.parent.stat().st_mode) == 0o700
+        env = done.result["seen"]["env"]
+        assert (env["KERNELBOT_ATTEMPT_TOKEN"], env["KERNELBOT_RUNNER_KEY"]) == (job(61).token, None)
+        assert not (Path.home() / key_dir / f"runner.env.{job(61).nonce[:16]}").exists()  # read, then removed
+        assert stat.S_IMODE((Path.home() / key_dir).stat().st_mode) == 0o700
     finally:
         shutil.rmtree(Path.home() / key_dir, ignore_errors=True)
     backend.cancel(external_id)  # a finished job: harmless

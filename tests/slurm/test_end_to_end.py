@@ -12,11 +12,13 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.conf import settings
 from django.utils import timezone
 
 from leaderboards import lifecycle
 from leaderboards.actions import check_submission, do_delete_submission, do_submit
 from leaderboards.models import BoardEntry, Run, RunStatus
+from runners.backends.base import attempt_token
 from runners.models import GpuType, GpuVendor
 
 from ..conftest import REPO
@@ -104,8 +106,10 @@ def test_a_demo_submission_runs_on_slurm_and_is_ranked(slurm_board, sync_queue, 
         job_id, _ = slurm_job(run)
         script = subprocess.run(["scontrol", "write", "batch_script", job_id, "-"], capture_output=True,
                                 text=True).stdout
-        assert f"--run {run.pk} --attempt 1 --nonce" in script and "harness.tar.gz" in script
+        assert f"--run {run.pk} --attempt 1 --workdir" in script and "harness.tar.gz" in script
         assert "custom_kernel" not in script and str(board.secret_seed) not in script  # no code, no seed
+        token = attempt_token(run.attempts.get().pool, run.pk, 1, run.attempts.get().nonce)
+        assert token not in script and settings.RUNNER_KEY not in script  # nor a credential
     for run in runs:
         run = wait_for_status(run, RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.ERROR)
         assert run.status == RunStatus.SUCCEEDED, (run.error, run.stderr[-2000:])

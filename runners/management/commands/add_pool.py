@@ -31,5 +31,5 @@ class Command(BaseCommand):
             raise CommandError(f"pool {name} exists and runs on {pool.get_backend_display()}")
         self.stdout.write(f"pool {name} {'created' if created else 'exists'} ({pool.get_backend_display()})")
         if pool.is_local:
-            self.stdout.write(f"next: on each machine, KERNELBOT_RUNNER_KEY=… python -m runners.harness.node "
-                              f"--platform URL --pool {name}")
+            self.stdout.write(f"next: on each machine, KERNELBOT_NODE_TOKEN=$(manage.py node_token {name} --hostname "
+                              f"HOST) python -m runners.harness.node --platform URL --pool {name}")
