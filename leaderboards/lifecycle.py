@@ -306,10 +306,15 @@ def _claim_one(node: Node, gpus: list[Gpu]) -> dict | None:
                    .filter(status=RunStatus.DISPATCHED, gpu_type=gpu_type, attempts__number=F("attempt"),
                            attempts__pool_id=node.pool_id, attempts__external_id="")
                    .order_by("queued_at", "pk"))
+        on_node = None
         for run in waiting[:20]:  # the oldest that fits the free devices (a multi-GPU run may not)
             count = gpu_count(run)
             if count > len(gpus):
-                continue
+                if on_node is None:
+                    on_node = Gpu.objects.filter(node=node, enabled=True, gpu_type=gpu_type).count()
+                if count <= on_node:
+                    return None  # it fits this node once enough devices free: nothing younger takes them first
+                continue  # this node can never hold it: younger runs go on
             holds = allocator.acquire_on_node(
                 gpus, count, run_id=run.pk, attempt=run.attempt, user_id=run.submission.user_id,
                 leaderboard=run.submission.leaderboard.name, seconds=total_timeout(run),

@@ -5,6 +5,7 @@ real agent processes against a live server."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -199,3 +200,37 @@ def test_a_real_agent_runs_kernels_and_a_killed_one_gets_its_run_retried_within_
         if agent.poll() is None:
             os.killpg(agent.pid, signal.SIGKILL)
         reap_group(agent.pid)
+
+
+@pytest.mark.django_db
+def test_a_multi_gpu_run_is_not_starved_by_younger_single_gpu_runs(demo_task):
+    """The oldest run that fits the node once enough devices free waits for them: a younger single-GPU run does not
+    take a device it freed. A run the node can never hold (more devices than it has) blocks nobody."""
+    h100 = GpuType.objects.create(name="H100", vendor="nvidia")
+    pool = GpuPool.objects.create(name="lab")
+    node = Node.objects.create(pool=pool, hostname="gpu-a", agent_seen_at=timezone.now())
+    for index in (0, 1):
+        Gpu.objects.create(node=node, gpu_type=h100, index=index)
+
+    def board(world_size: int):
+        problem = factories.problem_from(dataclasses.replace(demo_task, name=f"{demo_task.name}-x{world_size}"))
+        if world_size > 1:
+            problem.definition = {**problem.definition, "multi_gpu": True, "tests": [
+                {**case, "world_size": world_size} for case in problem.definition["tests"]]}
+            problem.save()
+        return factories.LeaderboardFactory(problem=problem, gpu_types=[h100])
+
+    never = submit(board(4), gpu="H100").runs.get()  # oldest: four devices, this node has two
+    pair = submit(board(2), gpu="H100").runs.get()
+    single = board(1)
+    singles = [submit(single, gpu="H100").runs.get() for _ in range(2)]
+    dispatch_all()
+    assert lifecycle.do_claim_runs(node, [1]) == []  # the pair is next on this node: device 1 waits for device 0
+    assert set(Run.objects.filter(pk__in=[s.pk for s in singles]).values_list("status", flat=True)) == {
+        RunStatus.DISPATCHED}
+    (claim,) = lifecycle.do_claim_runs(node, [0, 1])
+    assert (claim["run"], claim["devices"]) == (pair.pk, [0, 1])
+    Run.objects.get(pk=pair.pk).update_status(RunStatus.SUCCEEDED)  # its devices are free again
+    (claim,) = lifecycle.do_claim_runs(node, [1])  # the singles go on; the four-device run never held them up
+    assert claim["run"] == singles[0].pk
+    assert Run.objects.get(pk=never.pk).status == RunStatus.DISPATCHED
