@@ -8,12 +8,16 @@ REF (a commit, e.g. the last release) is checked out with `git worktree` into a 
 the same run, alternating submissions, so the machine's drift hits both.
 Figures come from the database of each platform: a run's `queued_at` (the submit) to its `finished_at` (its verdict
 committed), the first run of each submission; one warm-up submission per platform is not counted.
+Next to them, this tree's `kernelbot run` of the same code against its platform (test mode, what a competitor waits
+for from the command to its verdict, task and harness from the cache; the first run, which downloads them, is
+reported apart).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -46,6 +50,7 @@ class Platform:
             "DEBUG": "1", "KERNELBOT_DATA_DIR": str(self.data), "KERNELBOT_QUOTA_TEST": "0",
             "KERNELBOT_POOL_CHECK_INTERVAL": "0"}
         port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
         self.log = (self.data / "serve.log").open("w")
         self.process = subprocess.Popen([sys.executable, "manage.py", "serve", "--port", str(port)], cwd=tree,
                                         env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
@@ -73,6 +78,22 @@ class Platform:
                 "r.submission_id = s.id JOIN auth_user u ON s.user_id = u.id WHERE u.username = 'bench' "
                 "ORDER BY r.id DESC LIMIT 1").fetchone()
         return (datetime.fromisoformat(finished) - datetime.fromisoformat(queued)).total_seconds()
+
+    def local_run(self, tag: str) -> tuple[float, float]:
+        """`kernelbot run` of the code against this platform: seconds from the command to its verdict, and of those
+        the harness's (its parent and sandboxed child starting cold, then the cases)."""
+        source = self.data / f"local-{tag}.py"
+        source.write_text(CODE.read_text() + f"\n# {tag}\n")
+        env = {**self.env, "KERNELBOT_URL": self.url, "KERNELBOT_CONFIG": str(self.data / "cli.json"),
+               "XDG_CACHE_HOME": str(self.data / "cache")}
+        started = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "kernelbot.cli.main", "run", str(source), "-l", "vectoradd",
+                               "--mode", "test", "--json"], cwd=self.tree, env=env, capture_output=True, text=True,
+                              timeout=600)
+        elapsed = time.perf_counter() - started
+        if done.returncode != 0 or "verdict: pass" not in done.stderr:
+            raise RuntimeError(f"{self.name} kernelbot run: {done.stdout[-2000:]}{done.stderr[-2000:]}")
+        return elapsed, json.loads(done.stdout.splitlines()[-1])["runner_timing"]["harness_s"]
 
     def stop(self) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -106,10 +127,16 @@ def main() -> None:
         for name, tree in trees.items():
             platforms[name] = Platform(tree, name.split()[0])
             platforms[name].submit(args.mode, "warm-up")
+        first_local, _ = platforms["this tree"].local_run("first")  # downloads the task and the harness
         times: dict[str, list[float]] = {name: [] for name in platforms}
+        local: list[float] = []
+        harness: list[float] = []
         for i in range(args.n):  # alternating, so drift hits both
             for name, platform in platforms.items():
                 times[name].append(platform.submit(args.mode, f"k{i}"))
+            total, inside = platforms["this tree"].local_run(f"k{i}")
+            local.append(total)
+            harness.append(inside)
         print(f"submit → first {args.mode} verdict, {args.n} submissions each, seconds")
         print(f"{'platform':<30} {'p50':>7} {'p95':>7} {'mean':>7}")
         for name, values in times.items():
@@ -117,6 +144,11 @@ def main() -> None:
         if len(times) == 2:
             base, this = (pct(v, 0.5) for v in times.values())
             print(f"ratio this / baseline (p50): {this / base:.2f}")
+        print(f"{'kernelbot run (this tree, test)':<30} {pct(local, 0.5):7.2f} {pct(local, 0.95):7.2f} "
+              f"{statistics.mean(local):7.2f}   command → local verdict, task and harness cached")
+        print(f"{'  of which the harness':<30} {pct(harness, 0.5):7.2f} {pct(harness, 0.95):7.2f} "
+              f"{statistics.mean(harness):7.2f}   (cold parent and child: torch imported twice)")
+        print(f"the first kernelbot run, downloading the task and the harness: {first_local:.2f} s")
     finally:
         for platform in platforms.values():
             platform.stop()
