@@ -18,7 +18,7 @@ from kernelbot.cli.directives import parse_directives
 from kernelbot.errors import ErrorOut
 from kernelbot.inputs import Text
 
-from . import actions, finals
+from . import actions, finals, local_run
 from .access import actions as access
 from .access.api import optional_token_auth, token_auth
 from .access.authority import RunView, access_leaderboard, access_submission, run_view
@@ -28,6 +28,7 @@ from .progress import in_pool, run_snapshots, sse
 from .schemas import (
     DeletedOut,
     LeaderboardOut,
+    LocalTaskOut,
     RankingPageOut,
     StandingsOut,
     SubmissionOut,
@@ -64,6 +65,15 @@ def list_leaderboards(request):
             auth=optional_token_auth)
 def get_leaderboard(request, name: str):
     return leaderboard_out(visible(request, name))
+
+
+@router.get("/leaderboards/{name}/local", response={200: LocalTaskOut, 401: ErrorOut, 404: ErrorOut},
+            auth=optional_token_auth)
+def local_task(request, name: str):
+    """What `kernelbot run` needs to run this leaderboard's task on the caller's machine as the platform does: the
+    task's files, per mode (test, benchmark) the platform's harness job with the task's public seed (never the
+    secret one), and the harness tarball's URL and version."""
+    return local_run.local_task(visible(request, name))
 
 
 @router.get("/leaderboards/{name}/rankings/{gpu}", response={200: RankingPageOut, 400: ErrorOut, 401: ErrorOut,

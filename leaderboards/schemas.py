@@ -166,3 +166,29 @@ class SubmissionPageOut(Schema):
 class DeletedOut(Schema):
     status: str
     submission_id: int
+
+
+class LocalProblemOut(Schema):
+    name: str
+    version: int
+    content_hash: str
+
+
+class LocalHarnessOut(Schema):
+    url: str = Field(description="Where the harness tarball is (the one remote runners fetch).")
+    version: str = Field(description="sha256 over the tarball's file names and contents.")
+
+
+class LocalJobOut(Schema):
+    job: dict[str, Any] = Field(description="The harness job (runners/harness/contract.py) without workdir, gpus, "
+                                "sandbox_uid and nonce; its seed is the task's public one.")
+    timeout_s: int
+
+
+class LocalTaskOut(Schema):
+    leaderboard: str
+    problem: LocalProblemOut
+    harness: LocalHarnessOut
+    files: dict[str, str] = Field(description="The task's files, the submission left out.")
+    submission_name: str
+    jobs: dict[str, LocalJobOut] = Field(description="Per mode (test, benchmark).")

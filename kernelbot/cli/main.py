@@ -1,4 +1,5 @@
-"""`kernelbot`: log in, list leaderboards, submit with live progress, manage submissions.
+"""`kernelbot`: log in, list leaderboards, submit with live progress, run locally as the platform would, manage
+submissions.
 
 Config: <user config dir>/kernelbot/config.json ({"url": ..., "token": ...}); KERNELBOT_URL and
 KERNELBOT_TOKEN override it."""
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -18,6 +20,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from . import local
 from .directives import parse_directives
 
 app = typer.Typer(help="Submit GPU kernels to a kernelbot server.", no_args_is_help=True)
@@ -191,6 +194,97 @@ def submit(file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, rea
         if wait:
             sub = follow(c, sub["id"], sub)
     if sub["status"] not in ("succeeded", "pending", "running"):
+        raise typer.Exit(2)
+
+
+def fmt_ns(value: float | None) -> str:
+    return "-" if value is None else fmt_seconds(value / 1e9)
+
+
+def case_tables(result: dict[str, Any]) -> list[Table]:
+    """The run's cases as the submission page shows them: tests with the checker's message, then benchmarks."""
+    tables = []
+    if result.get("tests"):
+        tests = Table("case", "verdict", "checker message", title="Tests", title_justify="left")
+        for case in result["tests"]:
+            tests.add_row(case["spec"], case["status"], case.get("message", ""))
+        tables.append(tests)
+    for phase, title in (("benchmarks", "Benchmarks"), ("ranked", "Ranked benchmarks")):
+        if not result.get(phase):
+            continue
+        table = Table("case", "time", "95 % interval", "× reference", "best", "samples", "stopped because",
+                      title=title, title_justify="left")
+        for b in result[phase]:
+            timed = b.get("time") is not None
+            value, low, high = (b.get("time"), b.get("time_low"), b.get("time_high")) if timed else (
+                b.get("mean"), b.get("ci_low"), b.get("ci_high"))
+            ratio = f"{b['ratio']:.3f}×" if timed and b.get("ratio") is not None else "-"
+            table.add_row(b["spec"], fmt_ns(value), f"{fmt_ns(low)} – {fmt_ns(high)}", ratio, fmt_ns(b.get("best")),
+                          str(b.get("runs", "-")), b.get("stop_reason") or "-")
+        tables.append(table)
+    return tables
+
+
+def sandbox_line(result: dict[str, Any]) -> str:
+    box = (result.get("system") or {}).get("sandbox") or {}
+    if box.get("backend") == "bubblewrap":
+        return (f"sandbox: bubblewrap (network {box.get('network')}, {box.get('filesystem')}, "
+                f"killed by {box.get('tree_kill')})")
+    why = box.get("fallback_reason") or box.get("error") or "bubblewrap is not available"
+    return (f"[yellow]not sandboxed:[/yellow] {box.get('backend', 'unknown')} ({why}); the submission ran with "
+            "your user's rights, its network and your files (install bubblewrap to isolate it)")
+
+
+@app.command("run")
+def run_(file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, readable=True)],
+         leaderboard: str = typer.Option(None, "--leaderboard", "-l", help="Default: #!POPCORN leaderboard."),
+         problem: Annotated[Path | None, typer.Option(
+             "--problem", file_okay=False, exists=True,
+             help="A local reference-kernels task directory (task.yml); no server.")] = None,
+         mode: str = typer.Option("test", "--mode", "-m", help="test or benchmark."),
+         gpu: int = typer.Option(None, "--gpu", min=0, help="This machine's GPU to use (default: 0 if there is one)."),
+         python: str = typer.Option(sys.executable, help="The Python (with torch) that runs the harness."),
+         as_json: bool = typer.Option(False, "--json", help="Print the harness's result as one JSON line.")) -> None:
+    """Run FILE here as the platform would, with the task's public inputs: the leaderboard's task and the server's
+    harness are downloaded once (cached per problem version, used offline), or --problem DIR runs a local task."""
+    code = file.read_text(encoding="utf-8", errors="replace")
+    out = Console(stderr=True) if as_json else console
+    try:
+        if problem is not None:
+            task = local.directory_task(problem)
+        else:
+            leaderboard = leaderboard or parse_directives(code).get("leaderboard")
+            if not leaderboard:
+                fail("Name a leaderboard with --leaderboard, a `#!POPCORN leaderboard <name>` line, or a task with "
+                     "--problem DIR.")
+            config = load_config()
+            with client(need_token=False) as c:
+                task = local.server_task(c, config["url"], leaderboard)
+        shown = task.problem
+        version = f" v{shown['version']}" if shown.get("version") else ""
+        out.print(f"{task.name}: problem {shown.get('name')}{version} ({shown.get('content_hash', '')[:12]}) from "
+                  f"{task.origin}")
+        with out.status(f"running {file.name} ({mode})…") as status:
+            result = local.run_task(task, code, mode, gpus=local.default_gpus() if gpu is None else [str(gpu)],
+                                    python=python, on_progress=lambda e: status.update(
+                                        f"running {file.name}: {e.get('phase')} {e.get('done')}/{e.get('total')}"))
+    except local.LocalRunError as exc:
+        fail(str(exc))
+    if as_json:
+        print(json.dumps(result))
+    out.print(sandbox_line(result))
+    for table in case_tables(result):
+        out.print(table)
+    if result.get("status") != "ok":
+        out.print(f"[red]harness error[/red] (not your code's verdict): {result.get('error')}")
+        raise typer.Exit(1)
+    ranking_by = task.bundle["jobs"][mode]["job"]["ranking_by"]
+    score = local.local_score(result, ranking_by)
+    summary = f"verdict: {result['verdict']}" + (f", score {fmt_seconds(score)} ({ranking_by})" if score else "")
+    out.print(f"{'[green]' if result['passed'] else '[red]'}{summary}[/] in {result['wall_s']:.1f} s")
+    if result.get("error"):
+        out.print(result["error"])
+    if not result["passed"]:
         raise typer.Exit(2)
 
 
