@@ -112,3 +112,15 @@ def test_closed_dms_end_a_private_status_without_error(bot, leaderboard, setting
     fake.wait_for(lambda: StatusMessage.objects.get().finished, 20, "the row finished")
     assert 50007 in [code for code, _ in fake.refused]
     assert not [m for m in fake.messages.values() if m.channel_id in fake.dm_channels]
+
+
+def test_a_bucket_that_says_it_is_spent_makes_the_bot_wait_not_fail(bot, leaderboard):
+    fake = bot.fake
+    fake.bucket_remaining, fake.bucket_reset_after = 0, 0.5  # every message call: "none left for 0.5 s"
+    interaction, sub = ranked(fake, leaderboard)
+    for run in sub.runs.all():
+        do_cancel_run(run)
+    message = fake.original(interaction)
+    fake.wait_for(lambda: "cancelled" in message.content.split("\n")[0], 30, "the final edit")
+    fake.wait_for(lambda: fake.followups(interaction), 20, "the report")
+    assert fake.rate_limited == 0 and len(fake.followups(interaction)) == 1

@@ -98,6 +98,7 @@ class FakeDiscord:
         self.expired_tokens: set[str] = set()  # interaction tokens Discord no longer accepts
         self.acknowledged_elsewhere: set[int] = set()  # interactions whose first callback gets 40060
         self.upload_limit = UPLOAD_LIMIT
+        self.bucket_remaining, self.bucket_reset_after = 4, 1.0  # the X-RateLimit headers of message calls
 
     # --- running ------------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -404,9 +405,11 @@ class FakeDiscord:
             response = await self._rest(request, method, path.split("/"))
             if "messages" in path or path.startswith("webhooks"):
                 # the headers discord.py reads to pace itself (one bucket per route, never exhausted here)
-                response.headers.update({"X-RateLimit-Limit": "5", "X-RateLimit-Remaining": "4",
-                                         "X-RateLimit-Reset": f"{time.time() + 1:.3f}",
-                                         "X-RateLimit-Reset-After": "1.000", "X-RateLimit-Bucket": "fake-bucket"})
+                response.headers.update({"X-RateLimit-Limit": "5",
+                                         "X-RateLimit-Remaining": str(self.bucket_remaining),
+                                         "X-RateLimit-Reset": f"{time.time() + self.bucket_reset_after:.3f}",
+                                         "X-RateLimit-Reset-After": f"{self.bucket_reset_after:.3f}",
+                                         "X-RateLimit-Bucket": "fake-bucket"})
             return response
         finally:
             self._notify()
