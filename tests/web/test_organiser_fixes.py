@@ -62,7 +62,8 @@ def test_a_new_leaderboards_rule_defaults_to_its_tasks(admin_client, leaderboard
     assert "The problem&#x27;s own rule" in page or "The problem's own rule" in page
     response = admin_client.post("/admin/leaderboards/leaderboard/add/", {
         "name": "fresh", "problem": problem.pk, "deadline_0": "2030-01-01", "deadline_1": "00:00",
-        "ranking_by": "", "visibility": "public", "gpu_types": [leaderboard.gpu_types.get().pk]})
+        "ranking_by": "", "visibility": "public", "final_top_n": 10, "final_rounds": 3,
+        "gpu_types": [leaderboard.gpu_types.get().pk]})
     assert response.status_code == 302, response.content.decode()[:3000]
     assert Leaderboard.objects.get(name="fresh").ranking_by == RankingRule.GEOM
 
@@ -72,7 +73,8 @@ def test_changing_the_rule_offers_the_rescore(admin_client, leaderboard):
     finish(submission(leaderboard), [1000.0, 4000.0])
     response = admin_client.post(f"/admin/leaderboards/leaderboard/{leaderboard.pk}/change/", {
         "name": leaderboard.name, "problem": leaderboard.problem.pk, "deadline_0": "2030-01-01",
-        "deadline_1": "00:00", "ranking_by": "mean", "visibility": "public", "gpu_types": [gpu.pk]}, follow=True)
+        "deadline_1": "00:00", "ranking_by": "mean", "visibility": "public", "final_top_n": 10, "final_rounds": 3,
+        "gpu_types": [gpu.pk]}, follow=True)
     page = response.content.decode()
     assert response.redirect_chain[-1][0] == f"/admin/leaderboards/leaderboard/{leaderboard.pk}/do/rescore/"
     assert "its scores still follow the old rule until you rescore" in page and "Yes, rescore" in page
