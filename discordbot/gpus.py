@@ -29,9 +29,11 @@ def when(moment: datetime) -> str:
 
 
 def describe(r: Reservation) -> str:
-    line = f"#{r.pk} {r.gpu_count}× {r.gpu_type.name} on {r.pool.name} for {r.minutes} min ({r.project}): {r.status}"
+    nodes = f" × {r.node_count} nodes" if r.node_count > 1 else ""
+    line = (f"#{r.pk} {r.gpu_count}× {r.gpu_type.name}{nodes} on {r.pool.name} for {r.minutes} min ({r.project}): "
+            f"{r.status}")
     if r.status == ReservationStatus.ACTIVE:
-        line += f" on {r.node.hostname if r.node else '?'}, ends {when(r.ends_at)}"
+        line += f" on {', '.join(r.hostnames()) or '?'}, ends {when(r.ends_at)}"
         if r.access.get("command") or r.access.get("note"):
             line += f"\n  access: {r.access.get('command') or r.access.get('note')}"
     elif r.status == ReservationStatus.PENDING and r.planned_start:
@@ -57,6 +59,8 @@ def availability(user) -> str:
     for a in rows:
         etas = ", ".join(f"{n}: {when(t) if t else 'never'}" for n, t in a.eta.items())
         lines.append(f"**{a.gpu_type}** · {a.pool}: {a.free_now}/{a.reservable} free, {a.queued} queued; {etas}")
+        if a.never:
+            lines.append(f"  never: {a.never}")
     return "\n".join(lines)
 
 

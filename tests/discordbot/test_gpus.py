@@ -27,6 +27,7 @@ def test_reserve_queue_cancel_list_notices_and_the_daily_table(bot, sync_queue, 
 
     text, private = reply(fake, fake.command("gpus availability", ALICE))
     assert private and "**H100** · lab: 2/2 free, 0 queued" in text
+    assert "4: never" in text and "never: a request gets devices of one node, and at most 2" in text
 
     text, _ = reply(fake, fake.command("gpus reserve", ALICE, gpu_type="h100", count=2, minutes=60, project="llm"))
     mine = Reservation.objects.get(user__socialaccount__uid=str(ALICE))
