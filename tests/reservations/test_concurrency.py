@@ -258,3 +258,23 @@ def test_a_burst_of_fifty_reserves_over_http(web):
     assert len(held) == len(set(held)) == Reservation.objects.filter(status="active").aggregate(
         n=Sum("gpu_count"))["n"]
     assert_no_overlap()
+
+
+def test_reserves_racing_over_a_reservation_past_its_end(postgres):
+    """The issue's 500: a reservation past its end (no tick yet) while many reserve at once; every planning pass
+    expires it first, exactly one of them does, and nobody gets an error."""
+    gpu_pool(nodes=1, per_node=4)
+    old = actions.do_reserve(factories.UserFactory(username="old"), ReserveRequest("H100", 4, 30))
+    Reservation.objects.filter(pk=old.pk).update(ends_at=timezone.now() - timedelta(seconds=5))
+    DeviceHold.objects.filter(reservation=old).update(ends=timezone.now() - timedelta(seconds=5))
+    users = [factories.UserFactory(username=f"racer{i}") for i in range(12)]
+    results = in_threads(12, lambda i: actions.do_reserve(users[i], ReserveRequest("H100", 1, 30 + i)))
+    assert not [r for r in results if isinstance(r, Exception)], results
+    tasks.keep_time()  # the passes a burst left to it
+    old.refresh_from_db()
+    assert old.status == "expired" and list(old.events.filter(kind="expired").values_list("kind", flat=True)) == [
+        "expired"]
+    assert Reservation.objects.filter(status="active").count() == 4
+    assert not Reservation.objects.filter(status="pending", planned_start=None).exists()
+    assert DeviceHold.objects.held().count() == 4
+    assert_no_overlap()
