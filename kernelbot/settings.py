@@ -256,6 +256,12 @@ KERNELGUARD_FAIL_OPEN = env_bool("KERNELBOT_KERNELGUARD_FAIL_OPEN", True)
 KERNELGUARD_BLOCK = env_bool("KERNELBOT_KERNELGUARD_BLOCK", False)
 KERNELGUARD_TIMEOUT_S = float(os.environ.get("KERNELBOT_KERNELGUARD_TIMEOUT_S", "10"))
 KERNELGUARD_PROFILE = os.environ.get("KERNELBOT_KERNELGUARD_PROFILE", "")  # a built-in profile, e.g. strict
+# The submissions dataset's push (leaderboards/dataset.py): the Hugging Face Hub (tests: a loopback fake); the token
+# is read from HF_TOKEN when pushing.
+HF_ENDPOINT = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+# Final standings (leaderboards/finals.py): boards whose deadline passed at most this long ago are re-verified by the
+# scheduled tick (older boards of an installation are left as they are; an organiser may still re-verify them).
+FINAL_VERIFY_WITHIN = int(os.environ.get("KERNELBOT_FINAL_VERIFY_WITHIN", str(2 * 24 * 3600)))
 # Seconds a run may sit in each non-terminal state before the reaper retries or fails it.
 RUN_STATE_DEADLINES = {
     "queued": int(os.environ.get("KERNELBOT_QUEUED_DEADLINE", "300")),
