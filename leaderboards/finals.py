@@ -22,7 +22,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Count, Q
+from django.db.models import Count
 from django.utils import timezone
 
 from runners.queue import enqueue_on_commit
@@ -292,9 +292,10 @@ def standings(leaderboard: Leaderboard) -> Standings:
     provisional = (leaderboard.is_finished and published is None and bool(leaderboard.final_top_n)
                    and bool(leaderboard.final_rounds) and not leaderboard.internal)
     result = Standings(leaderboard, published, running, provisional)
-    if running is not None:
-        entries = running.entries.aggregate(total=Count("pk"), dropped=Count("pk", filter=~Q(dropped="")))
-        result.total = entries["total"] * running.rounds
+    if running is not None:  # an entry that dropped out runs no more: its remaining rounds leave the total
+        kept = running.entries.filter(dropped="").count()
+        started_dropped = Submission.objects.filter(final_entry__final=running).exclude(final_entry__dropped="")
+        result.total = kept * running.rounds + started_dropped.count()
         result.done = Run.objects.filter(submission__final_entry__final=running, status__in=_ENDED).count()
     return result
 

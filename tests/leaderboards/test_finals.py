@@ -129,6 +129,8 @@ def test_an_organisers_re_run_waits_to_be_compared_published_and_announced(
     finals.advance(final.pk, gpu_type_id)
     assert finals.advance(final.pk, gpu_type_id) is None  # one at a time
     assert Run.objects.filter(submission__final_entry__final=final).count() == 1
+    shown = finals.standings(leaderboard)
+    assert shown.provisional and shown.running == final and (shown.done, shown.total) == (0, 4)
     # the re-runs end by hand: the board's 4th fails, the others come out in the reverse of the board's order
     while (run := Run.objects.filter(submission__final_entry__final=final, status=RunStatus.QUEUED).first()):
         position = run.submission.final_entry.position
