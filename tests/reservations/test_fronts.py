@@ -256,3 +256,22 @@ def test_gpus_page_says_how_to_lend_a_pool_and_why_never(client, user):
     assert row["eta"]["8"] is None and row["largest"] == 4 and "at most 4" in row["never"]
     gpu_pool(name="all-kept", nodes=1, per_node=1, competition_share=0.25)
     assert "none of its devices can be reserved" in client.get("/gpus/").content.decode()
+
+
+def test_web_form_takes_a_quarter_hour_over_two_nodes(client, user):
+    gpu_pool(nodes=2, per_node=2, access_note="ssh {hostnames}")
+    client.force_login(user)
+    page = client.get("/gpus/", {"gpu_type": "h100", "gpu_count": 2, "nodes": 2, "minutes": "0.25h"}).content.decode()
+    assert "2× H100 on each of 2 nodes on lab for 15 min would start" in page
+    assert client.post("/gpus/reserve", {"gpu_type": "h100", "gpu_count": 2, "nodes": 2,
+                                         "minutes": "0.25h"}).status_code == 302
+    mine = Reservation.objects.get(user=user)
+    assert (mine.minutes, mine.node_count, mine.status) == (15, 2, "active")
+    page = client.get("/gpus/").content.decode()
+    assert "lab-node0, lab-node1" in page and "ssh lab-node0,lab-node1" in page
+    bad = client.post("/gpus/reserve", {"gpu_type": "h100", "gpu_count": 1, "minutes": "0.01h"})
+    assert bad.status_code == 400 and "whole minutes" in bad.content.decode()
+    assert client.post(f"/gpus/{mine.pk}/extend", {"minutes": "1h30m"}).status_code == 302
+    mine.refresh_from_db()
+    assert mine.minutes == 105
+    assert client.post(f"/gpus/{mine.pk}/extend", {"minutes": "soon"}).status_code == 400
