@@ -44,6 +44,7 @@ MAX_FILE = 8 * 1024 * 1024
 GPU_CHOICE_SECONDS = 120.0  # how long a submission naming no GPU type waits for its author's choice
 UPLOAD_LIMIT = 10 * 1024 * 1024 - 64 * 1024  # what any server accepts in one message (its boosts may allow more)
 RETRY_AFTER = (1.0, 2.0, 5.0, 10.0, 15.0)  # s, after Discord, the network or a service failed past their own retries
+GIVE_UP_AFTER = 3600.0  # s of failing edits after which a status message is left as it is (the site has the result)
 # Failures that pass: Discord answering 5xx (or 4xx we did not expect), the network, Redis (the channel layer, the
 # cache), the database. What they interrupt is done again later; anything else is a bug and is logged as one.
 TRANSIENT = (discord.HTTPException, aiohttp.ClientError, OSError, TimeoutError, DatabaseError, RedisError,
@@ -395,13 +396,21 @@ class Live:
                 raise
 
     async def _follow(self, watch: Watch) -> None:
-        failures = 0
+        failures, failing_since = 0, 0.0
         while True:
             try:
                 if await self._round(watch):
                     return
                 failures = 0
             except TRANSIENT as exc:  # Discord, the network, Redis or the database failing: the round is done again
+                failing_since = failing_since if failures else time.monotonic()
+                if time.monotonic() - failing_since > GIVE_UP_AFTER:  # e.g. a channel the bot may not post in
+                    log.warning("status of submission %s not updated for %s s (%r); giving up", watch.submission_id,
+                                GIVE_UP_AFTER, exc)
+                    with contextlib.suppress(*TRANSIENT):
+                        await in_live_thread(service.save_status_message, watch.row_id, finished=True)
+                    self.watches.pop(watch.submission_id, None)
+                    return
                 pause = RETRY_AFTER[min(failures, len(RETRY_AFTER) - 1)]
                 log.warning("status of submission %s not updated (%r); trying again in %s s", watch.submission_id,
                             exc, pause)

@@ -61,6 +61,18 @@ def test_discord_answering_500_for_a_minute_delays_the_status_and_its_report_but
     assert fake.rate_limited == 0
 
 
+def test_a_message_that_cannot_be_edited_for_long_is_given_up(bot, leaderboard, monkeypatch):
+    monkeypatch.setattr("discordbot.bot.GIVE_UP_AFTER", 3.0)  # an hour in production
+    fake = bot.fake
+    interaction, submission = submit(fake, leaderboard)
+    fake.fail_for(3600)
+    finish(submission)
+    row = StatusMessage.objects.get(submission=submission)
+    fake.wait_for(lambda: StatusMessage.objects.get(pk=row.pk).finished, 90, "the message given up")
+    assert "cancelled" not in fake.original(interaction).content and not fake.followups(interaction)
+    assert submission.pk not in bot.client.live.watches
+
+
 @pytest.fixture
 def redis_proxy(redis_url):
     from urllib.parse import urlparse
