@@ -177,6 +177,9 @@ def run_task(task: LocalTask, code: str, mode: str, *, gpus: list[str], python: 
                                       on_progress=on_progress, still_wanted=lambda: True, check_interval=5.0)
     finally:
         shutil.rmtree(workdir.parent, ignore_errors=True)
+    if result is None and "No module named 'torch'" in failure:
+        raise LocalRunError(f"{python} cannot run the harness: it has no torch (install torch there, or name a Python "
+                            "that has it with --python)")
     if result is None:
         raise LocalRunError(failure or "the harness ended without a result")
     return {**result, "wall_s": round(time.monotonic() - started, 3)}

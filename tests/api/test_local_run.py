@@ -6,12 +6,14 @@ directory."""
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import re
 import socket
 import subprocess
 import sys
+import tarfile
 import threading
 from pathlib import Path
 
@@ -19,7 +21,8 @@ import pytest
 from django.conf import settings
 from django.test import Client
 
-from leaderboards import local_run
+from kernelbot.cli import local as cli_local
+from leaderboards import local_run, runner_api
 from leaderboards.access.actions import do_create_token
 from leaderboards.access.models import Membership
 from leaderboards.actions import check_submission, do_submit
@@ -219,3 +222,43 @@ def test_kernelbot_run_says_precisely_why_it_cannot_run(live_server, leaderboard
     (tmp_path / "empty").mkdir()
     no_task = kernelbot_run(tmp_path, live_server.url, code, "--problem", str(tmp_path / "empty"))
     assert no_task.returncode == 1 and "not a usable task directory" in no_task.stdout, no_task.stdout
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True, timeout=120)
+    bare = str(tmp_path / "bare" / "bin" / "python")
+    no_torch = kernelbot_run(tmp_path, live_server.url, code, "--problem", str(TASK), "--python", bare)
+    assert no_torch.returncode == 1 and f"{bare} cannot run the harness: it has no torch" in no_torch.stdout
+
+
+def repacked(data: bytes, extra: str) -> bytes:
+    """The harness tarball with one more file: another harness version."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as src, tarfile.open(fileobj=out, mode="w:gz") as dst:
+        for member in src.getmembers():
+            dst.addfile(member, src.extractfile(member) if member.isfile() else None)
+        note = tarfile.TarInfo("runners/harness/release_note.py")
+        note.size = len(extra.encode())
+        dst.addfile(note, io.BytesIO(extra.encode()))
+    return out.getvalue()
+
+
+def test_the_harness_follows_the_servers_version(live_server, leaderboard, tmp_path, monkeypatch):
+    code = str(SUBMISSIONS["correct"])
+    args = (code, "-l", leaderboard.name, "--mode", "leaderboard")  # fetched, then refused before the harness runs
+    first = kernelbot_run(tmp_path, live_server.url, *args)
+    assert "harness downloaded" in first.stdout, first.stdout
+    assert "harness cached" in kernelbot_run(tmp_path, live_server.url, *args).stdout
+    original = jobspec.tarball_digest(runner_api.harness_tarball())
+    upgraded = repacked(runner_api.harness_tarball(), "NOTE = 'upgraded'\n")
+    monkeypatch.setattr(runner_api, "harness_tarball", lambda: upgraded)  # the server upgraded: what it serves
+    monkeypatch.setattr(local_run, "harness_version", lambda: jobspec.tarball_digest(upgraded))  # and announces
+    again = kernelbot_run(tmp_path, live_server.url, *args)
+    assert "harness downloaded" in again.stdout, again.stdout
+    cached = tmp_path / "cache" / "kernelbot" / "harness"
+    assert {p.name for p in cached.iterdir()} == {original, jobspec.tarball_digest(upgraded)}
+    assert (cached / jobspec.tarball_digest(upgraded) / "runners" / "harness" / "release_note.py").is_file()
+
+
+def test_a_harness_of_another_version_than_announced_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELBOT_CACHE", str(tmp_path))
+    with pytest.raises(cli_local.LocalRunError, match="was the server upgraded meanwhile"):
+        cli_local.install_harness(runner_api.harness_tarball(), "0" * 64)
+    assert not (tmp_path / "harness" / ("0" * 64)).exists()
