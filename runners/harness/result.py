@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import platform
+import re
 import sys
 from typing import IO, Any
 
@@ -46,6 +47,7 @@ def system_info(sandbox_description: dict[str, Any] | None = None) -> dict[str, 
         info["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     except Exception as exc:  # torch missing or broken: still report what we can
         info["torch"], info["device"] = f"unavailable: {exc}", "cpu"
+    info["driver"] = driver_version()
     info["cpu"] = platform.processor() or "unknown"
     try:
         with open("/proc/cpuinfo") as f:
@@ -53,6 +55,16 @@ def system_info(sandbox_description: dict[str, Any] | None = None) -> dict[str, 
     except (OSError, StopIteration):
         pass
     return info
+
+
+def driver_version(path: str = "/proc/driver/nvidia/version") -> str:
+    """The NVIDIA kernel driver's version ("580.159.04"), "" without one."""
+    try:
+        with open(path) as f:
+            found = re.search(r"Kernel Module(?: for \S+)?\s+(\d+(?:\.\d+)+)", f.readline())
+    except OSError:
+        return ""
+    return found.group(1) if found else ""
 
 
 @dataclasses.dataclass
