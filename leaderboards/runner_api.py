@@ -25,6 +25,7 @@ from runners.backends.base import runner_key
 from runners.harness.agent import runner_token
 from runners.harness.node import node_token
 from runners.models import GpuPool, Node
+from runners.reservations import allocator
 
 from . import lifecycle
 from .models import Run, RunAttempt, RunStatus
@@ -190,7 +191,8 @@ def node_register(request: HttpRequest, pool: GpuPool, hostname: str, body: dict
 
 @_node_endpoint
 def node_poll(request: HttpRequest, pool: GpuPool, hostname: str, body: dict) -> HttpResponse:
-    """The node's heartbeat and its ask for work: runs for its free devices (`lifecycle.do_claim_runs`)."""
+    """The node's heartbeat and its ask for work: runs for its free devices (`lifecycle.do_claim_runs`), and which of
+    its devices reservations hold now (the agent sweeps the others' leftover processes)."""
     free = body.get("free", [])
     if not isinstance(free, list) or len(free) > 256 or not all(
             isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 1024 for i in free):
@@ -198,7 +200,8 @@ def node_poll(request: HttpRequest, pool: GpuPool, hostname: str, body: dict) ->
     node = Node.objects.select_related("pool").filter(pool=pool, hostname=hostname).first()
     if node is None:
         raise Refused(404, f"{hostname} is not registered in pool {pool.name}: register first")
-    return JsonResponse({"claims": lifecycle.do_claim_runs(node, sorted(set(free)))})
+    return JsonResponse({"claims": lifecycle.do_claim_runs(node, sorted(set(free))),
+                         "reserved": allocator.reserved_indices(node.pk)})
 
 
 @cache

@@ -20,10 +20,12 @@ so a run waits for neither interpreter (`--no-spares`, `--cold` to turn these of
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import hmac
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -40,6 +42,7 @@ from .runner import Spares
 VERSION = "1"
 NODE_TOKEN_ENV = "KERNELBOT_NODE_TOKEN"
 POLL_S = 0.5
+SWEEP_S = 2.0  # how often the devices nothing holds are checked for leftover processes
 
 
 def node_token(key: str, pool: str, hostname: str) -> str:
@@ -55,6 +58,40 @@ def probe(python: str) -> dict:
     return json.loads(done.stdout)
 
 
+def compute_processes() -> dict[int, list[int]] | None:
+    """Device index → pids with a compute context on it, from nvidia-smi; None where there is none."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+
+    def query(what: str) -> list[list[str]]:
+        done = subprocess.run([smi, f"--query-{what}", "--format=csv,noheader"], capture_output=True, text=True,
+                              timeout=30, check=False)
+        return [[f.strip() for f in line.split(",")] for line in done.stdout.splitlines() if line.strip()]
+
+    try:
+        index_of = {bus.lower(): int(index) for index, bus in query("gpu=index,pci.bus_id")}
+        found: dict[int, list[int]] = {}
+        for pid, bus in query("compute-apps=pid,gpu_bus_id"):
+            if bus.lower() in index_of and pid.isdigit():
+                found.setdefault(index_of[bus.lower()], []).append(int(pid))
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+    return found
+
+
+def descends_from(pid: int, ancestor: int) -> bool:
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
+
+
 class NodeAgent:
     def __init__(self, platform: str, pool: str, hostname: str, token: str, *, python: str = sys.executable,
                  workroot: Path | None = None, poll_s: float = POLL_S, transport: Transport = http,
@@ -65,6 +102,7 @@ class NodeAgent:
         self.python, self.poll_s, self.transport = python, poll_s, transport
         self.workroot = workroot or Path(tempfile.gettempdir())
         self.warm = warm or spares
+        self.sweep_s, self.swept = SWEEP_S, -SWEEP_S
         self.spares = Spares(python, str(Path(__file__).resolve().parents[2]), self.workroot) if spares else None
         self.devices: list[int] = []
         self.busy: dict[int, tuple[int, int]] = {}  # device index → (run, attempt)
@@ -92,11 +130,37 @@ class NodeAgent:
             return [index for index in self.devices if index not in self.busy]
 
     def poll(self) -> list[dict]:
-        """Ask for work for the free devices (this is also the node's heartbeat); start each claimed run."""
-        claims = self._call("poll", {"free": self.free()}).get("claims", [])
+        """Ask for work for the free devices (this is also the node's heartbeat); start each claimed run, then sweep
+        the devices nothing holds."""
+        answer = self._call("poll", {"free": self.free()})
+        claims = answer.get("claims", [])
         for claim in claims:
             self.start(claim)
+        self.sweep(answer.get("reserved", []))
         return claims
+
+    def sweep(self, reserved: list[int]) -> list[int]:
+        """The pool's devices belong to the platform: a process left on one that neither a run of this agent nor a
+        reservation holds (a reservation's holder after its end, anyone else) is killed, at most every `sweep_s`.
+        Returns the pids killed. Needs nvidia-smi (no GPU, nothing to sweep)."""
+        now = time.monotonic()
+        if now - self.swept < self.sweep_s:
+            return []
+        self.swept = now
+        on_devices = compute_processes()
+        with self.lock:
+            idle = [i for i in self.devices if i not in self.busy and i not in reserved]
+        killed = []
+        for index in idle:
+            for pid in (on_devices or {}).get(index, []):
+                if descends_from(pid, os.getpid()):
+                    continue  # a spare of this agent's (it holds no context until its run, but never kill it)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                    print(f"node agent: killed pid {pid}, left on device {index}, which nothing holds",
+                          file=sys.stderr)
+        return killed
 
     def start(self, claim: dict, *, wait: bool = False) -> None:
         indices = [int(i) for i in claim["devices"]]

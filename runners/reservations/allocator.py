@@ -23,6 +23,13 @@ from . import planner, usage
 from .models import DeviceHold, HoldKind, PoolPolicy, Reservation, ReservationStatus
 
 
+def reserved_indices(node_id: int) -> list[int]:
+    """The node's devices a reservation holds now (its agent leaves their processes alone; any other device that no
+    run of its own holds is swept clean)."""
+    return sorted(DeviceHold.objects.held().filter(kind=HoldKind.RESERVATION, gpu__node_id=node_id)
+                  .values_list("gpu__index", flat=True).distinct())
+
+
 def run_lease_seconds() -> float:
     """A run's hold lapses as fast as its heartbeat deadline, so a dead worker's device is back when its run is."""
     return float(settings.RUN_HEARTBEAT_DEADLINE)

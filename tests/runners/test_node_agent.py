@@ -5,12 +5,15 @@ real agent processes against a live server."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import signal
+import subprocess
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.test import Client
@@ -24,7 +27,7 @@ from leaderboards.taskfile import load_task
 from runners.actions import agentless_nodes
 from runners.harness.node import node_token
 from runners.models import Gpu, GpuPool, GpuType, Node
-from runners.reservations.models import DeviceHold
+from runners.reservations.models import DeviceHold, HoldKind
 
 from .. import factories
 from ..agents import drain, in_process_agent, machine_probe, start_agent
@@ -234,3 +237,50 @@ def test_a_multi_gpu_run_is_not_starved_by_younger_single_gpu_runs(demo_task):
     (claim,) = lifecycle.do_claim_runs(node, [1])  # the singles go on; the four-device run never held them up
     assert claim["run"] == singles[0].pk
     assert Run.objects.get(pk=never.pk).status == RunStatus.DISPATCHED
+
+
+FAKE_NVIDIA_SMI = """#!/bin/sh
+# nvidia-smi at its edge: one GPU (index 0), and the compute processes listed in $1's directory's pids file
+case "$1" in
+  --query-gpu=*) echo "0, 00000000:3B:00.0" ;;
+  --query-compute-apps=*) while read -r pid; do echo "$pid, 00000000:3B:00.0"; done < "$(dirname "$0")/pids" ;;
+esac
+"""
+
+
+@pytest.mark.django_db
+def test_a_process_left_on_a_device_nothing_holds_is_killed_but_a_reservations_is_not(cpu_pool, tmp_path,
+                                                                                       monkeypatch):
+    """Reserved means reserved, and only until the end: the holder's process on its device lives while the
+    reservation holds the device and is killed by the node's agent once it does not (at its next sweep)."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(FAKE_NVIDIA_SMI)
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    # the holder's process is no child of this test (the in-process agent would take it for its own)
+    holder = int(subprocess.run(["sh", "-c", "sleep 600 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True,
+                                check=True).stdout)
+    (tmp_path / "pids").write_text(f"{holder}\n")
+    node = cpu_pool.nodes.get()
+    gpu = node.gpus.get(index=0)
+    now = timezone.now()
+    hold = DeviceHold.objects.create(gpu=gpu, node=node, pool=cpu_pool, gpu_type=gpu.gpu_type,
+                                     kind=HoldKind.RESERVATION, started=now, ends=now + timedelta(minutes=5))
+    agent = in_process_agent(node)
+    agent.sweep_s = 0
+    try:
+        agent.poll()
+        assert alive(holder)  # its reservation holds the device
+        DeviceHold.objects.filter(pk=hold.pk).update(ended=timezone.now())  # the reservation ended
+        agent.poll()
+        wait_for(lambda: not alive(holder), 10, "the holder's process to die")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(holder, signal.SIGKILL)
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
