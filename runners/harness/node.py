@@ -38,6 +38,7 @@ from pathlib import Path
 from . import agent
 from .agent import KEY_ENV, Gone, Platform, Refused, Transport, http, run_attempt
 from .runner import Spares
+from .warm import template
 
 VERSION = "1"
 NODE_TOKEN_ENV = "KERNELBOT_NODE_TOKEN"
@@ -103,7 +104,10 @@ class NodeAgent:
         self.workroot = workroot or Path(tempfile.gettempdir())
         self.warm = warm or spares
         self.sweep_s, self.swept = SWEEP_S, -SWEEP_S
-        self.spares = Spares(python, str(Path(__file__).resolve().parents[2]), self.workroot) if spares else None
+        root = str(Path(__file__).resolve().parents[2])
+        self.spares = Spares(python, root, self.workroot) if spares else None
+        if self.warm:
+            template(python, root)  # starts importing now, not when the first run comes
         self.devices: list[int] = []
         self.busy: dict[int, tuple[int, int]] = {}  # device index → (run, attempt)
         self.threads: list[threading.Thread] = []
