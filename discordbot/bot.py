@@ -576,12 +576,14 @@ async def gpus_availability_command(interaction: discord.Interaction) -> None:
     await answer(interaction, gpus.availability)
 
 
-@gpus_group.command(name="reserve", description="Reserve GPUs of one node; waits in the queue when none are free")
-@app_commands.describe(gpu_type="e.g. H100", count="GPUs on one node", minutes="How long", project="For reports")
+@gpus_group.command(name="reserve", description="Reserve GPUs on one node or more; waits in the queue when none are "
+                    "free")
+@app_commands.describe(gpu_type="e.g. H100", count="GPUs on each node", duration="How long: 90m, 2h, 0.25h, 1h30m",
+                       project="For reports", nodes="Nodes, all or nothing (one pool)")
 async def gpus_reserve_command(interaction: discord.Interaction, gpu_type: str,
-                               count: app_commands.Range[int, 1, 64], minutes: app_commands.Range[int, 1, 100_000],
-                               project: str = "") -> None:
-    await answer(interaction, gpus.reserve, gpu_type, count, minutes, project)
+                               count: app_commands.Range[int, 1, 64], duration: app_commands.Range[str, 1, 20],
+                               project: str = "", nodes: app_commands.Range[int, 1, 64] = 1) -> None:
+    await answer(interaction, gpus.reserve, gpu_type, count, duration, project, nodes)
 
 
 @gpus_group.command(name="list", description="Your open reservations")
@@ -589,8 +591,9 @@ async def gpus_list_command(interaction: discord.Interaction) -> None:
     await answer(interaction, gpus.mine)
 
 
-@gpus_group.command(name="cancel", description="Cancel a queued reservation or end an active one")
-async def gpus_cancel_command(interaction: discord.Interaction, reservation_id: int) -> None:
+@gpus_group.command(name="cancel", description="Cancel a queued reservation or end an active one (yours, without "
+                    "an id)")
+async def gpus_cancel_command(interaction: discord.Interaction, reservation_id: int | None = None) -> None:
     await answer(interaction, gpus.cancel, reservation_id)
 
 

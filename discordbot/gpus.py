@@ -12,6 +12,7 @@ import httpx
 from allauth.socialaccount.models import SocialAccount
 from django.conf import settings
 
+from kernelbot.durations import parse_minutes
 from leaderboards.errors import AccessDenied, Refused
 from runners.reservations import actions as reservations
 from runners.reservations import chat
@@ -65,20 +66,37 @@ def availability(user) -> str:
 
 
 @_refusals
-def reserve(user, gpu_type: str, gpus: int, minutes: int, project: str) -> str:
-    r = reservations.do_reserve(user, reservations.ReserveRequest(gpu_type, gpus, minutes, project))
+def reserve(user, gpu_type: str, gpus: int, duration: str, project: str, nodes: int = 1) -> str:
+    try:
+        minutes = parse_minutes(duration)
+    except ValueError as exc:
+        raise BotError(str(exc)) from exc
+    r = reservations.do_reserve(user, reservations.ReserveRequest(gpu_type, gpus, minutes, project, nodes=nodes))
     r = reservations.visible_to(user).get(pk=r.pk)
     return f"Reserved: {describe(r)}"
 
 
+def _open(user) -> list[Reservation]:
+    return list(reservations.visible_to(user).filter(user=user, status__in=OPEN).order_by("created"))
+
+
 @_refusals
 def mine(user) -> str:
-    open_ones = list(reservations.visible_to(user).filter(user=user, status__in=OPEN).order_by("created"))
-    return "\n".join(describe(r) for r in open_ones) or "You hold no reservations."
+    return "\n".join(describe(r) for r in _open(user)) or "You hold no reservations."
 
 
 @_refusals
-def cancel(user, reservation_id: int) -> str:
+def cancel(user, reservation_id: int | None = None) -> str:
+    """Without an id: the user's one open reservation, or which of theirs to name."""
+    if reservation_id is None:
+        open_ones = _open(user)
+        if not open_ones:
+            return "You hold no reservations."
+        if len(open_ones) > 1:
+            listed = "\n".join(describe(r) for r in open_ones)
+            raise BotError(f"You hold {len(open_ones)} reservations; name one with `/gpus cancel "
+                           f"reservation_id:<id>`:\n{listed}")
+        reservation_id = open_ones[0].pk
     return f"Done: {describe(reservations.do_cancel(user, reservation_id))}"
 
 

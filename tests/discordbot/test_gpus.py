@@ -29,17 +29,17 @@ def test_reserve_queue_cancel_list_notices_and_the_daily_table(bot, sync_queue, 
     assert private and "**H100** · lab: 2/2 free, 0 queued" in text
     assert "4: never" in text and "never: a request gets devices of one node, and at most 2" in text
 
-    text, _ = reply(fake, fake.command("gpus reserve", ALICE, gpu_type="h100", count=2, minutes=60, project="llm"))
+    text, _ = reply(fake, fake.command("gpus reserve", ALICE, gpu_type="h100", count=2, duration="1h", project="llm"))
     mine = Reservation.objects.get(user__socialaccount__uid=str(ALICE))
     assert mine.status == ReservationStatus.ACTIVE and f"#{mine.pk} 2× H100 on lab" in text and "active" in text
-    text, _ = reply(fake, fake.command("gpus reserve", BOB, gpu_type="H100", count=1, minutes=30))
+    text, _ = reply(fake, fake.command("gpus reserve", BOB, gpu_type="H100", count=1, duration="0.5h"))
     theirs = Reservation.objects.get(user__socialaccount__uid=str(BOB))
     assert theirs.status == ReservationStatus.PENDING and "planned start <t:" in text
 
     assert f"Reservation {mine.pk} not found" in refused(fake, fake.command("gpus extend", BOB,
                                                                              reservation_id=mine.pk, minutes=10))
     assert "Unknown GPU type 'B300'" in refused(fake, fake.command("gpus reserve", ALICE, gpu_type="B300", count=1,
-                                                                   minutes=10))
+                                                                   duration="10"))
     assert Reservation.objects.count() == 2  # refusals change nothing
 
     text, _ = reply(fake, fake.command("gpus cancel", ALICE, reservation_id=mine.pk))
@@ -66,3 +66,23 @@ def test_reserve_queue_cancel_list_notices_and_the_daily_table(bot, sync_queue, 
     (table,) = fake.in_channel(REPORT_CHANNEL_ID)
     assert "GPU usage by project" in table.content and "llm" in table.content
     assert chat.post_daily_report(force=True) == []  # once a day
+
+
+def test_fractional_durations_nodes_and_cancel_without_an_id(bot, sync_queue):
+    fake = bot.fake
+    gpu_pool("lab", nodes=2, per_node=2)
+    assert "is not a duration" in refused(fake, fake.command("gpus reserve", ALICE, gpu_type="H100", count=1,
+                                                             duration="soon"))
+    assert "You hold no reservations." in reply(fake, fake.command("gpus cancel", ALICE))[0]
+    text, _ = reply(fake, fake.command("gpus reserve", ALICE, gpu_type="H100", count=2, duration="0.25h", nodes=2))
+    both = Reservation.objects.get(user__socialaccount__uid=str(ALICE))
+    assert (both.minutes, both.node_count, both.status) == (15, 2, ReservationStatus.ACTIVE), text
+    text, _ = reply(fake, fake.command("gpus cancel", ALICE))  # the only one: no id needed
+    assert f"#{both.pk}" in text and "ended" in text
+    for minutes in ("90m", "1h30m"):
+        reply(fake, fake.command("gpus reserve", ALICE, gpu_type="H100", count=1, duration=minutes))
+    ids = list(Reservation.objects.filter(status=ReservationStatus.ACTIVE).values_list("pk", flat=True))
+    assert set(Reservation.objects.filter(pk__in=ids).values_list("minutes", flat=True)) == {90}
+    choice = refused(fake, fake.command("gpus cancel", ALICE))  # two: which one?
+    assert "You hold 2 reservations" in choice and all(f"#{pk}" in choice for pk in ids)
+    assert Reservation.objects.filter(pk__in=ids, status=ReservationStatus.ACTIVE).count() == 2
