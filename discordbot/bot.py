@@ -698,6 +698,21 @@ async def update_problems_command(interaction: discord.Interaction, repository: 
     await send(interaction, text)
 
 
+@admin_group.command(name="export-hf", description="Push the submissions dataset to a Hugging Face dataset repository")
+@app_commands.describe(repository="owner/name on the Hub", leaderboard="One closed board (default: every closed board "
+                       "whose code is public)")
+@app_commands.autocomplete(leaderboard=leaderboard_autocomplete)
+async def export_hf_command(interaction: discord.Interaction, repository: str, leaderboard: str | None = None) -> None:
+    member = member_of(interaction)
+    try:
+        await in_thread(service.require_organiser, member)
+        await interaction.response.defer(ephemeral=True, thinking=True)  # an export and an upload take a while
+        text = await in_thread(service.export_hf, member, repository, leaderboard)
+    except BotError as exc:
+        return await refuse(interaction, str(exc))
+    await send(interaction, text)
+
+
 @admin_group.command(name="verifyruns", description="Run the health checks (a known-good submission) on every pool")
 async def verify_runs_command(interaction: discord.Interaction) -> None:
     await answer(interaction, service.verify_runs)

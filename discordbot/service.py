@@ -19,11 +19,11 @@ from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Q,
 from django.utils import timezone
 
 from kernelbot.cli.directives import parse_directives
-from leaderboards import actions, health
+from leaderboards import actions, dataset, health
 from leaderboards.access import actions as access
 from leaderboards.access.authority import access_leaderboard, access_submission, run_view
 from leaderboards.api import queue_out
-from leaderboards.errors import AccessDenied, SubmissionRejected
+from leaderboards.errors import AccessDenied, Refused, SubmissionRejected
 from leaderboards.importing import ImportRejected, do_import_task
 from leaderboards.models import BoardEntry, Leaderboard, Profile, Run, RunStatus, Submission, SubmissionMode
 from leaderboards.popcorn.wire import public_task
@@ -576,6 +576,25 @@ def update_problems(member: Member, repository: str | None, problem_set: str | N
     lines = [f"From {repository}@{branch}:"] + done.imported + [f"refused (nothing of it imported): {e}"
                                                                for e in done.errors]
     return "\n".join(lines)
+
+
+def export_hf(member: Member, repository: str, leaderboard: str | None = None) -> str:
+    """KernelBot's export-hf: the submissions dataset (leaderboards.dataset) of one closed board, or of every closed
+    board whose code is public, pushed to a Hugging Face dataset repository (HF_TOKEN)."""
+    actor = require_organiser(member)
+    try:
+        if leaderboard:
+            boards = [_leaderboard(actor, leaderboard)]
+            dataset.check_exportable(boards[0])
+        else:
+            boards = dataset.published_leaderboards()
+            if not boards:
+                raise BotError("No closed leaderboard has public code; name the leaderboard to export.")
+        data = dataset.parquet_bytes(boards)
+        url = dataset.push_to_hub(data, repository, dataset.file_name(boards))
+    except Refused as exc:
+        raise BotError(exc.message) from exc
+    return f"Pushed {dataset.file_name(boards)} ({', '.join(b.name for b in boards)}) to {url}"
 
 
 def verify_runs(member: Member) -> str:
