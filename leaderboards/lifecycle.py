@@ -213,14 +213,22 @@ def remote_deadline(run: Run, now) -> datetime:
                (run.started_at or now) + timedelta(seconds=remote_budget(run)))
 
 
-def do_mark_running(run_id: int, attempt: int, *, deadline_seconds: int | None = None, remote: bool = False) -> bool:
-    """The attempt's harness started. True while the attempt is current and running (repeats are harmless)."""
+def do_mark_running(run_id: int, attempt: int, *, deadline_seconds: int | None = None, remote: bool = False,
+                    placement: tuple[str, list[int]] | None = None) -> bool:
+    """The attempt's harness started. True while the attempt is current and running (repeats are harmless).
+    `placement`: the host and device indices a remote job's scheduler gave it, held for the run where the pool's
+    inventory has them (allocator.hold_placement)."""
     with transaction.atomic():
         run = _locked_run(run_id)
         if run.attempt != attempt or run.status not in (RunStatus.DISPATCHED, RunStatus.RUNNING):
             return False
         if run.status == RunStatus.DISPATCHED:
             run.update_status(RunStatus.RUNNING, deadline_seconds=deadline_seconds or running_deadline(run, remote))
+            if remote and placement and placement[1]:
+                run = Run.objects.select_related("submission__leaderboard", "submission__problem").get(pk=run.pk)
+                allocator.hold_placement(_attempt(run).pool, *placement, run_id=run.pk, attempt=attempt,
+                                         user_id=run.submission.user_id, leaderboard=run.submission.leaderboard.name,
+                                         seconds=remote_budget(run))
         _news(run)
         return True
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hmac
 import io
 import json
+import re
 import tarfile
 from functools import cache
 from pathlib import Path
@@ -90,8 +91,12 @@ def _endpoint(handler):
 @_endpoint
 def job(request: HttpRequest, run: Run, attempt: int) -> HttpResponse:
     """The job (code and seed included): only for the current attempt's valid token. Fetching it marks the run
-    running."""
-    if not lifecycle.do_mark_running(run.pk, attempt, remote=request.remote_runner):
+    running; `?host=H&gpus=0,1` names where a remote job's scheduler put it (those devices are held for the run)."""
+    host, gpus = request.GET.get("host", ""), request.GET.get("gpus", "")
+    if len(host) > 120 or "\x00" in host or not re.fullmatch(r"(\d{1,4}(,\d{1,4}){0,63})?", gpus):
+        raise Refused(400, '"host" must be a hostname and "gpus" device indices, e.g. 0,1')
+    placement = (host, [int(i) for i in gpus.split(",") if i]) if host else None
+    if not lifecycle.do_mark_running(run.pk, attempt, remote=request.remote_runner, placement=placement):
         raise Refused(409, "the attempt is no longer current")
     return JsonResponse(lifecycle.AttemptReporter(run.pk, attempt).job())
 

@@ -23,7 +23,8 @@ REPO = settings.BASE_DIR
 
 def client_transport(method: str, url: str, data: bytes | None, headers: dict[str, str]) -> tuple[int, bytes]:
     parts = urlsplit(url)
-    response = Client().generic(method, parts.path, data or b"", content_type=headers.get("Content-Type", ""),
+    path = f"{parts.path}?{parts.query}" if parts.query else parts.path
+    response = Client().generic(method, path, data or b"", content_type=headers.get("Content-Type", ""),
                                 headers={"Authorization": headers["Authorization"]})
     return response.status_code, response.content
 

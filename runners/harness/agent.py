@@ -22,11 +22,13 @@ import hmac
 import json
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -110,6 +112,15 @@ class Platform:
         return call(self.transport, self.base + route, self.token, body, retries)
 
 
+def placement() -> str:
+    """Where the scheduler put this job, as the job route's query: the host and the physical device indices (Slurm's
+    SLURM_JOB_GPUS, else CUDA_VISIBLE_DEVICES); the platform holds those devices for the run."""
+    host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    gpus = os.environ.get("SLURM_JOB_GPUS") or os.environ.get("CUDA_VISIBLE_DEVICES") or ""
+    indices = [g.strip() for g in gpus.split(",") if g.strip().isdigit()]
+    return "?" + urllib.parse.urlencode({"host": host, "gpus": ",".join(indices)})
+
+
 def visible_devices(count: int) -> list[str]:
     """The `count` devices this job may use: the scheduler's CUDA_VISIBLE_DEVICES when set, else the first ones."""
     if count <= 0:
@@ -125,7 +136,7 @@ def run_attempt(platform: Platform, workroot: Path, *, gpus: list[str] | None = 
     `gpus`: the devices to use (default: the scheduler's, `visible_devices`); `job_extra`: the node's per-device
     settings (limits are merged into the job's); `warm`: fork the harness parent from this process's template;
     `spares`: take the slot's spare if there is one, and leave the next one when the run ends (implies warm)."""
-    payload = platform.call("job")
+    payload = platform.call("job" + placement())
     gpus = visible_devices(int(payload.get("gpu_count", 0))) if gpus is None else gpus
     spare = spares.take(tuple(gpus)) if spares is not None else None
     workdir = spare.workdir if spare is not None else new_workdir(workroot)

@@ -203,6 +203,25 @@ def acquire_on_node(gpus: list[Gpu], count: int, *, run_id: int, attempt: int, u
             ends=soon, lease_until=now + timedelta(seconds=lease_seconds)) for gpu in free[:count]]
 
 
+def hold_placement(pool: GpuPool, hostname: str, indices: list[int], *, run_id: int, attempt: int,
+                   user_id: int | None, leaderboard: str, seconds: float) -> list[DeviceHold]:
+    """A remote run's job started on `hostname`'s devices `indices` (its scheduler chose them): where the pool's
+    inventory has them, they are held for the run until it ends (Run.update_status) or its budget lapses, so the
+    planner gives no reservation a device a run is using. Devices held already (inventory out of date) are left be."""
+    with transaction.atomic():
+        gpus = list(Gpu.objects.select_for_update().filter(node__pool=pool, node__hostname=hostname, enabled=True,
+                                                           index__in=indices))
+        if not gpus or DeviceHold.objects.held().filter(kind=HoldKind.RUN, run_id=run_id, run_attempt=attempt).exists():
+            return []
+        now = timezone.now()
+        holds = open_holds(g.pk for g in gpus)
+        until = now + timedelta(seconds=seconds)
+        return [DeviceHold.objects.create(
+            gpu=gpu, node_id=gpu.node_id, pool=pool, gpu_type_id=gpu.gpu_type_id, kind=HoldKind.RUN, run_id=run_id,
+            run_attempt=attempt, user_id=user_id, project=leaderboard, leaderboard=leaderboard, started=now,
+            ends=until, lease_until=until) for gpu in gpus if gpu.pk not in holds]
+
+
 def renew_attempt_holds(run_id: int, attempt: int, lease_seconds: float) -> int:
     return DeviceHold.objects.held().filter(kind=HoldKind.RUN, run_id=run_id, run_attempt=attempt).update(
         lease_until=timezone.now() + timedelta(seconds=lease_seconds))

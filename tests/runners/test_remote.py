@@ -22,6 +22,7 @@ from leaderboards.models import BoardEntry, Run, RunAttempt, RunStatus
 from runners.backends.base import BACKENDS, Poll, RemoteState, RunnerBackend, available_backends
 from runners.harness.agent import Refused, runner_token
 from runners.models import Gpu, GpuPool, GpuType, GpuVendor, Node
+from runners.reservations.models import DeviceHold, HoldKind
 
 from ..agents import in_process_agent
 from ..conftest import REPO
@@ -459,3 +460,29 @@ def test_a_remote_agent_refuses_to_hold_the_runner_key(tmp_path):
                            "--run", "1", "--attempt", "1"], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 2 and "KERNELBOT_ATTEMPT_TOKEN is not set" in done.stderr
+
+
+@pytest.mark.django_db
+def test_a_remote_job_holds_the_devices_its_scheduler_gave_it_until_the_run_ends(client, settings, leaderboard):
+    """Remote runs are holds like any other: where the pool's inventory names the job's host and devices, the
+    planner sees them busy while the run uses them (a reservation is never planned onto them)."""
+    settings.RUNNER_KEY = "k"
+    run, attempt = _scripted_run(leaderboard)
+    node = Node.objects.create(pool=attempt.pool, hostname="gpu-node-3")
+    cpu = leaderboard.gpu_types.get()
+    for index in (0, 1):
+        Gpu.objects.create(node=node, gpu_type=cpu, index=index)
+    (job,) = ScriptedBackend.dispatched
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {job.token}"}
+    base = f"/api/runner/v1/runs/{run.pk}/1"
+    for bad in ("host=x&gpus=a", "host=x&gpus=1,,2", "host=" + "h" * 121):
+        assert client.get(f"{base}/job?{bad}", **auth).status_code == 400
+    assert client.get(f"{base}/job?host=gpu-node-3&gpus=1", **auth).status_code == 200
+    (hold,) = DeviceHold.objects.held()
+    assert (hold.gpu.node.hostname, hold.gpu.index, hold.kind, hold.run_id) == ("gpu-node-3", 1, HoldKind.RUN, run.pk)
+    assert client.get(f"{base}/job?host=gpu-node-3&gpus=0,1", **auth).status_code == 200  # a repeat holds no more
+    assert DeviceHold.objects.held().count() == 1
+    result = {"event": "result", "status": "ok", "verdict": "pass", "passed": True, "system": {"device": "cpu"},
+              "tests": []}
+    assert client.post(f"{base}/result", result, content_type="application/json", **auth).status_code == 200
+    assert not DeviceHold.objects.held().exists()  # the run ended: so did its hold
