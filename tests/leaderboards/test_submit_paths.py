@@ -53,20 +53,31 @@ def test_one_statement_stores_exactly_what_the_orm_stores(postgres, leaderboard,
 
 
 @pytest.mark.django_db
-def test_one_statement_brings_the_queue_position_and_needs_no_more_queries(postgres, leaderboard,
+def test_one_statement_brings_the_queue_position_and_needs_no_more_queries(postgres, leaderboard, settings,
                                                                           django_assert_num_queries):
     user = UserFactory()
     request = request_for(leaderboard)
     for _ in range(3):
         earlier = do_submit(user, request)
     access.queue_estimate(earlier, earlier.new_runs)  # warms the cached ETA inputs (devices, mean run time)
-    with CaptureQueriesContext(connection) as queries:
-        submission = do_submit(user, request)
-    statements = [q["sql"] for q in queries if not q["sql"].startswith(("SAVEPOINT", "RELEASE SAVEPOINT"))]
-    assert len(statements) == 1  # the savepoint is the test's transaction; outside one there is none
+
+    def statements_of_a_submit() -> tuple[Submission, list[str]]:
+        with CaptureQueriesContext(connection) as queries:
+            submission = do_submit(user, request)
+        # the savepoint is the test's transaction; outside one there is none
+        return submission, [q["sql"] for q in queries if not q["sql"].startswith(("SAVEPOINT", "RELEASE SAVEPOINT"))]
+
+    # under a quota: the user's lock and the recount come first (issue 27: a burst cannot pass a quota twice), in
+    # statements of their own, since a statement's snapshot predates the lock it takes; then the one insert
+    _, statements = statements_of_a_submit()
+    assert len(statements) == 3 and statements[0].startswith('UPDATE "auth_user"'), statements
+    assert "COUNT(" in statements[1] and statements[2].lstrip().startswith("WITH new_code")
+    settings.SUBMISSION_QUOTAS = {kind: (0, 3600) for kind in settings.SUBMISSION_QUOTAS}  # no quota, no lock
+    submission, statements = statements_of_a_submit()
+    assert len(statements) == 1, statements
     with django_assert_num_queries(0):
         estimate = access.queue_estimate(submission, submission.new_runs)
-    assert (estimate.position, estimate.queued_jobs) == (7, 8)  # 3 earlier submissions x 2 runs, then its own two
+    assert (estimate.position, estimate.queued_jobs) == (9, 10)  # 4 earlier submissions x 2 runs, then its own two
     assert estimate == access.queue_estimate(submission)  # the same as counting afterwards
 
 
