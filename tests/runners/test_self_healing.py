@@ -189,13 +189,13 @@ def assert_each_run_done_once(run_ids: list[int]) -> int:
     return retried
 
 
-def busy_agent(agents: list[subprocess.Popen]) -> subprocess.Popen | None:
-    """A node agent that is running a harness right now."""
-    tree = parents()
-    for agent in agents:
-        if agent.poll() is None and any(ppid == agent.pid and "runners.harness" in proc(pid, "cmdline")
-                                        for pid, ppid in tree.items()):
-            return agent
+def busy_agent(agents: dict[str, subprocess.Popen]) -> tuple[str, int] | None:
+    """A live node agent holding a run right now (its host, the run): the platform has the run RUNNING on its host.
+    (Its processes cannot tell: a warm agent always has its template and spares under it.)"""
+    for host, agent in agents.items():
+        run = Run.objects.filter(status=RunStatus.RUNNING, runner__endswith=f"/ {host}").values_list("pk", flat=True)
+        if agent.poll() is None and run:
+            return host, run[0]
     return None
 
 
@@ -209,10 +209,8 @@ def test_platform_heals_itself_from_a_killed_agent_a_wedged_queue_and_a_killed_c
         try:
             # 1. a node agent SIGKILLed while it runs a harness: its run is retried, then systemd restarts it
             runs = submit(leaderboard, 20)
-            victim = wait_for(lambda: busy_agent(list(agents.values())), 180, "an agent running a harness")
-            host = next(h for h, a in agents.items() if a is victim)
-            killed_run = wait_for(lambda: Run.objects.filter(status=RunStatus.RUNNING, runner__endswith=host)
-                                  .values_list("pk", flat=True).first(), 30, "the killed agent's run")
+            host, killed_run = wait_for(lambda: busy_agent(agents), 180, "an agent running a harness")
+            victim = agents[host]
             os.killpg(victim.pid, signal.SIGKILL)
             victim.wait()
             wait_for(lambda: Run.objects.filter(pk=killed_run, infra_failures=1).exists(), 30,
