@@ -7,6 +7,7 @@ from leaderboards.access.api import router as access_router
 from leaderboards.access.api import token_auth
 from leaderboards.api import router as leaderboards_router
 from runners.reservations.api import router as reservations_router
+from runners.reservations.keys_api import router as keys_router
 
 from .api_errors import install_error_handlers
 
@@ -15,6 +16,7 @@ install_error_handlers(api)
 api.add_router("/", leaderboards_router)
 api.add_router("/", access_router)
 api.add_router("/", reservations_router, auth=token_auth)  # the same API tokens
+api.add_router("/", keys_router, auth=token_auth)
 
 
 @api.get("/health", tags=["meta"])

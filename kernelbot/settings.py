@@ -259,6 +259,10 @@ KERNELGUARD_PROFILE = os.environ.get("KERNELBOT_KERNELGUARD_PROFILE", "")  # a b
 # The submissions dataset's push (leaderboards/dataset.py): the Hugging Face Hub (tests: a loopback fake); the token
 # is read from HF_TOKEN when pushing.
 HF_ENDPOINT = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+# Users' SSH keys imported from GitHub (runners/reservations/keys.py) come from <this>/<login>.keys (tests: a loopback
+# fake), fetched with this timeout in seconds.
+GITHUB_WEB_URL = os.environ.get("GITHUB_WEB_URL", "https://github.com").rstrip("/")
+GITHUB_KEYS_TIMEOUT = float(os.environ.get("KERNELBOT_GITHUB_KEYS_TIMEOUT", "5"))
 # Final standings (leaderboards/finals.py): boards whose deadline passed at most this long ago are re-verified by the
 # scheduled tick (older boards of an installation are left as they are; an organiser may still re-verify them).
 FINAL_VERIFY_WITHIN = int(os.environ.get("KERNELBOT_FINAL_VERIFY_WITHIN", str(2 * 24 * 3600)))

@@ -285,3 +285,28 @@ class SlackCommand(models.Model):
 
     def __str__(self) -> str:
         return f"Slack command at {self.received:%Y-%m-%d %H:%M:%S}"
+
+
+class SshKeySource(models.TextChoices):
+    MANUAL = "manual"
+    GITHUB = "github"
+
+
+class SshKey(models.Model):
+    """A user's SSH public key, placed on the nodes of their reservations while they last. `key` is the normalised
+    `type base64` pair checked by `keys.parse_key` (no options, no comment), the only part ever written to a node."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="ssh_keys")
+    key = models.TextField()
+    title = models.CharField(max_length=100, blank=True)
+    fingerprint = models.CharField(max_length=60, help_text="SHA256:… as ssh-keygen -l prints it.")
+    source = models.CharField(max_length=10, choices=SshKeySource.choices, default=SshKeySource.MANUAL)
+    github_login = models.CharField(max_length=39, blank=True, help_text="Imported keys: the GitHub login.")
+    created = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["created", "pk"]
+        constraints = [models.UniqueConstraint(fields=["user", "fingerprint"], name="one_ssh_key_per_fingerprint")]
+
+    def __str__(self) -> str:
+        return f"{self.fingerprint} ({self.title or self.source})"

@@ -1,0 +1,179 @@
+"""Users' SSH public keys: what is accepted at the door (real keys of the accepted types, nothing that could smuggle
+options or a second line into an authorized_keys file), the API, the import from a loopback fake of github.com."""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import struct
+import subprocess
+
+import pytest
+
+from kernelbot.errors import Refused
+from leaderboards.access.actions import do_create_token
+from runners.reservations import keys
+from runners.reservations.models import SshKey
+from tests import factories
+from tests.fakes.github_keys import FakeGithubKeys
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory) -> dict[str, tuple[str, str]]:
+    """kind → (.pub line, fingerprint as ssh-keygen -l prints it), from real ssh-keygen keys."""
+    root, out = tmp_path_factory.mktemp("keys"), {}
+    for name, args in {"ed25519": ["-t", "ed25519"], "ecdsa": ["-t", "ecdsa"], "rsa": ["-t", "rsa", "-b", "2048"],
+                       "rsa1024": ["-t", "rsa", "-b", "1024"], "ed25519b": ["-t", "ed25519"]}.items():
+        subprocess.run(["ssh-keygen", "-q", *args, "-N", "", "-C", f"me@{name}", "-f", str(root / name)], check=True)
+        line = (root / f"{name}.pub").read_text().strip()
+        fp = subprocess.run(["ssh-keygen", "-l", "-E", "sha256", "-f", str(root / f"{name}.pub")],
+                            capture_output=True, text=True, check=True).stdout.split()[1]
+        out[name] = (line, fp)
+    return out
+
+
+@pytest.mark.parametrize("name", ["ed25519", "ecdsa", "rsa"])
+def test_real_keys_are_accepted_stored_bare_with_ssh_keygens_fingerprint(made, name):
+    line, fp = made[name]
+    parsed = keys.parse_key(f"  {line}  ")
+    assert parsed.fingerprint == fp and parsed.comment == f"me@{name}"
+    assert parsed.key == " ".join(line.split()[:2])  # no comment, no options: what a node's file gets
+
+
+def test_security_key_types_are_accepted():
+    blob = b"".join(struct.pack(">I", len(p)) + p for p in (b"sk-ssh-ed25519@openssh.com", bytes(32), b"ssh:"))
+    line = f"sk-ssh-ed25519@openssh.com {base64.b64encode(blob).decode()} yubi"
+    assert keys.parse_key(line).key.startswith("sk-ssh-ed25519@openssh.com AAAA")
+
+
+def injections(made) -> list[tuple[str, str]]:
+    ed, other = made["ed25519"][0], made["ed25519b"][0]
+    return [
+        (f'command="sh -c id" {ed}', "Options before the key"),
+        (f"restrict,pty {ed}", "Options before the key"),
+        (f'no-pty,command="x" {ed}', "Options before the key"),
+        (f"{ed}\n{other}", "line break"),
+        (f"{ed}\ncommand=\"id\" {other}", "line break"),
+        (f"{ed}\r{other}", "line break"),
+        (f"{ed} comment\x00", "NUL"),
+        (f"{ed}\u2028{other}", "line break"),
+        (f"ssh-rsa {ed.split()[1]}", "its data is a ssh-ed25519 key"),
+        (f"ssh-ed25519 {ed.split()[1][:-8]}", "not a valid key"),
+        ("ssh-ed25519 not*base64", "not base64"),
+        ("ssh-ed25519", "missing"),
+        ("ssh-dss AAAAB3NzaC1kc3MAAACBAP", "not an SSH public key type"),
+        (made["rsa1024"][0], "at least 2048 bits; this one has 1024"),
+        ("", "Paste an SSH public key"),
+        ("-----BEGIN OPENSSH PRIVATE KEY-----", "not an SSH public key type"),
+    ]
+
+
+def test_what_could_smuggle_options_or_lines_into_authorized_keys_is_refused(made):
+    for text, why in injections(made):
+        with pytest.raises(Refused) as refused:
+            keys.parse_key(text)
+        assert refused.value.status == 400 and (why is None or why in refused.value.message), (text, refused.value)
+
+
+def auth(user) -> dict:
+    return {"Authorization": f"Bearer {do_create_token(user)[1]}"}
+
+
+def call(client, method: str, path: str, user, body: dict | None = None):
+    return getattr(client, method)(f"/api/v1/gpus/keys{path}", json.dumps(body) if body is not None else None,
+                                   content_type="application/json", headers=auth(user))
+
+
+def test_api_add_list_duplicate_delete(client, made):
+    dev, other = factories.UserFactory(), factories.UserFactory()
+    line, fp = made["ed25519"]
+    added = call(client, "post", "", dev, {"key": line})
+    assert added.status_code == 201, added.content
+    body = added.json()
+    assert body["fingerprint"] == fp and body["title"] == "me@ed25519" and body["source"] == "manual"
+    again = call(client, "post", "", dev, {"key": line.replace("me@ed25519", "other comment"), "title": "x"})
+    assert again.status_code == 409 and f"already on your profile as #{body['id']}" in again.json()["detail"]
+    assert call(client, "post", "", other, {"key": line}).status_code == 201  # the same key, another user: fine
+    bad = call(client, "post", "", dev, {"key": injections(made)[0][0]})
+    assert bad.status_code == 400 and "Options" in bad.json()["detail"]
+    assert call(client, "post", "", dev, {"key": made["ecdsa"][0], "title": "a\nb"}).status_code == 400
+    assert [k["fingerprint"] for k in call(client, "get", "", dev).json()] == [fp]
+    assert call(client, "delete", f"/{body['id']}", other).status_code == 404  # not theirs
+    assert call(client, "delete", f"/{body['id']}", dev).status_code == 204
+    assert call(client, "delete", f"/{body['id']}", dev).status_code == 404
+    assert call(client, "delete", "/99999999999999999999999", dev).status_code in (400, 404, 422)
+    assert client.get("/api/v1/gpus/keys").status_code == 401
+    assert SshKey.objects.filter(user=dev).count() == 0 and SshKey.objects.filter(user=other).count() == 1
+
+
+def test_a_user_holds_at_most_max_keys(client, made, monkeypatch):
+    monkeypatch.setattr(keys, "MAX_KEYS", 2)
+    dev = factories.UserFactory()
+    for name in ("ed25519", "ecdsa"):
+        assert call(client, "post", "", dev, {"key": made[name][0]}).status_code == 201
+    full = call(client, "post", "", dev, {"key": made["rsa"][0]})
+    assert full.status_code == 409 and "At most 2 SSH keys" in full.json()["detail"]
+    assert SshKey.objects.filter(user=dev).count() == 2
+
+
+@pytest.fixture
+def github(settings):
+    fake = FakeGithubKeys()
+    settings.GITHUB_WEB_URL = fake.url
+    settings.GITHUB_KEYS_TIMEOUT = 1
+    yield fake
+    fake.close()
+
+
+def test_import_from_github_replaces_that_logins_keys(client, made, github):
+    dev = factories.UserFactory()
+    github.users["Octo-Cat"] = [made["ed25519"][0].rsplit(" ", 1)[0], made["ecdsa"][0].rsplit(" ", 1)[0],
+                                made["rsa1024"][0].rsplit(" ", 1)[0], "ssh-dss AAAAB3NzaC1kc3MAAACBAP"]
+    manual = call(client, "post", "", dev, {"key": made["ecdsa"][0]}).json()  # already there by hand
+    first = call(client, "post", "/github", dev, {"login": "octo-cat"})
+    assert first.status_code == 201, first.content
+    body = first.json()
+    assert [k["fingerprint"] for k in body["keys"]] == [made["ed25519"][1]]
+    assert body["keys"][0]["source"] == "github" and body["keys"][0]["title"] == "octo-cat@github"
+    assert len(body["skipped"]) == 3 and any("already on your profile" in s for s in body["skipped"])
+    assert any("at least 2048 bits" in s for s in body["skipped"]) and github.requests == ["/octo-cat.keys"]
+
+    github.users["Octo-Cat"] = [made["ed25519b"][0]]  # the user changed their keys on GitHub: a re-import follows
+    again = call(client, "post", "/github", dev, {"login": "@octo-cat"}).json()
+    assert [k["fingerprint"] for k in again["keys"]] == [made["ed25519b"][1]]
+    assert set(SshKey.objects.filter(user=dev).values_list("fingerprint", flat=True)) == {
+        manual["fingerprint"], made["ed25519b"][1]}
+
+
+@pytest.mark.parametrize("login", ["", "-octo", "octo-", "oc--to", "a" * 40, "../admin", "octo/cat", "octo.keys?x",
+                                   "octo%2f", "o cto", "ö"])
+def test_a_login_github_could_not_have_is_refused_before_any_request(client, github, login):
+    answer = call(client, "post", "/github", factories.UserFactory(), {"login": login})
+    assert answer.status_code == 400 and "is not a GitHub login" in answer.json()["detail"]
+    assert github.requests == []
+
+
+def test_github_failures_are_clear_answers_and_change_nothing(client, made, github, settings):
+    dev = factories.UserFactory()
+    github.users["octo"] = [made["ed25519"][0]]
+    assert call(client, "post", "/github", dev, {"login": "octo"}).status_code == 201
+    cases = [("nobody", None, 0, 404, "GitHub has no user 'nobody'"),
+             ("octo", 500, 0, 502, "GitHub answered 500"),
+             ("octo", None, 2, 502, "Could not reach GitHub for octo's keys (ReadTimeout)")]
+    for login, status, delay, code, text in cases:
+        github.status, github.delay = status, delay
+        answer = call(client, "post", "/github", dev, {"login": login})
+        assert answer.status_code == code and text in answer.json()["detail"], answer.content
+    github.status, github.delay = None, 0
+    github.users["empty"] = []
+    empty = call(client, "post", "/github", dev, {"login": "empty"})
+    assert empty.status_code == 404 and "lists no SSH key" in empty.json()["detail"]
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        settings.GITHUB_WEB_URL = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    down = call(client, "post", "/github", dev, {"login": "octo"})
+    assert down.status_code == 502 and "ConnectError" in down.json()["detail"]
+    assert list(SshKey.objects.filter(user=dev).values_list("fingerprint", flat=True)) == [made["ed25519"][1]]
