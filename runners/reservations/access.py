@@ -1,9 +1,11 @@
 """How a holder reaches reserved devices, per pool backend. Every pool: its access note and optional start/end hook
 commands (details as JSON on stdin and KB_RESERVATION_* variables). A Slurm pool also holds the GPUs with a Slurm
-job for the reservation's time (`SlurmAccess`), so Slurm itself keeps other jobs off them."""
+job for the reservation's time (`SlurmAccess`), so Slurm itself keeps other jobs off them, and that job places the
+holder's SSH keys on its nodes for its life (`keys_script`)."""
 
 from __future__ import annotations
 
+import getpass
 import json
 import math
 import os
@@ -15,10 +17,49 @@ from functools import cached_property
 
 from django.utils import timezone
 
-from runners.backends.slurm import SlurmBackend, _tail
+from runners.backends.slurm import SlurmBackend, _sh_path, _tail
 from runners.models import GpuVendor
 
+from . import keys
 from .models import PoolPolicy, Reservation, ReservationStatus
+
+AUTHORIZED_KEYS = "~/.ssh/authorized_keys"
+# what a key placed for a reservation lets its holder do: enter the reservation's job (a command given to ssh, or an
+# interactive login shell), nothing else (restrict: no forwarding of ports, agents or X11); @JOB@ is $SLURM_JOB_ID
+KEY_OPTIONS = ('restrict,pty,command="if [ -n \\"$SSH_ORIGINAL_COMMAND\\" ]; then exec srun --jobid=@JOB@ --overlap '
+               'bash -c \\"$SSH_ORIGINAL_COMMAND\\"; else exec srun --jobid=@JOB@ --overlap --pty bash -l; fi"')
+
+
+def keys_script(r: Reservation, lines: list[str], path: str) -> str:
+    """The batch script of a reservation's job when its holder has SSH keys: on each node it adds them to `path`
+    (created 0600, its directory 0700, when missing), each line tagged with the reservation and the job, sleeps, and
+    whatever ends the job short of SIGKILL (scancel, the time limit) removes exactly those lines again. Edits take a
+    lock beside the file and replace it whole, so a concurrent job's edit or sshd's read never sees half of one.
+    `lines` are `SshKey.key` values: a known type and base64 (`keys.parse_key`), nothing a shell or sshd reads."""
+    tag = f"kernelbot-reservation-{r.pk}-job-"
+    block = "".join(f"{KEY_OPTIONS} {line} {tag}@JOB@\n" for line in lines)
+    place = f"""\
+umask 077
+HOME=${{HOME:-$(getent passwd "$(id -u)" | cut -d: -f6)}}
+f={_sh_path(path)}
+tag=" {tag}$SLURM_JOB_ID"
+mkdir -p "$(dirname "$f")"
+edit() {{  # drop this job's lines, add stdin's
+  (flock -w 60 9 || exit 1; t="$f.kernelbot.$$"
+   {{ grep -v -- "$tag\\$" "$f" 2>/dev/null; cat; }} >"$t" && mv -f "$t" "$f") 9>>"$f.lock"
+}}
+trap 'kill "$s" 2>/dev/null; exit 0' TERM INT HUP
+trap 'edit </dev/null' EXIT
+sed "s/@JOB@/$SLURM_JOB_ID/g" <<'KERNELBOT_KEYS' | edit
+{block}KERNELBOT_KEYS
+sleep infinity &
+s=$!
+wait
+"""
+    if r.node_count == 1:
+        return f"#!/bin/sh\n# kernelbot reservation {r.pk}: the holder's SSH keys on its node while it lasts\n{place}"
+    return (f"#!/bin/sh\n# kernelbot reservation {r.pk}: the holder's SSH keys on its nodes while it lasts\n"
+            f"exec srun --overlap --ntasks-per-node=1 --nodes={r.node_count} /bin/sh -c {shlex.quote(place)}\n")
 
 
 def details(r: Reservation) -> dict:
@@ -84,11 +125,21 @@ class SlurmAccess(HookAccess):
     def job_name(r: Reservation) -> str:
         return f"kernelbot reservation {r.pk}"
 
+    def ssh_host(self, r: Reservation) -> str:
+        """Where the holder logs in with their keys: the pool's `ssh_host`, else its login node (`ssh`), else the
+        node as the platform's user (the jobs' user, whose authorized_keys gets the keys)."""
+        settings = self.policy.pool.settings or {}
+        return settings.get("ssh_host") or settings.get("ssh") or f"{getpass.getuser()}@{r.hostnames()[0]}"
+
     def describe(self, r: Reservation) -> dict:
         info = super().describe(r)
         if job := (r.access or {}).get("slurm_job"):
             command = f"srun --jobid={job} --overlap --pty bash"
             info.update(slurm_job=job, command=command, note=f"{info['note']}\n{command}".strip())
+            if r.access.get("ssh_keys"):
+                ssh = f"ssh {self.ssh_host(r)}"
+                info.update(ssh=ssh, ssh_keys=r.access["ssh_keys"],
+                            note=f"{info['note']}\nor with your SSH key ({r.access['ssh_keys']} placed): {ssh}")
         return info
 
     def run(self, r: Reservation, phase: str) -> tuple[bool, str]:
@@ -100,14 +151,16 @@ class SlurmAccess(HookAccess):
 
     def hold(self, r: Reservation) -> tuple[bool, str]:
         job, state, reason = self.find(r)
+        lines = keys.snapshot(r.user)  # the keys as they are now, for the reservation's life
         if not job:
             gpus = r.gpu_count if r.gpu_type.vendor != GpuVendor.CPU else 0
+            path = (self.policy.pool.settings or {}).get("authorized_keys") or AUTHORIZED_KEYS
             out = self.backend.call([
                 "sbatch", "--parsable", "--export=NIL", f"--job-name={self.job_name(r)}", "--no-requeue",
                 f"--nodes={r.node_count}", f"--ntasks={r.node_count}", "--ntasks-per-node=1",
                 f"--nodelist={','.join(r.hostnames())}", f"--time={self.limit(r.ends_at)}",
                 "--output=/dev/null", "--error=/dev/null", *self.backend.placement_args(r.gpu_type.name, gpus),
-                "--wrap", "sleep infinity"])
+                *([] if lines else ["--wrap", "sleep infinity"])], stdin=keys_script(r, lines, path) if lines else None)
             if out.returncode != 0:
                 return False, f"sbatch refused the job holding the GPUs: {_tail(out.stderr or out.stdout)}"
         deadline = time.monotonic() + self.START_WAIT_S
@@ -121,7 +174,7 @@ class SlurmAccess(HookAccess):
         if not Reservation.objects.filter(pk=r.pk, status=ReservationStatus.ACTIVE).exists():
             self.release(r)  # ended while its job was starting
             return False, "the reservation ended while its Slurm job started"
-        r.access = {**(r.access or {}), "slurm_job": job}
+        r.access = {**(r.access or {}), "slurm_job": job, "ssh_keys": len(lines)}
         r.access = self.describe(r)
         Reservation.objects.filter(pk=r.pk).update(access=r.access)
         return True, f"Slurm job {job} holds the GPUs"

@@ -178,5 +178,7 @@ def do_import_github(user, login: str) -> tuple[list[SshKey], list[str]]:
 
 
 def snapshot(user) -> list[str]:
-    """The `type base64` lines to place for a reservation of this user's, as they are when it starts."""
-    return list(keys_of(user).values_list("key", flat=True))
+    """The `type base64` lines to place for a reservation of this user's, as they are when it starts (checked
+    again: only a row `parse_key` wrote can have this shape, whatever wrote it)."""
+    return [k for k in keys_of(user).values_list("key", flat=True)
+            if (kind := k.split(" ", 1)[0]) in KEY_TYPES and BASE64.fullmatch(k[len(kind) + 1:])]

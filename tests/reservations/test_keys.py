@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import socket
 import struct
 import subprocess
+import time
+from types import SimpleNamespace
 
 import pytest
 
 from kernelbot.errors import Refused
 from leaderboards.access.actions import do_create_token
-from runners.reservations import keys
+from runners.reservations import access, keys
 from runners.reservations.models import SshKey
 from tests import factories
 from tests.fakes.github_keys import FakeGithubKeys
@@ -177,3 +180,28 @@ def test_github_failures_are_clear_answers_and_change_nothing(client, made, gith
     down = call(client, "post", "/github", dev, {"login": "octo"})
     assert down.status_code == 502 and "ConnectError" in down.json()["detail"]
     assert list(SshKey.objects.filter(user=dev).values_list("fingerprint", flat=True)) == [made["ed25519"][1]]
+
+
+def test_the_jobs_script_adds_its_lines_and_removes_exactly_them_on_sigterm(made, tmp_path):
+    """The Slurm job's script under a plain sh (tests/slurm runs it in a real job): reservation 1's lines are not
+    reservation 12's, though one tag starts the other."""
+    path = tmp_path / "ak"
+    path.write_text("ssh-ed25519 AAAA kernelbot-reservation-1-job-7\nplain line\n")
+    script = access.keys_script(SimpleNamespace(pk=12, node_count=1), [keys.parse_key(made["ed25519"][0]).key],
+                                str(path))
+    proc = subprocess.Popen(["sh", "-c", script], env={"PATH": os.defpath, "SLURM_JOB_ID": "70", "HOME": "/nowhere"})
+    try:
+        deadline = time.monotonic() + 10
+        while "job-70" not in path.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        lines = path.read_text().splitlines()
+        assert lines[:2] == ["ssh-ed25519 AAAA kernelbot-reservation-1-job-7", "plain line"] and len(lines) == 3
+        assert lines[2] == (f'{access.KEY_OPTIONS.replace("@JOB@", "70")} {made["ed25519"][0].rsplit(" ", 1)[0]} '
+                            "kernelbot-reservation-12-job-70")
+        assert '--jobid=70 --overlap bash -c \\"$SSH_ORIGINAL_COMMAND\\"' in lines[2]
+    finally:
+        proc.terminate()
+        assert proc.wait(10) == 0
+    assert path.read_text().splitlines() == ["ssh-ed25519 AAAA kernelbot-reservation-1-job-7", "plain line"]
+    many = access.keys_script(SimpleNamespace(pk=12, node_count=2), ["ssh-ed25519 AAAA"], "~/.ssh/authorized_keys")
+    assert "exec srun --overlap --ntasks-per-node=1 --nodes=2 /bin/sh -c '" in many and 'f="$HOME"/.ssh/' in many

@@ -22,7 +22,9 @@ class LoginNodeError(RuntimeError):
 
 
 @contextlib.contextmanager
-def login_node(root: Path, env: dict[str, str], timeout: float = 30) -> Iterator[Path]:
+def login_node(root: Path, env: dict[str, str], timeout: float = 30,
+               authorized_keys: tuple[Path, ...] = ()) -> Iterator[Path]:
+    """`authorized_keys`: more files sshd reads keys from, after the client key's own."""
     sshd = shutil.which("sshd", path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin")
     if sshd is None or shutil.which("ssh") is None:
         raise LoginNodeError("no sshd/ssh (apt-get install openssh-server openssh-client)")
@@ -37,7 +39,7 @@ ListenAddress 127.0.0.1
 Port {port}
 HostKey {root / "host_key"}
 PidFile {root / "sshd.pid"}
-AuthorizedKeysFile {root / "authorized_keys"}
+AuthorizedKeysFile {" ".join(str(p) for p in (root / "authorized_keys", *authorized_keys))}
 PermitRootLogin prohibit-password
 PasswordAuthentication no
 KbdInteractiveAuthentication no

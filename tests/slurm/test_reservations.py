@@ -4,6 +4,9 @@ the job's time limit, and the end of the reservation cancels the job. A start th
 
 from __future__ import annotations
 
+import getpass
+import re
+import stat
 import subprocess
 import time
 from datetime import timedelta
@@ -13,11 +16,13 @@ from django.utils import timezone
 
 from leaderboards.errors import Refused
 from runners.models import Gpu, GpuPool, GpuType, GpuVendor, Node
-from runners.reservations import actions, tasks
+from runners.reservations import actions, keys, tasks
 from runners.reservations.access import SlurmAccess, access_for
 from runners.reservations.actions import ReserveRequest
 from runners.reservations.models import DeviceHold, PoolPolicy, Reservation
 from tests import factories
+
+from .sshd import login_node
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 
@@ -164,3 +169,50 @@ def test_at_its_end_the_job_and_the_holders_processes_stop(slurm_pool, sync_queu
     finally:
         if holder.poll() is None:
             holder.kill()
+
+
+def test_the_holders_ssh_key_enters_the_reservations_job_while_it_lasts(slurm_pool, slurm_cluster, sync_queue, tmp_path,
+                                                                         django_capture_on_commit_callbacks):
+    user = factories.UserFactory(username="dev")
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "dev@laptop", "-f", str(tmp_path / "userkey")],
+                   check=True)
+    keys.do_add_key(user, (tmp_path / "userkey.pub").read_text())
+    placed = tmp_path / "home" / ".ssh" / "authorized_keys"  # neither it nor its directory exists yet
+    slurm_pool.settings["authorized_keys"] = str(placed)
+    slurm_pool.save()
+    (tmp_path / "sshd").mkdir()
+    with login_node(tmp_path / "sshd", slurm_cluster.env, authorized_keys=(placed,)) as config:
+        port = re.search(r"Port (\d+)", config.read_text())[1]
+        login = ["ssh", "-F", "/dev/null", "-p", port, "-i", str(tmp_path / "userkey"), "-o", "IdentitiesOnly=yes",
+                 "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={tmp_path / 'sshd' / 'known_hosts'}",
+                 "-o", "StrictHostKeyChecking=yes", f"{getpass.getuser()}@127.0.0.1", "--", "echo job=$SLURM_JOB_ID"]
+        with django_capture_on_commit_callbacks(execute=True):
+            r = actions.do_reserve(user, ReserveRequest("h100", 1, 30))
+        r.refresh_from_db()
+        assert r.status == "active", r.failure
+        job = r.access["slurm_job"]
+        assert r.access["ssh"] == f"ssh {getpass.getuser()}@{slurm_cluster.node}"
+        assert r.access["ssh"] in r.access["note"] and r.access["ssh_keys"] == 1
+        deadline = time.monotonic() + 20
+        while not placed.exists() and time.monotonic() < deadline:  # the job's script runs once Slurm started it
+            time.sleep(0.1)
+        assert stat.S_IMODE(placed.stat().st_mode) == 0o600 and stat.S_IMODE(placed.parent.stat().st_mode) == 0o700
+        ours = placed.read_text().splitlines()
+        assert len(ours) == 1 and ours[0].startswith("restrict,pty,command=") and f"--jobid={job} " in ours[0]
+        assert ours[0].endswith(f" kernelbot-reservation-{r.pk}-job-{job}")
+
+        inside = subprocess.run(login, capture_output=True, text=True, timeout=60)
+        assert inside.returncode == 0 and inside.stdout.strip() == f"job={job}", inside.stderr
+        with placed.open("a") as f:  # another holder's line, added while the reservation lasts, stays
+            f.write("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOtherOtherOtherOtherOtherOtherOtherOther someone\n")
+
+        with django_capture_on_commit_callbacks(execute=True):
+            actions.do_cancel(user, r.pk)
+        assert wait_gone(job) == "CANCELLED"
+        deadline = time.monotonic() + 20
+        while "kernelbot-reservation" in placed.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert placed.read_text().splitlines() == [
+            "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOtherOtherOtherOtherOtherOtherOtherOther someone"]
+        refused = subprocess.run(login, capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 255 and "Permission denied" in refused.stderr, refused.stdout + refused.stderr
