@@ -1,9 +1,11 @@
-"""`kernelbot gpus …`: availability, reserve (a live status line until active), list, show, cancel, extend."""
+"""`kernelbot gpus …`: availability, reserve (a live status line until active), list, show, cancel, extend, and
+`keys` (the SSH public keys placed on reserved nodes)."""
 
 from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -146,3 +148,59 @@ def extend(reservation_id: int, duration: str = typer.Argument(..., help="More t
     with client() as c:
         r = check(c.post(f"/gpus/reservations/{reservation_id}/extend", json={"minutes": parse_duration(duration)}))
     console.print(status_line(r))
+
+
+keys_app = typer.Typer(help="Your SSH public keys, placed on the nodes of your reservations (Slurm pools).",
+                       no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
+
+
+def keys_table(rows: list[dict[str, Any]]) -> None:
+    table = Table("id", "title", "fingerprint", "source", "added")
+    for k in rows:
+        source = f"github ({k['github_login']})" if k["source"] == "github" else k["source"]
+        table.add_row(str(k["id"]), k["title"], k["fingerprint"], source, k["created"][:16].replace("T", " "))
+    console.print(table)
+
+
+@keys_app.command("list")
+def keys_list() -> None:
+    """Your SSH public keys."""
+    with client() as c:
+        keys_table(check(c.get("/gpus/keys")))
+
+
+@keys_app.command("add")
+def keys_add(file: str = typer.Argument("~/.ssh/id_ed25519.pub", help="A public key file (.pub)."),
+             title: str = typer.Option("", help="Default: the key's comment.")) -> None:
+    """Add a public key (never the private one: a file without .pub is refused here)."""
+    path = Path(file).expanduser()
+    if not path.name.endswith(".pub"):
+        raise typer.BadParameter(f"{file} is not a .pub file; give the public key (e.g. {file}.pub).")
+    try:
+        text = path.read_text(errors="replace").strip()
+    except OSError as exc:
+        raise typer.BadParameter(f"cannot read {file}: {exc.strerror}") from None
+    with client() as c:
+        k = check(c.post("/gpus/keys", json={"key": text, "title": title}))
+    console.print(f"Added key #{k['id']} {k['fingerprint']} ({k['title'] or 'no title'}).")
+
+
+@keys_app.command("remove")
+def keys_remove(key_id: int) -> None:
+    """Remove a key (reservations already running keep the keys they started with)."""
+    with client() as c:
+        check(c.delete(f"/gpus/keys/{key_id}"))
+    console.print(f"Removed key #{key_id}.")
+
+
+@keys_app.command("import-github")
+def keys_import_github(login: str) -> None:
+    """Import the keys GitHub lists for LOGIN, replacing those imported from it before."""
+    with client() as c:
+        out = check(c.post("/gpus/keys/github", json={"login": login}))
+    console.print(f"Imported {len(out['keys'])} key(s) from GitHub user {login}.")
+    for why in out["skipped"]:
+        console.print(f"[yellow]skipped[/yellow] {why}")
+    if out["keys"]:
+        keys_table(out["keys"])

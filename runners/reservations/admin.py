@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from .models import DeviceHold, PoolPolicy, Reservation, ReservationEvent
+from .models import DeviceHold, PoolPolicy, Reservation, ReservationEvent, SshKey
 
 
 @admin.register(PoolPolicy)
@@ -40,3 +40,16 @@ class DeviceHoldAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None) -> bool:
         return False
+
+
+@admin.register(SshKey)
+class SshKeyAdmin(admin.ModelAdmin):
+    list_display = ["user", "title", "fingerprint", "source", "github_login", "created"]
+    list_filter = ["source"]
+    search_fields = ["user__username", "fingerprint", "github_login"]
+
+    def has_add_permission(self, request) -> bool:
+        return False  # through keys.do_add_key only, so every key is checked at the door
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False  # view and delete

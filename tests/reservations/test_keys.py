@@ -9,6 +9,7 @@ import os
 import socket
 import struct
 import subprocess
+import sys
 import time
 from types import SimpleNamespace
 
@@ -19,6 +20,7 @@ from leaderboards.access.actions import do_create_token
 from runners.reservations import access, keys
 from runners.reservations.models import SshKey
 from tests import factories
+from tests.conftest import REPO
 from tests.fakes.github_keys import FakeGithubKeys
 
 pytestmark = pytest.mark.django_db
@@ -205,3 +207,67 @@ def test_the_jobs_script_adds_its_lines_and_removes_exactly_them_on_sigterm(made
     assert path.read_text().splitlines() == ["ssh-ed25519 AAAA kernelbot-reservation-1-job-7", "plain line"]
     many = access.keys_script(SimpleNamespace(pk=12, node_count=2), ["ssh-ed25519 AAAA"], "~/.ssh/authorized_keys")
     assert "exec srun --overlap --ntasks-per-node=1 --nodes=2 /bin/sh -c '" in many and 'f="$HOME"/.ssh/' in many
+
+
+def test_site_keys_page_add_import_remove(client, made, github):
+    dev = factories.UserFactory()
+    assert client.get("/gpus/keys/").status_code == 302  # login required
+    client.force_login(dev)
+    assert client.post("/gpus/keys/add", {"key": made["ed25519"][0], "title": "laptop"}).status_code == 302
+    page = client.get("/gpus/keys/").content.decode()
+    assert made["ed25519"][1] in page and "laptop" in page and "added by hand" in page
+    bad = client.post("/gpus/keys/add", {"key": injections(made)[0][0], "title": "evil"})
+    assert bad.status_code == 400 and "Options before the key" in bad.content.decode()
+    assert 'value="evil"' in bad.content.decode()  # the form keeps what was typed
+    dup = client.post("/gpus/keys/add", {"key": made["ed25519"][0]})
+    assert dup.status_code == 409 and "already on your profile" in dup.content.decode()
+    github.users["octo"] = [made["ecdsa"][0]]
+    assert client.post("/gpus/keys/github", {"login": "octo"}).status_code == 302
+    assert "GitHub (octo)" in client.get("/gpus/keys/").content.decode()
+    assert client.post("/gpus/keys/github", {"login": "../x"}).status_code == 400 and github.requests == ["/octo.keys"]
+    mine = SshKey.objects.get(user=dev, source="manual")
+    assert client.post(f"/gpus/keys/{mine.pk}/remove").status_code == 302
+    assert client.post("/gpus/keys/nonsense").status_code == 404
+    other = factories.UserFactory()
+    theirs = keys.do_add_key(other, made["rsa"][0])
+    assert client.post(f"/gpus/keys/{theirs.pk}/remove").status_code == 404
+    assert list(SshKey.objects.filter(user=dev).values_list("github_login", flat=True)) == ["octo"]
+    assert SshKey.objects.filter(pk=theirs.pk).exists()
+
+
+def test_site_key_changes_need_the_csrf_token(made):
+    from django.test import Client
+
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(factories.UserFactory())
+    assert strict.post("/gpus/keys/add", {"key": made["ed25519"][0]}).status_code == 403
+    assert not SshKey.objects.exists()
+
+
+def test_cli_keys_add_list_import_remove(live_server, made, github, tmp_path, transactional_db):
+    dev = factories.UserFactory()
+    env = {**os.environ, "KERNELBOT_URL": live_server.url, "KERNELBOT_TOKEN": do_create_token(dev)[1],
+           "KERNELBOT_CONFIG": str(tmp_path / "c.json"), "COLUMNS": "200", "HOME": str(tmp_path)}
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "kernelbot.cli.main", "gpus", "keys", *args], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=60)
+
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh" / "id_ed25519.pub").write_text(made["ed25519"][0] + "\n")
+    added = cli("add")  # the default file
+    assert added.returncode == 0 and made["ed25519"][1] in added.stdout, added.stdout + added.stderr
+    again = cli("add", str(tmp_path / ".ssh" / "id_ed25519.pub"))
+    assert again.returncode == 1 and "already on your profile" in again.stdout and "HTTP 409" in again.stdout
+    (tmp_path / "id_ecdsa").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    private = cli("add", str(tmp_path / "id_ecdsa"))
+    assert private.returncode == 2 and "not a .pub file" in private.stderr
+    github.users["octo"] = [made["ecdsa"][0], made["rsa1024"][0]]
+    imported = cli("import-github", "octo")
+    assert imported.returncode == 0 and "Imported 1 key(s)" in imported.stdout and "2048 bits" in imported.stdout
+    listed = cli("list")
+    assert all(text in listed.stdout for text in (made["ed25519"][1], made["ecdsa"][1], "github (octo)"))
+    first = SshKey.objects.get(user=dev, source="manual")
+    assert cli("remove", str(first.pk)).returncode == 0
+    assert "HTTP 404" in cli("remove", str(first.pk)).stdout
+    assert list(SshKey.objects.filter(user=dev).values_list("fingerprint", flat=True)) == [made["ecdsa"][1]]
