@@ -15,16 +15,23 @@ the previous one held.
 Warm by default: torch and the harness are imported once, by a template process each run's trusted parent is forked
 from (`runners.harness.warm`), and each device slot keeps a spare parent whose sandboxed child has started already,
 so a run waits for neither interpreter (`--no-spares`, `--cold` to turn these off).
+
+With `--authorized-keys PATH` (the agent's account's ~/.ssh/authorized_keys, say) it keeps there, for each reservation
+active on this machine, its holder's SSH keys (the platform's poll answer), each line forced to a login shell or the
+ssh command with CUDA_VISIBLE_DEVICES set to the reserved devices, and removes them when the reservation ends (its
+lines only: each ends with its marker) or the agent stops.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import hashlib
 import hmac
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -44,6 +51,42 @@ VERSION = "1"
 NODE_TOKEN_ENV = "KERNELBOT_NODE_TOKEN"
 POLL_S = 0.5
 SWEEP_S = 2.0  # how often the devices nothing holds are checked for leftover processes
+KEY_LINE = re.compile(r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh\.com|"
+                      r"sk-ecdsa-sha2-nistp256@openssh\.com) [A-Za-z0-9+/]+={0,2}")
+KEY_MARK = re.compile(r" kernelbot-node-agent-reservation-\d+$")
+
+
+def key_lines(placed: list[dict]) -> list[str]:
+    """authorized_keys lines for the reservations' keys (checked again here: only a bare key of a known type passes),
+    each forced into a login shell or the ssh command with the reservation's devices visible."""
+    lines = []
+    for entry in placed:
+        rid, gpus = int(entry["reservation"]), ",".join(str(int(i)) for i in entry["gpus"])
+        command = (f"export CUDA_VISIBLE_DEVICES={gpus}; if [ -n \\\"$SSH_ORIGINAL_COMMAND\\\" ]; then exec bash -c "
+                   f"\\\"$SSH_ORIGINAL_COMMAND\\\"; else exec bash -l; fi")
+        lines += [f'restrict,pty,command="{command}" {key} kernelbot-node-agent-reservation-{rid}'
+                  for key in entry["keys"] if isinstance(key, str) and KEY_LINE.fullmatch(key)]
+    return lines
+
+
+def place_keys(path: Path, lines: list[str]) -> bool:
+    """Make `path`'s agent lines exactly `lines` (others kept, the file created 0600 in a 0700 directory when
+    missing), under a lock beside it, replaced whole; False when nothing changed."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(f"{path}.lock", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        old = path.read_text().splitlines() if path.exists() else []
+        new = [line for line in old if not KEY_MARK.search(line)] + lines
+        if new == old and path.exists():
+            return False
+        tmp = path.with_name(f"{path.name}.kernelbot.{os.getpid()}")
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+            f.write("".join(f"{line}\n" for line in new))
+        os.replace(tmp, path)
+        return True
+    finally:
+        os.close(fd)
 
 
 def node_token(key: str, pool: str, hostname: str) -> str:
@@ -113,6 +156,7 @@ class NodeAgent:
         self.threads: list[threading.Thread] = []
         self.lock = threading.Lock()
         self.stopping = threading.Event()
+        self.authorized_keys: Path | None = None  # where reservations' keys go (--authorized-keys)
 
     def _call(self, route: str, body: dict) -> dict:
         try:
@@ -141,6 +185,8 @@ class NodeAgent:
         for claim in claims:
             self.start(claim)
         self.sweep(answer.get("reserved", []))
+        if self.authorized_keys is not None:
+            place_keys(self.authorized_keys, key_lines(answer.get("keys", [])))
         return claims
 
     def sweep(self, reserved: list[int]) -> list[int]:
@@ -235,6 +281,8 @@ class NodeAgent:
             self.stopping.wait(self.poll_s)
         if self.spares is not None:
             self.spares.close()
+        if self.authorized_keys is not None:
+            place_keys(self.authorized_keys, [])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -250,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="start every run's harness in a new interpreter (no warm template, no spares)")
     parser.add_argument("--no-spares", action="store_true",
                         help="start no harness ahead of its run (a spare holds a sandboxed interpreter per device)")
+    parser.add_argument("--authorized-keys", type=Path, default=None,
+                        help="keep the SSH keys of reservations active here in this file (e.g. ~/.ssh/authorized_keys)")
     args = parser.parse_args(argv)
     key = os.environ.pop(KEY_ENV, "")  # not passed on to anything this agent starts
     token = os.environ.pop(NODE_TOKEN_ENV, "").strip() or (node_token(key, args.pool, args.hostname) if key else "")
@@ -261,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     args.workdir.mkdir(parents=True, exist_ok=True)
     node = NodeAgent(args.platform, args.pool, args.hostname, token, python=args.python, workroot=args.workdir,
                      poll_s=args.poll, warm=not args.cold, spares=not (args.cold or args.no_spares))
+    node.authorized_keys = args.authorized_keys.expanduser() if args.authorized_keys else None
     signal.signal(signal.SIGTERM, lambda *_: node.stopping.set())
     signal.signal(signal.SIGINT, lambda *_: node.stopping.set())
     node.serve()

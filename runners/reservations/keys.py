@@ -23,7 +23,7 @@ from django.db.models import QuerySet
 
 from kernelbot.errors import Refused
 
-from .models import SshKey, SshKeySource
+from .models import DeviceHold, HoldKind, ReservationStatus, SshKey, SshKeySource
 
 MAX_KEYS = 20  # per user, imported ones included
 MAX_LINE = 16 * 1024  # an 16384-bit RSA key is ~2.8 kB of base64
@@ -182,3 +182,19 @@ def snapshot(user) -> list[str]:
     again: only a row `parse_key` wrote can have this shape, whatever wrote it)."""
     return [k for k in keys_of(user).values_list("key", flat=True)
             if (kind := k.split(" ", 1)[0]) in KEY_TYPES and BASE64.fullmatch(k[len(kind) + 1:])]
+
+
+def placed_on(node_id: int) -> list[dict]:
+    """The reservations active on a node now whose holders have keys, with the node's devices each holds: what a
+    local pool's node agent keeps in its authorized_keys (`runners.harness.node`). The holders' keys as they are now."""
+    held: dict[int, dict] = {}
+    for rid, user_id, index in DeviceHold.objects.held().filter(
+            kind=HoldKind.RESERVATION, gpu__node_id=node_id, reservation__status=ReservationStatus.ACTIVE).values_list(
+            "reservation_id", "reservation__user_id", "gpu__index"):
+        held.setdefault(rid, {"reservation": rid, "user": user_id, "gpus": []})["gpus"].append(index)
+    lines: dict[int, list[str]] = {}
+    for user_id, key in SshKey.objects.filter(user_id__in={h["user"] for h in held.values()}).values_list(
+            "user_id", "key"):
+        lines.setdefault(user_id, []).append(key)
+    return [{"reservation": h["reservation"], "gpus": sorted(h["gpus"]), "keys": lines[h["user"]]}
+            for h in sorted(held.values(), key=lambda h: h["reservation"]) if h["user"] in lines]

@@ -7,19 +7,23 @@ import base64
 import json
 import os
 import socket
+import stat
 import struct
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
+from django.utils import timezone
 
 from kernelbot.errors import Refused
 from leaderboards.access.actions import do_create_token
 from runners.reservations import access, keys
-from runners.reservations.models import SshKey
+from runners.reservations.models import DeviceHold, HoldKind, Reservation, SshKey
 from tests import factories
+from tests.agents import in_process_agent
 from tests.conftest import REPO
 from tests.fakes.github_keys import FakeGithubKeys
 
@@ -271,3 +275,32 @@ def test_cli_keys_add_list_import_remove(live_server, made, github, tmp_path, tr
     assert cli("remove", str(first.pk)).returncode == 0
     assert "HTTP 404" in cli("remove", str(first.pk)).stdout
     assert list(SshKey.objects.filter(user=dev).values_list("fingerprint", flat=True)) == [made["ecdsa"][1]]
+
+
+def test_a_local_pools_agent_keeps_active_reservations_keys_in_its_file(cpu_pool, made, tmp_path):
+    """The poll answer carries the keys of reservations active on the node; an agent with --authorized-keys keeps
+    exactly those there (forced into the reserved devices), and drops a reservation's once it ends."""
+    node = cpu_pool.nodes.get()
+    gpu = node.gpus.get(index=0)
+    dev, idle = factories.UserFactory(), factories.UserFactory()
+    keys.do_add_key(dev, made["ed25519"][0])
+    keys.do_add_key(idle, made["ecdsa"][0])  # holds nothing: never placed
+    now = timezone.now()
+    r = Reservation.objects.create(user=dev, project="p", pool=cpu_pool, gpu_type=gpu.gpu_type, gpu_count=1,
+                                   minutes=30, status="active", node=node, started_at=now,
+                                   ends_at=now + timedelta(minutes=30), planned_gpus=[gpu.pk])
+    hold = DeviceHold.objects.create(gpu=gpu, node=node, pool=cpu_pool, gpu_type=gpu.gpu_type, reservation=r,
+                                     kind=HoldKind.RESERVATION, user=dev, started=now, ends=r.ends_at)
+    path = tmp_path / "ssh" / "authorized_keys"
+    agent = in_process_agent(node)
+    agent.authorized_keys = path
+    agent.poll()
+    lines = path.read_text().splitlines()
+    assert len(lines) == 1 and lines[0].startswith('restrict,pty,command="export CUDA_VISIBLE_DEVICES=0;')
+    assert lines[0].endswith(f"{keys.parse_key(made['ed25519'][0]).key} kernelbot-node-agent-reservation-{r.pk}")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    with path.open("a") as f:
+        f.write("ssh-ed25519 AAAA someone else\n")
+    DeviceHold.objects.filter(pk=hold.pk).update(ended=timezone.now())  # the reservation ended
+    agent.poll()
+    assert path.read_text() == "ssh-ed25519 AAAA someone else\n"
