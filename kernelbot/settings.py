@@ -166,6 +166,9 @@ Q_CLUSTER = {
     "catch_up": False,
     "poll": float(os.environ.get("Q_POLL", "0.05")),  # ORM broker: seconds between queue checks
     "recycle": int(os.environ.get("Q_RECYCLE", "500")),  # tasks before a worker is replaced by a fresh fork
+    # successful tasks are not stored: django-q2 keeps the last N by locking and reading all N on every task's end
+    # (a burst of short tasks queued on it); failures are still stored, for the admin
+    "save_limit": int(os.environ.get("Q_SAVE_LIMIT", "-1")),
     "label": "Django Q2",
 }
 if REDIS_URL:

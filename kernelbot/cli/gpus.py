@@ -19,6 +19,8 @@ app = typer.Typer(help="Reserve shared GPUs.", no_args_is_help=True)
 # finds it too
 from .main import check, client, console  # noqa: E402
 
+PLANNING_WAIT_S = 15  # how long `reserve` waits for the planning pass that follows its request (seconds at most)
+
 
 def when(value: str | None) -> str:
     if not value:
@@ -41,7 +43,7 @@ def status_line(r: dict[str, Any]) -> str:
     nodes = f" × {r['nodes']} nodes" if r.get("nodes", 1) > 1 else ""
     base = f"#{r['id']} {r['gpu_count']}× {r['gpu_type']}{nodes} on {r['pool']} ({r['project']}): {r['status']}"
     if r["status"] == "pending":
-        return f"{base}, starts {when(r['planned_start'])}"
+        return f"{base}, " + (f"starts {when(r['planned_start'])}" if r["planned_start"] else "being planned")
     if r["status"] == "active":
         hosts = ",".join(r.get("hostnames") or [r["hostname"]])
         return f"{base} on {hosts} GPUs {','.join(map(str, r['gpus']))} until {when(r['ends_at'])}"
@@ -82,6 +84,10 @@ def reserve(gpus: int = typer.Option(1, "--gpus", "-n", help="GPUs on each node.
             "pool": pool, "nodes": nodes}
     with client() as c:
         r = check(c.post("/gpus/reservations", json=body))
+        planning = time.monotonic() + PLANNING_WAIT_S  # the answer comes before its planning pass
+        while r["status"] == "pending" and r["planned_start"] is None and time.monotonic() < planning:
+            time.sleep(0.1)
+            r = check(c.get(f"/gpus/reservations/{r['id']}"))
         if r["status"] == "pending":
             console.print(f"Queued: reservation #{r['id']}, expected start {when(r['planned_start'])}.")
         if wait and r["status"] == "pending":

@@ -8,17 +8,20 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from types import SimpleNamespace
 
 from django.contrib.auth import get_user_model
+from django.core.cache import cache
 from django.db import IntegrityError, OperationalError, connection, transaction
 from django.utils import timezone
 
 from kernelbot.errors import AccessDenied, Refused
-from runners.models import GpuPool, GpuType
-from runners.queue import enqueue_on_commit
+from runners.models import Gpu, GpuPool, GpuType, Node
+from runners.queue import enqueue, enqueue_on_commit
 
 from . import allocator, planner
 from .access import access_for
@@ -28,6 +31,8 @@ log = logging.getLogger(__name__)
 
 ETA_COUNTS = (1, 2, 4, 8)
 DEFAULT_ETA_MINUTES = 60
+PASS_ASKED_TTL = 10  # seconds a pass asked for stays asked (a lost message is made up for by keep_time)
+PASS_SPACING = 0.2  # seconds between the starts of asked passes of one pool × type
 # Callables (user, message) that deliver a notice elsewhere (the Discord bot registers its DM sender here).
 NOTIFIERS: list[Callable[[object, str], None]] = []
 
@@ -50,23 +55,55 @@ def find_gpu_type(name: str) -> GpuType:
     return found
 
 
-def reservable_pools(gpu_type: GpuType) -> list[GpuPool]:
-    return list(GpuPool.objects.serving(gpu_type).filter(reservation_policy__reservable=True).order_by("pk"))
+# The request path's reads are plain SQL: on a small shared host the ORM's building of these joins cost ten times
+# their execution (bench/reserve.py). Same rules as `GpuPool.objects.serving` and `allocator.devices`.
+TYPE_SQL = f"SELECT id, name FROM {GpuType._meta.db_table} WHERE upper(name) = upper(%s) ORDER BY id LIMIT 1"
+POLICY_FIELDS = ("max_gpus_per_user", "max_gpu_hours_per_user", "competition_share", "max_duration_minutes",
+                 "max_queue_minutes")
+LENDING_SQL = f"""SELECT p.id, p.name, {", ".join(f"pol.{f}" for f in POLICY_FIELDS)}, n.id, n.hostname, g.id, g."index"
+FROM {Gpu._meta.db_table} g JOIN {Node._meta.db_table} n ON n.id = g.node_id
+JOIN {GpuPool._meta.db_table} p ON p.id = n.pool_id JOIN {PoolPolicy._meta.db_table} pol ON pol.pool_id = p.id
+WHERE g.gpu_type_id = %s AND g.enabled AND n.enabled AND p.enabled AND pol.reservable ORDER BY p.id, g.id"""
+BOOKED_SQL = f"""SELECT coalesce(sum(gpu_count * node_count), 0), coalesce(sum(gpu_count * node_count * minutes), 0)
+FROM {Reservation._meta.db_table} WHERE user_id = %s AND pool_id = %s AND status IN ('pending', 'active')
+AND id <> %s"""
+LOCK_USER_SQL = f"SELECT id FROM {get_user_model()._meta.db_table} WHERE id = %s FOR NO KEY UPDATE"
 
 
-def node_sizes(pool: GpuPool, gpu_type: GpuType) -> list[int]:
-    """Per node of the pool, the devices of the type reservations may take there (largest first)."""
-    gpus = allocator.devices(pool, gpu_type)
-    kept = allocator.kept_for_competitions(PoolPolicy.objects.filter(pool=pool).first(), gpus)
-    per_node: dict[int, int] = {}
-    for g in gpus:
-        if g.pk not in kept:
-            per_node[g.node_id] = per_node.get(g.node_id, 0) + 1
-    return sorted(per_node.values(), reverse=True)
+def lending(gpu_type: GpuType) -> tuple[list[GpuPool], dict[int, list[int]]]:
+    """The enabled pools that lend the type for reservations (each with its `reservation_policy`), and per pool the
+    devices reservations may take on each of its nodes (largest first), in one query."""
+    with connection.cursor() as cursor:
+        cursor.execute(LENDING_SQL, [gpu_type.pk])
+        rows = cursor.fetchall()
+    pools: dict[int, GpuPool] = {}
+    devices: dict[int, list[SimpleNamespace]] = {}
+    for pool_id, name, *limits, node_id, hostname, gpu_id, index in rows:
+        if pool_id not in pools:
+            # rows as the ORM loads them with only(): any other field is read when first used
+            pool = pools[pool_id] = GpuPool.from_db("default", ["id", "name"], [pool_id, name])
+            pool.reservation_policy = PoolPolicy.from_db("default", ["pool_id", *POLICY_FIELDS], [pool_id, *limits])
+            pool.reservation_policy.pool = pool
+        devices.setdefault(pool_id, []).append(SimpleNamespace(pk=gpu_id, index=index, node_id=node_id,
+                                                               node=SimpleNamespace(hostname=hostname)))
+    sizes = {}
+    for pool_id, mine in devices.items():
+        kept = allocator.kept_for_competitions(pools[pool_id].reservation_policy, mine)
+        per_node: dict[int, int] = {}
+        for g in mine:
+            if g.pk not in kept:
+                per_node[g.node_id] = per_node.get(g.node_id, 0) + 1
+        sizes[pool_id] = sorted(per_node.values(), reverse=True)
+    return list(pools.values()), sizes
 
 
 def check_reserve(user, req: ReserveRequest) -> tuple[GpuPool, GpuType]:
-    gpu_type = find_gpu_type(req.gpu_type)
+    """The request's pool (the one that starts it first when several fit) and type, or a precise `Refused`. The pool
+    carries the policy it is lent under (`pool.reservation_policy`); both are read in two plain queries."""
+    with connection.cursor() as cursor:
+        cursor.execute(TYPE_SQL, [req.gpu_type.strip()])
+        row = cursor.fetchone()
+    gpu_type = GpuType.from_db("default", ["id", "name"], row) if row else find_gpu_type(req.gpu_type)
     if req.gpu_count < 1:
         raise Refused(f"gpu_count must be at least 1; got {req.gpu_count}.", 400)
     if req.nodes < 1:
@@ -75,20 +112,19 @@ def check_reserve(user, req: ReserveRequest) -> tuple[GpuPool, GpuType]:
         raise Refused(f"The duration must be at least 1 minute; got {req.minutes}.", 400)
     if len(req.project) > 60:
         raise Refused("project is at most 60 characters.", 400)
-    pools = reservable_pools(gpu_type)
+    pools, sizes = lending(gpu_type)
     if req.pool:
         pools = [p for p in pools if p.name.lower() == req.pool.strip().lower()]
         if not pools:
             raise Refused(f"No reservable pool '{req.pool}' serves {gpu_type}.", 400)
     if not pools:
         raise Refused(f"No pool lends {gpu_type} GPUs for reservations.", 400)
-    sizes = {p.pk: node_sizes(p, gpu_type) for p in pools}
     fitting = [p for p in pools if len([n for n in sizes[p.pk] if n >= req.gpu_count]) >= req.nodes]
     if not fitting and req.nodes == 1:
         raise Refused(f"{req.gpu_count} {gpu_type} GPUs do not fit on one node: a node lends at most "
-                      f"{max((s[0] for s in sizes.values() if s), default=0)}.", 400)
+                      f"{max((sizes[p.pk][0] for p in pools if sizes[p.pk]), default=0)}.", 400)
     if not fitting:
-        most = max(len([n for n in s if n >= req.gpu_count]) for s in sizes.values())
+        most = max(len([n for n in sizes[p.pk] if n >= req.gpu_count]) for p in pools)
         raise Refused(f"{req.nodes} nodes with {req.gpu_count} {gpu_type} GPUs each do not fit in one pool: at most "
                       f"{most} nodes lend {req.gpu_count}.", 400)
     fitting = [p for p in fitting if req.minutes <= p.reservation_policy.max_duration_minutes]
@@ -100,43 +136,50 @@ def check_reserve(user, req: ReserveRequest) -> tuple[GpuPool, GpuType]:
         return fitting[0], gpu_type
     now = timezone.now()  # several pools: the one whose queue starts it first
     probe = planner.Request("probe", req.gpu_count, req.minutes * 60, nodes=req.nodes)
-    starts = {p.pk: allocator.plan_queue(p, gpu_type, now, [probe])[0]["probe"] for p in fitting}
+    starts = {p.pk: allocator.plan_queue(p, gpu_type, now, [probe], policy=p.reservation_policy)[0]["probe"]
+              for p in fitting}
     return min(fitting, key=lambda p: (starts[p.pk].start if starts[p.pk] else float("inf"), p.pk)), gpu_type
 
 
 def check_policy(user, policy: PoolPolicy, gpu_count: int, minutes: int, exclude: int | None = None) -> None:
-    mine = Reservation.objects.open().filter(user=user, pool=policy.pool).exclude(pk=exclude)
-    gpus = sum(r.total_gpus for r in mine) + gpu_count
+    with connection.cursor() as cursor:
+        cursor.execute(BOOKED_SQL, [user.pk, policy.pool_id, exclude or 0])
+        booked_gpus, booked_minutes = cursor.fetchone()
+    gpus = booked_gpus + gpu_count
     if gpus > policy.max_gpus_per_user:
         raise Refused(f"Pool {policy.pool.name} lends at most {policy.max_gpus_per_user} GPUs per user at once; "
                       f"this would make {gpus}.", 409)
-    hours = sum(r.total_gpus * r.minutes for r in mine) / 60 + gpu_count * minutes / 60
+    hours = booked_minutes / 60 + gpu_count * minutes / 60
     if hours > policy.max_gpu_hours_per_user + 1e-9:
         raise Refused(f"Pool {policy.pool.name} lends at most {policy.max_gpu_hours_per_user:g} GPU-hours per user "
                       f"at once; this would make {hours:g}.", 409)
 
 
-def note(reservation: Reservation, kind: str, message: str, *, notify: bool = False) -> None:
-    ReservationEvent.objects.create(reservation=reservation, kind=kind, message=message)
+def note(reservation: Reservation, kind: str, message: str, *, notify: bool = False) -> ReservationEvent:
+    event = ReservationEvent.objects.create(reservation=reservation, kind=kind, message=message)
     if notify and NOTIFIERS:
         enqueue_on_commit("runners.reservations.tasks.notify", reservation.pk, message)
+    return event
 
 
 def lock_user(user) -> None:
     """One user's reservations change one at a time, so their limits hold under concurrency, while other users'
     requests go on (the user's row, `SELECT … FOR NO KEY UPDATE`: rows that refer to the user are still written)."""
-    list(get_user_model().objects.select_for_update(no_key=True).filter(pk=user.pk).values_list("pk", flat=True))
+    if connection.features.has_select_for_update:  # SQLite has no row locks (and one writer at a time)
+        with connection.cursor() as cursor:
+            cursor.execute(LOCK_USER_SQL, [user.pk])
 
 
-def do_reserve(user, req: ReserveRequest) -> Reservation:
-    """Record the request (a short transaction serialised per user), then plan its pool unless another request is
-    planning it this instant: that pass, or the one enqueued here (and `tasks.keep_time` within seconds), gives it
-    its promise. Active on return when devices were free, else pending with its promised start — or, in a burst,
-    pending for the few milliseconds until the pass under way plans it."""
+def do_reserve(user, req: ReserveRequest, *, plan: bool = True) -> Reservation:
+    """Record the request (a short transaction serialised per user), then plan its pool. `plan`: here and now unless
+    another request is planning it this instant (active on return when devices were free, else pending with its
+    promised start, or in a burst pending for the few milliseconds until the pass under way plans it). Not `plan`
+    (the API's request path): a pass is asked of the workers, so the answer never waits on planning; the request is
+    pending until that pass (or `tasks.keep_time` within seconds) gives it its promise or starts it."""
     pool, gpu_type = check_reserve(user, req)
+    policy = pool.reservation_policy
     with transaction.atomic():
         lock_user(user)
-        policy = PoolPolicy.objects.get(pool=pool)
         check_policy(user, policy, req.gpu_count * req.nodes, req.minutes)
         now = timezone.now()
         reservation = Reservation.objects.create(
@@ -144,11 +187,41 @@ def do_reserve(user, req: ReserveRequest) -> Reservation:
             gpu_count=req.gpu_count, node_count=req.nodes, minutes=req.minutes, created=now,
             status_deadline=now + timedelta(minutes=policy.max_queue_minutes))
         nodes = f" on each of {req.nodes} nodes" if req.nodes > 1 else ""
-        note(reservation, "queued", f"Requested {req.gpu_count}× {gpu_type}{nodes} for {req.minutes} min on "
-             f"{pool.name}.")
-    plan_unless_busy(pool, gpu_type)
-    reservation.refresh_from_db()
+        queued = note(reservation, "queued", f"Requested {req.gpu_count}× {gpu_type}{nodes} for {req.minutes} min on "
+                      f"{pool.name}.")
+        if not plan:
+            transaction.on_commit(lambda: ask_for_pass(pool.pk, gpu_type.pk))
+    if plan:
+        plan_unless_busy(pool, gpu_type)
+        reservation.refresh_from_db()
+    else:
+        reservation.recorded_events = [queued]  # all it has yet: its answer needs no query for them
     return reservation
+
+
+def pass_key(pool_id: int, gpu_type_id: int, what: str = "asked") -> str:
+    return f"reservations:pass-{what}:{pool_id}:{gpu_type_id}"
+
+
+def ask_for_pass(pool_id: int, gpu_type_id: int) -> None:
+    """Enqueue a planning pass of the pool × type unless one is asked for and has not begun: a burst of requests is
+    planned by a few passes, not one each. The flag is cleared by the pass before it reads the queue
+    (`do_asked_pass`), so a request recorded after that read asks for the next pass; it lapses by itself if a message
+    is lost, and `tasks.keep_time` plans any request still without a promise within seconds anyway."""
+    if cache.add(pass_key(pool_id, gpu_type_id), 1, PASS_ASKED_TTL):
+        enqueue("runners.reservations.tasks.plan_asked", pool_id, gpu_type_id)
+
+
+def do_asked_pass(pool_id: int, gpu_type_id: int) -> int:
+    """The pass `ask_for_pass` enqueued: at once, unless the last asked pass of the pool × type began less than
+    `PASS_SPACING` ago, then that much later (a wait, not work: a burst's requests are answered while it waits, and
+    one pass plans them all)."""
+    last = cache.get(pass_key(pool_id, gpu_type_id, "began"))
+    if last is not None and (wait := last + PASS_SPACING - time.time()) > 0:
+        time.sleep(min(wait, PASS_SPACING))
+    cache.set(pass_key(pool_id, gpu_type_id, "began"), time.time(), PASS_ASKED_TTL)
+    cache.delete(pass_key(pool_id, gpu_type_id))
+    return do_plan(pool_id, gpu_type_id)
 
 
 def plan_unless_busy(pool: GpuPool, gpu_type: GpuType, passes: int = 3) -> bool:

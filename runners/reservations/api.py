@@ -76,6 +76,7 @@ class ReservationOut(Schema):
 
 def reservation_out(r: Reservation) -> dict:
     """The one serialiser of a reservation (its holder's or staff's eyes only: `actions.access_reservation`)."""
+    events = getattr(r, "recorded_events", None) or r.events.all()
     return {"id": r.pk, "user": r.user.get_username(), "project": r.project, "pool": r.pool.name,
             "gpu_type": r.gpu_type.name, "gpu_count": r.gpu_count, "nodes": r.node_count, "minutes": r.minutes,
             "status": r.status,
@@ -83,7 +84,7 @@ def reservation_out(r: Reservation) -> dict:
             "finished_at": r.finished_at, "hostname": r.node.hostname if r.node else "", "hostnames": r.hostnames(),
             "gpus": [g.index for g in r.gpus()], "access": r.access if r.status == "active" else {},
             "failure": r.failure, "events": [{"kind": e.kind, "message": e.message, "created": e.created}
-                                             for e in r.events.all()]}
+                                             for e in events]}
 
 
 @router.get("/gpus/availability", response={200: list[AvailabilityOut], 401: ErrorOut})
@@ -95,9 +96,12 @@ def availability(request, minutes: int = 60):
 
 @router.post("/gpus/reservations", response={201: ReservationOut, **ERRORS})
 def reserve(request, body: ReserveIn):
-    """Reserve GPUs: active at once when free, otherwise queued with its planned start."""
-    r = actions.do_reserve(request.auth, actions.ReserveRequest(**body.dict()))
-    return 201, reservation_out(actions.access_reservation(request.auth, r.pk))
+    """Reserve GPUs. The answer does not wait for planning: the request is recorded `pending` with `planned_start`
+    null, and a planning pass follows within milliseconds (seconds at most). Then it is `active` if devices were free,
+    else it holds its promised start (`planned_start`), which never moves later. Poll
+    `GET /gpus/reservations/{id}` (the CLI does)."""
+    r = actions.do_reserve(request.auth, actions.ReserveRequest(**body.dict()), plan=False)
+    return 201, reservation_out(r)
 
 
 @router.get("/gpus/reservations", response={200: list[ReservationOut], 401: ErrorOut})

@@ -23,6 +23,10 @@ def plan_pool(pool_id: int, gpu_type_id: int) -> int:
     return actions.do_plan(pool_id, gpu_type_id)
 
 
+def plan_asked(pool_id: int, gpu_type_id: int) -> int:
+    return actions.do_asked_pass(pool_id, gpu_type_id)
+
+
 def finish(reservation_id: int, status: str, message: str, *, when=None) -> bool:
     """Move an open reservation to a terminal state and free its devices, once; False when it already moved."""
     with transaction.atomic():

@@ -18,8 +18,8 @@ from tests import factories
 from .conftest import gpu_pool
 
 
-def reserve(user, count=2, minutes=60, gpu="h100", **kw) -> Reservation:
-    return actions.do_reserve(user, ReserveRequest(gpu, count, minutes, **kw))
+def reserve(user, count=2, minutes=60, gpu="h100", plan=True, **kw) -> Reservation:
+    return actions.do_reserve(user, ReserveRequest(gpu, count, minutes, **kw), plan=plan)
 
 
 REAL_NOW = timezone.now
@@ -230,3 +230,26 @@ def test_a_dead_workers_run_hold_ends_at_its_lease(monkeypatch):
     assert hold.ended == hold.lease_until
     assert allocator.acquire_for_run(pool, pool.gpu_type, run_id=8, attempt=1, user_id=None, leaderboard="lb",
                                      seconds=600, lease_seconds=60) is not None
+
+
+@pytest.mark.django_db
+def test_requests_from_the_api_ask_for_few_passes_and_none_is_missed(user, other, monkeypatch):
+    """`plan=False` (the API): the request is recorded and a pass is asked of the workers, once while one is asked and
+    has not begun; a request recorded after a pass began asks for the next, which keeps its distance from the last."""
+    gpu_pool(nodes=1, per_node=2)
+    asked, slept = [], []
+    monkeypatch.setattr(actions, "enqueue", lambda func, *args: asked.append(args))
+    monkeypatch.setattr(actions.transaction, "on_commit", lambda f: f())  # the test's transaction never commits
+    a = reserve(user, 1, 30, plan=False)
+    b = reserve(other, 1, 30, plan=False)
+    assert a.status == b.status == "pending" and a.planned_start is None and len(asked) == 1
+    assert not DeviceHold.objects.exists()
+    monkeypatch.setattr(actions.time, "sleep", slept.append)
+    assert actions.do_asked_pass(*asked[0]) == 2 and not slept
+    c = reserve(user, 1, 30, plan=False)
+    assert len(asked) == 2
+    assert actions.do_asked_pass(*asked[1]) == 0  # no device is free: c is promised the first end
+    assert len(slept) == 1 and 0 < slept[0] <= actions.PASS_SPACING
+    c.refresh_from_db()
+    a.refresh_from_db()
+    assert c.status == "pending" and c.planned_start == a.ends_at

@@ -34,7 +34,7 @@ def cli(env: dict, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=60)
 
 
-def test_reserve_wait_extend_warn_expire_from_the_cli(live_server, postgres, tmp_path):
+def test_reserve_wait_extend_warn_expire_from_the_cli(live_server, postgres, tmp_path, sync_queue):
     pool = gpu_pool(nodes=2, per_node=2, competition_share=0.5)
     dev, busy = factories.UserFactory(username="dev"), factories.UserFactory(username="busy")
     env = cli_env(live_server.url, do_create_token(dev)[1], tmp_path)
@@ -45,7 +45,7 @@ def test_reserve_wait_extend_warn_expire_from_the_cli(live_server, postgres, tmp
     waiting = subprocess.Popen([sys.executable, "-m", "kernelbot.cli.main", "gpus", "reserve", "--gpus", "2", "--gpu",
                                 "h100", "--duration", "1h", "--project", "llm"], cwd=REPO, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    for _ in range(200):  # recorded, then given its promise by the planning pass that follows in the request
+    for _ in range(200):  # recorded, then given its promise by the planning pass that follows (a task, inline here)
         if Reservation.objects.filter(user=dev, planned_start__isnull=False).exists():
             break
         time.sleep(0.05)
@@ -81,7 +81,7 @@ def test_reserve_wait_extend_warn_expire_from_the_cli(live_server, postgres, tmp
     assert out.returncode == 1 and "is already expired. (HTTP 409)" in out.stdout
 
 
-def test_quarter_hour_two_nodes_and_cancel_without_an_id_from_the_cli(live_server, postgres, tmp_path):
+def test_quarter_hour_two_nodes_and_cancel_without_an_id_from_the_cli(live_server, postgres, tmp_path, sync_queue):
     gpu_pool(nodes=2, per_node=4)
     dev = factories.UserFactory(username="dev")
     env = cli_env(live_server.url, do_create_token(dev)[1], tmp_path)

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from leaderboards.access.actions import do_create_token
 from runners.models import Gpu
-from runners.reservations import agent, allocator, chat, usage
+from runners.reservations import actions, agent, allocator, chat, tasks, usage
 from runners.reservations.models import DeviceHold, HoldKind, NodeSample, Reservation, UsagePost
 from tests import factories
 
@@ -36,13 +36,27 @@ def post(client, path, body, user):
     return client.post(f"/api/v1{path}", json.dumps(body), content_type="application/json", headers=auth(user))
 
 
-def test_api_reserve_queue_show_extend_cancel(client, user, other):
+def test_api_reserve_queue_show_extend_cancel(client, user, other, monkeypatch):
     gpu_pool(nodes=1, per_node=4)
+    asked = []
+    monkeypatch.setattr(actions, "enqueue", lambda func, *args: asked.append((func, args)))
+    monkeypatch.setattr(actions.transaction, "on_commit", lambda f: f())  # the test's transaction never commits
     r = post(client, "/gpus/reservations", {"gpu_type": "h100", "gpu_count": 4, "minutes": 60, "project": "p"}, user)
-    assert r.status_code == 201 and r.json()["status"] == "active" and r.json()["gpus"] == [0, 1, 2, 3]
+    # the answer is the recorded request; the planning pass it asked for follows
+    assert r.status_code == 201 and r.json()["status"] == "pending" and r.json()["planned_start"] is None
+    assert r.json()["events"][0]["kind"] == "queued" and len(asked) == 1
     mine = r.json()["id"]
+    assert tasks.plan_asked(*asked.pop()[1]) == 1
+    shown = client.get(f"/api/v1/gpus/reservations/{mine}", headers=auth(user)).json()
+    assert shown["status"] == "active" and shown["gpus"] == [0, 1, 2, 3]
     q = post(client, "/gpus/reservations", {"gpu_type": "H100", "gpu_count": 2, "minutes": 30}, other)
-    assert q.json()["status"] == "pending" and q.json()["planned_start"]
+    q2 = post(client, "/gpus/reservations", {"gpu_type": "H100", "gpu_count": 1, "minutes": 30}, other)
+    assert len(asked) == 1  # one pass asked for both: it has not begun
+    assert tasks.plan_asked(*asked.pop()[1]) == 0
+    for queued in (q, q2):
+        shown = client.get(f"/api/v1/gpus/reservations/{queued.json()['id']}", headers=auth(other)).json()
+        assert shown["status"] == "pending" and shown["planned_start"]
+    post(client, f"/gpus/reservations/{q2.json()['id']}/cancel", {}, other)
     avail = client.get("/api/v1/gpus/availability", headers=auth(other)).json()
     assert avail[0]["free_now"] == 0 and avail[0]["queued"] == 1 and avail[0]["eta"]["8"] is None
     assert client.get(f"/api/v1/gpus/reservations/{mine}", headers=auth(other)).status_code == 404
