@@ -98,9 +98,10 @@ class SlurmOptions(PoolOptions):
     key_file = _path_field("~/.kernelbot/attempt.env", "Where each job's credential goes: the platform writes the "
                            "attempt's token to this path + '.' + the attempt's tag (mode 0600) at dispatch, and the "
                            "job reads and removes it; default ~/.kernelbot/attempt.env.")
-    authorized_keys = _path_field("~/.ssh/authorized_keys", "Reservations: the file each reservation's job adds its "
-                                  "holder's SSH keys to on its nodes for its life, the jobs' user's (shared with the "
-                                  "login node sshd reads it on); default ~/.ssh/authorized_keys.")
+    authorized_keys = _path_field("", "Reservations: the file each reservation's job adds its holder's SSH keys to on "
+                                  "its nodes for its life, the jobs' user's (e.g. ~/.ssh/authorized_keys, read by the "
+                                  "sshd holders reach); empty: no keys are placed. A holder then runs commands as the "
+                                  "jobs' user: see docs/operations.md before setting it.")
     ssh_host = forms.RegexField(regex=rf"^{NAME}(@{NAME})?$", required=False,
                                 help_text="Reservations: the user@host holders ssh to with their keys (default: the "
                                           "`ssh` login node, else the node as the platform's user).")

@@ -23,7 +23,6 @@ from runners.models import GpuVendor
 from . import keys
 from .models import PoolPolicy, Reservation, ReservationStatus
 
-AUTHORIZED_KEYS = "~/.ssh/authorized_keys"
 # what a key placed for a reservation lets its holder do: enter the reservation's job (a command given to ssh, or an
 # interactive login shell), nothing else (restrict: no forwarding of ports, agents or X11); @JOB@ is $SLURM_JOB_ID
 KEY_OPTIONS = ('restrict,pty,command="if [ -n \\"$SSH_ORIGINAL_COMMAND\\" ]; then exec srun --jobid=@JOB@ --overlap '
@@ -151,10 +150,10 @@ class SlurmAccess(HookAccess):
 
     def hold(self, r: Reservation) -> tuple[bool, str]:
         job, state, reason = self.find(r)
-        lines = keys.snapshot(r.user)  # the keys as they are now, for the reservation's life
+        path = (self.policy.pool.settings or {}).get("authorized_keys") or ""  # empty: the operator did not opt in
+        lines = keys.snapshot(r.user) if path else []  # the keys as they are now, for the reservation's life
         if not job:
             gpus = r.gpu_count if r.gpu_type.vendor != GpuVendor.CPU else 0
-            path = (self.policy.pool.settings or {}).get("authorized_keys") or AUTHORIZED_KEYS
             out = self.backend.call([
                 "sbatch", "--parsable", "--export=NIL", f"--job-name={self.job_name(r)}", "--no-requeue",
                 f"--nodes={r.node_count}", f"--ntasks={r.node_count}", "--ntasks-per-node=1",

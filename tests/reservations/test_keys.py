@@ -20,8 +20,9 @@ from django.utils import timezone
 
 from kernelbot.errors import Refused
 from leaderboards.access.actions import do_create_token
+from runners.models import GpuPool, GpuType, GpuVendor
 from runners.reservations import access, keys
-from runners.reservations.models import DeviceHold, HoldKind, Reservation, SshKey
+from runners.reservations.models import DeviceHold, HoldKind, PoolPolicy, Reservation, SshKey
 from tests import factories
 from tests.agents import in_process_agent
 from tests.conftest import REPO
@@ -304,3 +305,30 @@ def test_a_local_pools_agent_keeps_active_reservations_keys_in_its_file(cpu_pool
     DeviceHold.objects.filter(pk=hold.pk).update(ended=timezone.now())  # the reservation ended
     agent.poll()
     assert path.read_text() == "ssh-ed25519 AAAA someone else\n"
+
+
+def test_a_slurm_pool_places_keys_only_when_its_operator_names_the_file(made, monkeypatch):
+    """Placing keys lets a holder run commands as the jobs' Slurm account: off until the pool's setting names the
+    file; until then the job is the plain sleep, whatever keys the holder has."""
+    dev = factories.UserFactory()
+    keys.do_add_key(dev, made["ed25519"][0])
+    pool = GpuPool.objects.create(name="campus", backend="slurm", settings={})
+    policy = PoolPolicy.objects.create(pool=pool, competition_share=0)
+    h100, _ = GpuType.objects.get_or_create(name="H100", defaults={"vendor": GpuVendor.NVIDIA})
+    r = SimpleNamespace(pk=3, user=dev, node_count=1, gpu_count=1, gpu_type=h100, ends_at=timezone.now(),
+                        hostnames=lambda: ["node-a"], access={})
+    submitted = []
+
+    def call(args, stdin=None):
+        submitted.append((args, stdin))
+        return subprocess.CompletedProcess(args, 1, "", "stop here")
+
+    for settings, placed in (({}, False), ({"authorized_keys": "~/.ssh/authorized_keys"}, True)):
+        pool.settings = settings
+        slurm = access.SlurmAccess(policy)
+        monkeypatch.setattr(slurm, "find", lambda r: ("", "", ""))
+        monkeypatch.setattr(type(slurm), "backend", SimpleNamespace(call=call, placement_args=lambda *a: []))
+        assert slurm.hold(r)[0] is False  # sbatch "refused": only what was submitted matters here
+        args, stdin = submitted.pop()
+        assert ("--wrap" not in args and "kernelbot-reservation-3-job-" in stdin) if placed else (
+            args[-2:] == ["--wrap", "sleep infinity"] and stdin is None)
