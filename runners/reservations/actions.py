@@ -18,6 +18,8 @@ from django.contrib.auth import get_user_model
 from django.core.cache import cache
 from django.db import IntegrityError, OperationalError, connection, transaction
 from django.utils import timezone
+from django_redis.exceptions import ConnectionInterrupted
+from redis.exceptions import RedisError
 
 from kernelbot.errors import AccessDenied, Refused
 from runners.models import Gpu, GpuPool, GpuType, Node
@@ -32,6 +34,7 @@ log = logging.getLogger(__name__)
 ETA_COUNTS = (1, 2, 4, 8)
 DEFAULT_ETA_MINUTES = 60
 PASS_ASKED_TTL = 10  # seconds a pass asked for stays asked (a lost message is made up for by keep_time)
+CACHE_AWAY = (ConnectionInterrupted, RedisError, OSError)
 PASS_SPACING = 0.2  # seconds between the starts of asked passes of one pool × type
 # Callables (user, message) that deliver a notice elsewhere (the Discord bot registers its DM sender here).
 NOTIFIERS: list[Callable[[object, str], None]] = []
@@ -207,8 +210,9 @@ def ask_for_pass(pool_id: int, gpu_type_id: int) -> None:
     """Enqueue a planning pass of the pool × type unless one is asked for and has not begun: a burst of requests is
     planned by a few passes, not one each. The flag is cleared by the pass before it reads the queue
     (`do_asked_pass`), so a request recorded after that read asks for the next pass; it lapses by itself if a message
-    is lost, and `tasks.keep_time` plans any request still without a promise within seconds anyway."""
-    if cache.add(pass_key(pool_id, gpu_type_id), 1, PASS_ASKED_TTL):
+    is lost, and `tasks.keep_time` plans any request still without a promise within seconds anyway. With the cache
+    away every request asks (the request is recorded already: it never fails for that)."""
+    if quietly(cache.add, pass_key(pool_id, gpu_type_id), 1, PASS_ASKED_TTL, away=True):
         enqueue("runners.reservations.tasks.plan_asked", pool_id, gpu_type_id)
 
 
@@ -216,12 +220,21 @@ def do_asked_pass(pool_id: int, gpu_type_id: int) -> int:
     """The pass `ask_for_pass` enqueued: at once, unless the last asked pass of the pool × type began less than
     `PASS_SPACING` ago, then that much later (a wait, not work: a burst's requests are answered while it waits, and
     one pass plans them all)."""
-    last = cache.get(pass_key(pool_id, gpu_type_id, "began"))
+    last = quietly(cache.get, pass_key(pool_id, gpu_type_id, "began"), away=None)
     if last is not None and (wait := last + PASS_SPACING - time.time()) > 0:
         time.sleep(min(wait, PASS_SPACING))
-    cache.set(pass_key(pool_id, gpu_type_id, "began"), time.time(), PASS_ASKED_TTL)
-    cache.delete(pass_key(pool_id, gpu_type_id))
+    quietly(cache.set, pass_key(pool_id, gpu_type_id, "began"), time.time(), PASS_ASKED_TTL, away=None)
+    quietly(cache.delete, pass_key(pool_id, gpu_type_id), away=None)
     return do_plan(pool_id, gpu_type_id)
+
+
+def quietly(call: Callable, *args, away: object) -> object:
+    """A cache call, or `away` when the cache (Redis) cannot be reached."""
+    try:
+        return call(*args)
+    except CACHE_AWAY as exc:
+        log.warning("cache away (%r): planning goes on without its flags", exc)
+        return away
 
 
 def plan_unless_busy(pool: GpuPool, gpu_type: GpuType, passes: int = 3) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import stat
 from datetime import timedelta
 
@@ -253,3 +254,22 @@ def test_requests_from_the_api_ask_for_few_passes_and_none_is_missed(user, other
     c.refresh_from_db()
     a.refresh_from_db()
     assert c.status == "pending" and c.planned_start == a.ends_at
+
+
+@pytest.mark.django_db
+def test_a_reserve_with_the_cache_away_is_recorded_and_still_asks_for_its_pass(user, settings, monkeypatch):
+    with socket.socket() as s:  # a port nothing listens on: every cache call fails to connect
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    settings.CACHES = {"default": {"BACKEND": "django_redis.cache.RedisCache",
+                                   "LOCATION": f"redis://127.0.0.1:{dead}/0"}}
+    gpu_pool(nodes=1, per_node=2)
+    asked = []
+    monkeypatch.setattr(actions, "enqueue", lambda func, *args: asked.append(args))
+    monkeypatch.setattr(actions.transaction, "on_commit", lambda f: f())
+    a, b = reserve(user, 1, 30, plan=False), reserve(user, 1, 30, plan=False)
+    assert len(asked) == 2  # no flag to share: each asks
+    assert actions.do_asked_pass(*asked[0]) == 2 and actions.do_asked_pass(*asked[1]) == 0
+    a.refresh_from_db()
+    b.refresh_from_db()
+    assert a.status == b.status == "active"
