@@ -9,10 +9,6 @@ with pooled (DB_POOL) and with persistent connections."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -36,6 +32,7 @@ from leaderboards.models import Run, Submission
 from .api.conftest import multipart
 from .conftest import REPO
 from .factories import LeaderboardFactory, UserFactory, local_cpu_pool, problem_from
+from .servers import granian, production_env
 
 CODE = (REPO / "problems" / "demo" / "vectoradd_py" / "solutions" / "correct.py").read_bytes()
 
@@ -160,12 +157,6 @@ def upload_files(fields: dict) -> dict:
 
 # --- a real server, its connections terminated twice under load ----------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @dataclass
 class Platform:
     url: str
@@ -180,41 +171,14 @@ def platform(request, transactional_db, postgres, demo_task, tmp_path):
     pool = local_cpu_pool()
     board = LeaderboardFactory(name="outage", problem=problem_from(demo_task), gpu_types=[pool.cpu])
     user = UserFactory(username="loader")
-    db = connection.settings_dict
     application_name = f"kb-outage-{uuid.uuid4().hex[:8]}"
-    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DB_POOL", "DB_CONN_MAX_AGE")} | {
-        # production settings (DEBUG off) behind no TLS proxy; the ORM broker in the test database, no cluster
-        "DJANGO_SETTINGS_MODULE": "kernelbot.settings", "DEBUG": "0", "SECRET_KEY": "outage-test-" + "x" * 50,
-        "ALLOWED_HOSTS": "127.0.0.1", "SECURE_SSL_REDIRECT": "0", "SECURE_COOKIES": "0", "SECURE_HSTS_SECONDS": "0",
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-                        f"?application_name={application_name}",
-        "KERNELBOT_KERNELGUARD": "off", "KERNELBOT_QUOTA_TEST": "0", "KERNELBOT_RUNS_DIR": str(tmp_path / "runs"),
-        "LOG_LEVEL": "WARNING", **request.param}
-    port = free_port()
+    env = production_env(tmp_path, KERNELBOT_KERNELGUARD="off", KERNELBOT_QUOTA_TEST="0", **request.param)
+    env["DATABASE_URL"] += f"?application_name={application_name}"
     log = tmp_path / "granian.log"
-    with log.open("wb") as out:
-        server = subprocess.Popen([sys.executable, "-m", "granian", "--interface", "asginl", "--host", "127.0.0.1",
-                                   "--port", str(port), "--workers", "2", "kernelbot.asgi:application"],
-                                  cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/api/v1/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert server.poll() is None, log.read_text(errors="replace")[-3000:]
-            time.sleep(0.2)
-        yield Platform(url, application_name, board.name, do_create_token(user)[1], str(log))
+        with granian(env, log) as url:
+            yield Platform(url, application_name, board.name, do_create_token(user)[1], str(log))
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
         print(f"--- {log.name} (tail) ---\n" + log.read_text(errors="replace")[-3000:])
 
 

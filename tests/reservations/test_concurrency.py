@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ from runners.reservations.actions import ReserveRequest
 from runners.reservations.models import DeviceHold, Reservation, ReservationStatus
 from tests import factories
 from tests.conftest import REPO
+from tests.servers import granian, production_env
 
 from .conftest import gpu_pool
 
@@ -186,38 +186,8 @@ def test_runs_and_reservations_never_share_a_device(postgres):
 @pytest.fixture
 def web(transactional_db, postgres, tmp_path):
     """The production layout's web server (granian, two workers, production settings) on the test database."""
-    db = connection.settings_dict
-    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DB_POOL", "DB_CONN_MAX_AGE")} | {
-        "DJANGO_SETTINGS_MODULE": "kernelbot.settings", "DEBUG": "0", "SECRET_KEY": "burst-test-" + "x" * 50,
-        "ALLOWED_HOSTS": "127.0.0.1", "SECURE_SSL_REDIRECT": "0", "SECURE_COOKIES": "0", "SECURE_HSTS_SECONDS": "0",
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
-        "KERNELBOT_RUNS_DIR": str(tmp_path / "runs"), "LOG_LEVEL": "WARNING"}
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = tmp_path / "granian.log"
-    with log.open("wb") as out:
-        server = subprocess.Popen([sys.executable, "-m", "granian", "--interface", "asginl", "--host", "127.0.0.1",
-                                   "--port", str(port), "--workers", "2", "kernelbot.asgi:application"],
-                                  cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(300):
-            try:
-                if httpx.get(f"{url}/api/v1/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert server.poll() is None, log.read_text(errors="replace")[-3000:]
-            time.sleep(0.2)
+    with granian(production_env(tmp_path), tmp_path / "granian.log") as url:
         yield url
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
 
 
 def test_a_burst_of_fifty_reserves_over_http(web):

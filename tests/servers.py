@@ -1,0 +1,59 @@
+"""The production layout's web server for tests that need real HTTP: granian with two workers and production
+settings (DEBUG off, no TLS proxy) on the test database, as docs/operations.md runs it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+from django.db import connection
+
+from .conftest import REPO
+
+
+def production_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The server's environment: production settings on the test database, no Redis (the ORM broker, no cluster)."""
+    db = connection.settings_dict
+    return {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DB_POOL", "DB_CONN_MAX_AGE")} | {
+        "DJANGO_SETTINGS_MODULE": "kernelbot.settings", "DEBUG": "0", "SECRET_KEY": "server-test-" + "x" * 50,
+        "ALLOWED_HOSTS": "127.0.0.1", "SECURE_SSL_REDIRECT": "0", "SECURE_COOKIES": "0", "SECURE_HSTS_SECONDS": "0",
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
+        "KERNELBOT_RUNS_DIR": str(tmp_path / "runs"), "LOG_LEVEL": "WARNING", **extra}
+
+
+@contextlib.contextmanager
+def granian(env: dict[str, str], log: Path, workers: int = 2) -> Iterator[str]:
+    """Serve until the block ends; yields the base URL once `/api/v1/health` answers 200."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with log.open("wb") as out:
+        server = subprocess.Popen([sys.executable, "-m", "granian", "--interface", "asginl", "--host", "127.0.0.1",
+                                   "--port", str(port), "--workers", str(workers), "kernelbot.asgi:application"],
+                                  cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/api/v1/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert server.poll() is None, log.read_text(errors="replace")[-3000:]
+            time.sleep(0.2)
+        yield url
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
