@@ -56,15 +56,16 @@ def add_key(request, body: KeyIn):
     return 201, key_out(keys.do_add_key(request.auth, body.key, body.title))
 
 
-@router.delete("/gpus/keys/{int:key_id}", response={204: None, **ERRORS})
-def delete_key(request, key_id: int):
-    keys.do_remove_key(request.auth, key_id)
-    return 204, None
-
-
 @router.post("/gpus/keys/github", response={201: ImportOut, **ERRORS})
 def import_github(request, body: GithubIn):
     """Import the keys GitHub lists for a login (https://github.com/<login>.keys), replacing the ones imported from
     it before."""
     imported, skipped = keys.do_import_github(request.auth, body.login)
     return 201, {"keys": [key_out(k) for k in imported], "skipped": skipped}
+
+
+# after /gpus/keys/github, whose path it would match; a key_id that is not a number is a 422 like every path parameter
+@router.delete("/gpus/keys/{key_id}", response={204: None, **ERRORS})
+def delete_key(request, key_id: int):
+    keys.do_remove_key(request.auth, key_id)
+    return 204, None

@@ -15,6 +15,7 @@ from schemathesis.specs.openapi.checks import content_type_conformance, response
 from leaderboards.access.actions import do_create_token
 
 from ..factories import UserFactory, submission
+from ..fakes.github_keys import FakeGithubKeys
 
 schema = schemathesis.openapi.from_wsgi("/api/v1/openapi.json", get_wsgi_application())
 # the progress stream never ends for a queued submission; tests/api/test_live_server.py covers it
@@ -22,7 +23,16 @@ schema = schema.exclude(path_regex=r"/events$")
 
 
 @pytest.fixture
-def token(db, leaderboard):
+def github(settings):
+    """The GitHub key import reaches a loopback fake (a user with no keys: 404 there), never github.com."""
+    fake = FakeGithubKeys()
+    settings.GITHUB_WEB_URL = fake.url
+    yield fake
+    fake.close()
+
+
+@pytest.fixture
+def token(db, leaderboard, github):
     # as Django's test client does: requests must not close the test transaction's connection
     signals.request_started.disconnect(close_old_connections)
     signals.request_finished.disconnect(close_old_connections)
