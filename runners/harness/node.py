@@ -299,7 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-spares", action="store_true",
                         help="start no harness ahead of its run (a spare holds a sandboxed interpreter per device)")
     parser.add_argument("--authorized-keys", type=Path, default=None,
-                        help="keep the SSH keys of reservations active here in this file (e.g. ~/.ssh/authorized_keys)")
+                        help="keep the SSH keys of reservations active here in this file (e.g. "
+                             "~/.ssh/authorized_keys): holders then log in as this agent's account, so only on a "
+                             "machine that runs no competition (docs/operations.md)")
     args = parser.parse_args(argv)
     key = os.environ.pop(KEY_ENV, "")  # not passed on to anything this agent starts
     token = os.environ.pop(NODE_TOKEN_ENV, "").strip() or (node_token(key, args.pool, args.hostname) if key else "")
