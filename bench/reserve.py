@@ -1,13 +1,14 @@
 """Reserve under a burst: issue 25's 50 concurrent `POST /api/v1/gpus/reservations` from 10 users on a pool of
 2 nodes × 4 H100, against the production layout (granian, `--workers 2`, PostgreSQL, Redis, `manage.py workers`).
 
-    python bench/reserve.py [--bursts 5] [--against REF]
+    python bench/reserve.py [--bursts 5] [--against REF] [--floor]
 
 Each burst starts from an empty queue. The load generator is a raw-socket client: 50 keep-alive connections opened
 and used once before the burst, then every request written at once, so the client takes almost none of the shared
 cores. Per burst: the answers' p50/p95/max, their codes (201, or 409 for a user's limit; anything else is an error),
 and how long until every request recorded is active or holds a promised start (planning may follow the answer).
-`--against REF`: the same bursts on git REF's tree, by turns with this one (speed drifts here: compare in one run)."""
+`--against REF`: the same bursts on git REF's tree, by turns with this one (speed drifts here: compare in one run).
+`--floor`: bursts of `GET /api/v1/health` instead, the least a request costs this stack."""
 
 from __future__ import annotations
 
@@ -129,7 +130,7 @@ def reserve_request(token: str, i: int) -> bytes:
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
 
 
-def burst(port: int, tokens: list[str], n: int, procs: list[subprocess.Popen]) -> dict:
+def burst(port: int, tokens: list[str], n: int, procs: list[subprocess.Popen], floor: bool = False) -> dict:
     socks = []
     for i in range(n):  # open and warm every connection (each worker imports and connects on its first request)
         s = socket.create_connection(("127.0.0.1", port), timeout=30)
@@ -139,7 +140,8 @@ def burst(port: int, tokens: list[str], n: int, procs: list[subprocess.Popen]) -
         socks.append(s)
     psql("DELETE FROM reservations_reservationevent; DELETE FROM reservations_devicehold; "
          "DELETE FROM reservations_reservation")
-    payloads = [reserve_request(tokens[i % len(tokens)], i) for i in range(n)]
+    payloads = [b"GET /api/v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" if floor else
+                reserve_request(tokens[i % len(tokens)], i) for i in range(n)]
     selector = selectors.DefaultSelector()
     sent: dict[int, float] = {}
     cpu = [tree_cpu_seconds(p.pid) for p in procs] + [tree_cpu_seconds(name="postgres")]
@@ -191,7 +193,7 @@ def run_tree(tree: Path, args) -> list[dict]:
     try:
         out = []
         for _ in range(args.bursts):
-            out.append(burst(port, tokens, args.n, procs))
+            out.append(burst(port, tokens, args.n, procs, args.floor))
             time.sleep(1)
         return out
     finally:
@@ -220,6 +222,8 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=50)
     parser.add_argument("--bursts", type=int, default=5)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--floor", action="store_true", help="the same bursts of GET /api/v1/health (middleware, "
+                        "ninja, one SELECT 1): the least a request costs this stack")
     parser.add_argument("--against", metavar="REF")
     parser.add_argument("--rounds", type=int, default=1, help="with --against: turns of each tree")
     args = parser.parse_args()
