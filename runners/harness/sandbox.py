@@ -24,9 +24,11 @@ bubblewrap as root: bwrap keeps root to build the mounts, then `setpriv` drops t
 host uid (65534 by default) with no capabilities and no_new_privs, so RLIMIT_NPROC applies and host
 files are protected by their modes too. As non-root: an unprivileged user namespace
 (`--unshare-user --disable-userns`), uid unchanged. Namespaces: net (only a private loopback), pid,
-ipc, uts, cgroup. Filesystem: /usr (+ /bin, /lib* links), a few /etc files, a synthetic
-/etc/passwd, the Python installation read-only, minimal /dev, own /proc, and the workdir read-write at
-the same path; HOME and TMPDIR point at the workdir, the rest of the tree (/, /tmp, /dev) is read-only.
+ipc, uts, cgroup; the loopback is up and named (a synthetic /etc/hosts: localhost and the hostname), so the
+processes of one run can rendezvous there (torch.distributed), and nothing routes out. Filesystem: /usr (+ /bin,
+/lib* links), a few /etc files, a synthetic /etc/passwd, the Python installation read-only, minimal /dev, own
+/proc, and the workdir read-write at the same path; HOME and TMPDIR point at the workdir, the rest of the tree
+(/, /tmp, /dev) is read-only.
 The one other writable place is a private, size-capped /dev/shm (POSIX semaphores: `multiprocessing`
 needs it, and reference-kernels' eval.py uses a process pool); its pages count against the memory cgroup.
 Nothing else of the host exists inside.
@@ -309,6 +311,9 @@ class Sandbox:
         }
         if self.devices is not None:
             out["CUDA_VISIBLE_DEVICES"] = ",".join(self.devices)
+        if self.bwrap:  # the namespace's only interface: gloo and NCCL bind there instead of guessing
+            out.setdefault("GLOO_SOCKET_IFNAME", "lo")
+            out.setdefault("NCCL_SOCKET_IFNAME", "lo")
         return out
 
     def prepare_workdir(self) -> None:
@@ -342,6 +347,10 @@ class Sandbox:
         for path, text in (
             ("/etc/passwd", f"sandbox:x:{uid}:{uid}:sandbox:{self.workdir}:/usr/sbin/nologin\n"),
             ("/etc/group", f"sandbox:x:{uid}:\n"),
+            # the private loopback by name: torch.distributed rendezvous on localhost (or the hostname) must
+            # resolve without DNS, which the sandbox does not have
+            ("/etc/hosts", "127.0.0.1 localhost sandbox\n::1 localhost ip6-localhost\n"),
+            ("/etc/nsswitch.conf", "passwd: files\ngroup: files\nhosts: files\n"),
         ):
             r, w = os.pipe()
             os.write(w, text.encode())

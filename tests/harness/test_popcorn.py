@@ -1,3 +1,6 @@
+import os
+import shutil
+
 import pytest
 
 from runners.harness.popcorn import FLAG, PopcornError, parse_lines, verdict_from
@@ -78,3 +81,20 @@ def test_a_leaderboard_run_stops_at_the_first_failing_stage_and_reports_what_pas
     assert result["verdict"] == "fail" and result["tests"] and not result["benchmarks"] and not result["ranked"]
     passed = sum(t["status"] == "pass" for t in result["tests"])
     assert progress[-1] == {"event": "progress", "phase": "test", "done": passed, "total": len(TESTS)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("submission", "verdict"), [("allreduce.py", "pass"), ("allreduce_wrong.py", "fail")])
+def test_a_multi_process_task_rendezvous_on_the_sandboxs_loopback(tmp_path, submission, verdict):
+    """Two ranks of torch.distributed (gloo) meet on localhost inside the sandbox's private network namespace, as a
+    multi-GPU task's eval.py makes its ranks meet (NCCL bootstraps the same way)."""
+    workdir = tmp_path / "work"
+    shutil.copytree(FIXTURES / "distributed", workdir)
+    shutil.copyfile(SUBMISSIONS / submission, workdir / "submission.py")
+    job = job_for(workdir, "test", protocol="popcorn", multi_gpu=True,
+                  tests=[{"size": 64, "world_size": 2, "seed": 1}, {"size": 1000, "world_size": 2, "seed": 2}])
+    result, _ = run_harness(job)
+    assert result["verdict"] == verdict, (result["error"], result["stderr"][-2000:])
+    assert [t["status"] for t in result["tests"]] == [verdict] * 2
+    if os.environ.get("CI") == "true":  # CI runs under KERNELBOT_SANDBOX=require: the private network namespace
+        assert result["system"]["sandbox"]["network"] == "isolated"
