@@ -22,6 +22,7 @@ import re
 import sys
 import traceback
 
+from . import device
 from .job import Job, JobError, parse_job
 from .problem import ProblemError
 from .result import NEEDS_CUDA, NEEDS_CUDA_FLAG, PROBLEM_ERROR_FLAG, Emitter, Result
@@ -92,6 +93,11 @@ def prestart(spare: dict) -> None:
         traceback.print_exc()
 
 
+def visible_devices() -> list[str]:
+    """The run's devices (host indices), as main sets them; [] (every device) when the job names none."""
+    return [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+
+
 def main(spare: dict | None = None) -> int:
     _harden_self()
     if spare:
@@ -119,12 +125,18 @@ def main(spare: dict | None = None) -> int:
         result = run(job, emitter)
     except ProblemError as exc:
         result = Result(mode=mode, protocol=protocol, status="error")
-        if needs_cuda(exc.cause):
+        said = device.exception_text(exc.cause)
+        oom = device.is_oom(said)  # a device that ran out of memory exists: not a CUDA-less runner
+        if oom and (found := device.holders(visible_devices())):
+            result.device_busy(found, said)
+        elif not oom and needs_cuda(exc.cause):
             result.fail("fail", NEEDS_CUDA)
             result.flags.append(NEEDS_CUDA_FLAG)
             result.extra["cause"] = f"{type(exc.cause).__name__}: {str(exc.cause)[:500]}"
         else:
-            result.fail("fail", str(exc))
+            figures = device.figures(said).describe() if oom else ""
+            result.fail("fail", str(exc) + (f" (out of memory on a device no other process used: {figures})"
+                                             if oom else ""))
             result.flags.append(PROBLEM_ERROR_FLAG)
             result.extra["problem_error"] = {"where": exc.where, "traceback": exc.traceback}
     except (JobError, json.JSONDecodeError) as exc:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from . import child as child_module
-from . import stats
+from . import device, stats
 from .job import Case, Job
 from .problem import Problem, backend_flags, derive_seed, format_spec
 from .result import CaseResult, Emitter, Result, tail
@@ -49,6 +49,14 @@ class Stop(Exception):
     def __init__(self, verdict: str, message: str):
         super().__init__(message)
         self.verdict, self.message = verdict, message
+
+
+class DeviceBusy(Exception):
+    """The submission ran out of device memory while other processes held it: the runner's failure."""
+
+    def __init__(self, found: list[device.Holder], said: str):
+        super().__init__(said)
+        self.found, self.said = found, said
 
 
 class ChildSession:
@@ -169,6 +177,11 @@ class ChildSession:
                 raise Stop("hacked", message)
             prefix = {"import": "the submission could not be imported", "kernel": "custom_kernel raised",
                       "output": "invalid output"}.get(kind, "the submission failed")
+            if kind in ("import", "kernel") and device.is_oom(message):
+                if found := device.holders(list(self.job.gpus)):
+                    raise DeviceBusy(found, message)
+                figures = device.figures(message).describe()
+                prefix += f" (out of device memory{'; ' + figures if figures else ''}; no other process used it)"
             raise Stop("fail", f"{prefix}: {message}")
         if header["op"] != op or header.get("id") != rid:
             raise Stop("hacked", f"protocol violation: expected {op!r} for call {rid}, got {header['op']!r}")
@@ -561,6 +574,10 @@ class KernelbotRun:
                 result.extra["ranking_by"] = job.ranking_by
         except Stop as stop:
             self.stopped(stop)
+        except DeviceBusy as busy:
+            if self.session is not None:
+                self.session.kill()
+            result.device_busy(busy.found, busy.said)
         finally:
             self.problem.close()
             if self.session is not None:

@@ -10,7 +10,7 @@ import re
 import sys
 from typing import IO, Any
 
-from . import sandbox
+from . import device, sandbox
 from .stats import Estimate, Summary
 
 VERDICTS = ("pass", "fail", "compile_error", "crash", "timeout", "hacked", "memory_limit")
@@ -115,6 +115,14 @@ class Result:
         assert verdict in VERDICTS
         if self.verdict == "pass":
             self.verdict, self.error = verdict, error
+        return self
+
+    def device_busy(self, found: list[device.Holder], said: str) -> Result:
+        """The device ran out of memory that other processes held: the runner's failure (the platform retries it),
+        the holders named for organisers."""
+        self.status, self.verdict, self.error = "error", "fail", device.busy_message(found, said)
+        self.flags.append(device.DEVICE_BUSY_FLAG)
+        self.extra["device_holders"] = [h.as_dict() for h in found]
         return self
 
     def as_dict(self, nonce: str = "") -> dict[str, Any]:

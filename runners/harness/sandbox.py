@@ -311,9 +311,6 @@ class Sandbox:
         }
         if self.devices is not None:
             out["CUDA_VISIBLE_DEVICES"] = ",".join(self.devices)
-        if self.bwrap:  # the namespace's only interface: gloo and NCCL bind there instead of guessing
-            out.setdefault("GLOO_SOCKET_IFNAME", "lo")
-            out.setdefault("NCCL_SOCKET_IFNAME", "lo")
         return out
 
     def prepare_workdir(self) -> None:
