@@ -88,9 +88,21 @@ def prestart(spare: dict) -> None:
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(job.gpus)
         from .kernelbot import prestart as start_child
 
-        start_child(job)
+        start_child(job, warm_device=bool(spare.get("warm_device")))
     except Exception:  # the run starts its child itself and reports what fails then
         traceback.print_exc()
+
+
+def process_age() -> float:
+    """Seconds since this process started (was forked, for a warm parent), to the kernel's clock tick; 0 if unknown."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
 
 
 def visible_devices() -> list[str]:
@@ -104,7 +116,7 @@ def main(spare: dict | None = None) -> int:
         prestart(spare)
     emitter = Emitter(sys.stdout)
     mode, protocol = "test", "kernelbot"
-    nonce = ""
+    nonce, started = "", 0.0
     try:
         raw = json.loads(sys.stdin.read())
         if isinstance(raw, dict):
@@ -112,6 +124,7 @@ def main(spare: dict | None = None) -> int:
             nonce = str(raw.get("nonce") or "")
         job = parse_job(raw)
         del raw
+        started = 0.0 if spare else process_age()  # a spare waited for its job: its age says nothing
         if job.gpus:  # the trusted parent works on the run's own GPU, the one the sandbox exposes to the child
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(job.gpus)
         if job.lang == "cu":  # KernelBot's CUDA tasks: nvcc builds eval.out, which speaks POPCORN_FD
@@ -150,6 +163,9 @@ def main(spare: dict | None = None) -> int:
             result.extra["cause"] = f"{type(exc).__name__}: {str(exc)[:500]}"
         else:
             result.fail("fail", f"internal harness error:\n{traceback.format_exc(limit=-10)}")
+    if started:
+        result.extra.setdefault("seconds", {})
+        result.extra["seconds"] = {"parent_start": round(started, 3), **result.extra["seconds"]}
     emitter.line(result.as_dict(nonce))
     return 0
 

@@ -15,9 +15,9 @@ This module also holds the buffer code the parent uses (`Buffer`, `encode`, `dec
 speak one format.
 
 Messages (one JSON object per SOCK_SEQPACKET message, descriptors attached):
-Parent -> child: {"op": "call"|"time"|"profile"|"echo"|"import"|"exit", "id": k, "data": TREE,
+Parent -> child: {"op": "call"|"time"|"profile"|"echo"|"warm"|"import"|"exit", "id": k, "data": TREE,
 "new": [{"buf", "kind", "size"}], "drop": [buf ids]} with one descriptor per "new" entry.
-Child -> parent: {"op": "hello"}, {"op": "sample", "ns"}, {"op": "output", "out": TREE, "new", "drop"},
+Child -> parent: {"op": "hello", "seconds"}, {"op": "sample", "ns"}, {"op": "output", "out": TREE, "new", "drop"},
 {"op": "error", "kind": "import|kernel|output|threads|tamper", "message"}, {"op": "profile", "report"}.
 TREE: {"T": [buf, dtype, shape, stride|null, offset]} for a tensor (null stride: contiguous), {"tuple": [...]},
 {"list": [...]}, {"dict": [[key, TREE], ...]}, {"dtype": name}, {"device": name}, or a JSON scalar.
@@ -556,10 +556,13 @@ def _thread_name(tid: int) -> str:
 
 class Runner:
     def __init__(self, sock: socket.socket):
+        started = _perf_ns()
         import torch
 
         self.torch, self.sock = torch, sock
         self.cuda = torch.cuda.is_available()
+        self.flush = None
+        self.seconds = {"torch_import": (_perf_ns() - started) / 1e9}  # reported to the parent: informational
         torch.ones(1 << 16).sum()  # spin up torch's own thread pools before anything is measured
         self.sync = torch.cuda.synchronize if self.cuda else None
         if self.cuda:
@@ -610,12 +613,22 @@ class Runner:
                         obj = getattr(obj, part)
                     setattr(obj, attr, value)
 
-    def import_submission(self) -> None:
-        if self.cuda:  # not before: a child started ahead of its run (a spare) holds no memory on the device
+    def warm_device(self) -> None:
+        """The device context and the L2 flush buffer, made now rather than in the run: only when the parent says the
+        device is free (a spare never holds memory on a device a reservation holds)."""
+        if self.cuda and self.flush is None:
+            started = _perf_ns()
             self.flush = self.torch.empty(L2_FLUSH_BYTES, dtype=self.torch.int8, device="cuda")
+            self.torch.cuda.synchronize()
+            self.seconds["device_context"] = (_perf_ns() - started) / 1e9
+
+    def import_submission(self) -> None:
+        self.warm_device()  # not before its run, unless warmed ahead on a free device
+        started = _perf_ns()
         importlib.invalidate_caches()  # submission.py may have been written after this interpreter started
         import submission
 
+        self.seconds["submission_import"] = (_perf_ns() - started) / 1e9
         kernel = getattr(submission, "custom_kernel", None)
         if not callable(kernel):
             raise AttributeError("submission.py does not define a callable custom_kernel(data)")
@@ -716,6 +729,9 @@ def calibrate(runner: Runner) -> dict:
     one call's data costs, a figure the submission cannot inflate. Returns the message that ended it."""
     while True:
         header, data = runner.receive()
+        if header.get("op") == "warm":
+            runner.warm_device()
+            continue
         if header.get("op") != "echo":
             return header
         runner.finish(header.get("id"), data[1])  # data: (inputs, output)
@@ -736,7 +752,7 @@ def main(argv: list[str]) -> int:
     except BaseException:
         runner.send({"op": "error", "kind": "import", "message": _format_error()})
         return 0
-    runner.send({"op": "hello"})
+    runner.send({"op": "hello", "seconds": runner.seconds})
     with contextlib.suppress(EOFError):
         runner.serve()
     return 0

@@ -83,6 +83,7 @@ class ChildSession:
         self.lent = child_module.Pool(torch, first_id=2)  # the parent's buffers: each call's inputs
         self.outputs = child_module.Imports(torch, writable=False, max_buffers=MAX_OUTPUT_BUFFERS)
         self.next_id = 0
+        self.warmed = False  # the child was told to make its device context ahead of its job
         self.outcome: Outcome | None = None
         self.closed = False
         # wait() drains the child's stdout/stderr; run it alongside so a chatty child never blocks.
@@ -297,9 +298,23 @@ class SandboxTree:
 _spare: ChildSession | None = None  # a spare parent's child, started before its job (runners.harness.warm)
 
 
-def prestart(job: Job) -> None:
+def device_context() -> None:
+    """This process's CUDA context on its device, made now (nothing without CUDA; at once when made already)."""
+    if torch.cuda.is_available():
+        torch.empty(1, device="cuda")
+        torch.cuda.synchronize()
+
+
+def prestart(job: Job, warm_device: bool = False) -> None:
+    """A spare's child, started before its job. warm_device: the device is free (no reservation holds it), so the
+    parent and the child make their device contexts now instead of in the run."""
     global _spare
     _spare = ChildSession(job, spare=True)
+    if warm_device and torch.cuda.is_available():
+        device_context()
+        with contextlib.suppress(Stop):
+            _spare.send("warm", None, time.monotonic() + 5)
+        _spare.warmed = True
 
 
 @dataclasses.dataclass
@@ -338,6 +353,16 @@ class KernelbotRun:
         self.waited = 0  # ns this thread and the child's main thread waited for a CPU inside timed calls
         self.child_pid: int | None = None  # the child interpreter's host pid, found before the import
         self.thread_ns = 0  # the most CPU the child's other threads used during one batch of timed calls
+        self.seconds: dict[str, float] = {}  # where the run's time went (result "seconds"), phase by phase
+        self.lent_s = 0.0  # of which copying inputs into the lent buffers (result "seconds_of", with the problem's)
+
+    @contextlib.contextmanager
+    def clock(self, name: str):
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
 
     # -- plumbing --------------------------------------------------------------------------------------
     def start_phase(self, phase: str) -> None:
@@ -347,16 +372,24 @@ class KernelbotRun:
     def _output_cap(self, data: Any) -> int:
         return max(MIN_OUTPUT_CAP, 8 * nbytes(data))
 
+    def lend(self, data: Any) -> Any:
+        assert self.session is not None
+        started = time.perf_counter()
+        try:
+            return self.session.lend(data)
+        finally:
+            self.lent_s += time.perf_counter() - started
+
     def call(self, data: Any) -> Any:
         assert self.session is not None
-        tree = self.session.lend(data)
+        tree = self.lend(data)
         rid = self.session.send("call", tree, self.deadline)
         return self.session.output(rid, self.deadline, self._output_cap(data))
 
     def timed_call(self, data: Any) -> tuple[int, int, Any]:
         """(reported ns, watched wall ns, output). The wall covers sending the call to holding a copy of the output."""
         assert self.session is not None
-        tree = self.session.lend(data)
+        tree = self.lend(data)
         cap = self._output_cap(data)
         waited = self.run_queue_waits()
         t0 = time.perf_counter_ns()
@@ -399,7 +432,7 @@ class KernelbotRun:
             output = self.problem.reference(data)
             walls = []
             for _ in range(CALIBRATION_ROUNDS):
-                tree = self.session.lend((data, output))
+                tree = self.lend((data, output))
                 t0 = time.perf_counter_ns()
                 rid = self.session.send("echo", tree, self.deadline)
                 self.session.output(rid, self.deadline, self._output_cap((data, output)))
@@ -529,7 +562,7 @@ class KernelbotRun:
             raise Stop("fail", "nothing to profile: the job has no benchmarks or tests")
         case = cases[-1]
         data = self.problem.generate(case, self.seed("profile", 0, 0, case))
-        rid = self.session.send("profile", self.session.lend(data), self.deadline, calls=PROFILE_CALLS)
+        rid = self.session.send("profile", self.lend(data), self.deadline, calls=PROFILE_CALLS)
         header = self.session.expect("profile", rid, self.deadline)
         out = self.session.output(rid, self.deadline, self._output_cap(data))
         self.checked(format_spec(case), data, out)
@@ -547,25 +580,42 @@ class KernelbotRun:
         torch.set_num_threads(1)  # the parent's checks must not compete with the child for CPUs
         if not torch.cuda.is_available():
             result.flags.append("cpu-timing:no-l2-flush")
-        self.problem = Problem(job.workdir)
         try:
             self.start_phase({"benchmark": "benchmark", "profile": "profile"}.get(job.mode, "test"))
+            # the child boots (interpreter, torch) while this process makes its device context and loads the problem;
+            # it runs nothing of the submission before "import"
+            with self.clock("child_start"):
+                self.session = ChildSession.for_job(job)
+            result.extra["child_start"] = "prestarted" if self.session.prestarted else "cold"
+            result.extra["device_context"] = ("ahead" if self.session.warmed else "in the run"
+                                              ) if torch.cuda.is_available() else "none"
+            with self.clock("device_context"):
+                device_context()  # at once when a spare parent made it ahead of its job
+            with self.clock("problem_load"):
+                self.problem = Problem(job.workdir)
             if not torch.cuda.is_available() and (cases := job.tests or job.benchmarks):
                 self.problem.generate(cases[0], 0)  # a problem that needs CUDA says so before any submission runs
-            self.session = ChildSession.for_job(job)
-            result.extra["child_start"] = "prestarted" if self.session.prestarted else "cold"
             if job.mode in ("benchmark", "leaderboard"):
-                self.calibrate(job.benchmarks)  # ranked cases are among the benchmarks
-            self.session.send("import", None, self.deadline, flags=backend_flags())
-            self.session.expect("hello", None, self.deadline)
+                with self.clock("calibrate"):
+                    self.calibrate(job.benchmarks)  # ranked cases are among the benchmarks
+            with self.clock("submission_import"):
+                self.session.send("import", None, self.deadline, flags=backend_flags())
+                hello = self.session.expect("hello", None, self.deadline)
+            if isinstance(reported := hello.get("seconds"), dict):  # the child's own account: informational only
+                result.extra["child_seconds"] = {str(k)[:40]: round(float(v), 4) for k, v in list(reported.items())[:8]
+                                                 if isinstance(v, int | float) and not isinstance(v, bool)}
             if job.mode == "profile":
-                self.run_profile()
+                with self.clock("profile"):
+                    self.run_profile()
             if job.mode in ("test", "leaderboard"):
-                self.run_tests()
+                with self.clock("tests"):
+                    self.run_tests()
             if job.mode in ("benchmark", "leaderboard") and result.verdict == "pass":
-                result.benchmarks = self.run_timed("benchmark", job.benchmarks)
+                with self.clock("benchmark"):
+                    result.benchmarks = self.run_timed("benchmark", job.benchmarks)
             if job.mode == "leaderboard" and result.verdict == "pass":
-                result.ranked = self.run_timed("ranked", job.ranked_cases)
+                with self.clock("ranked"):
+                    result.ranked = self.run_timed("ranked", job.ranked_cases)
                 times = [c.time for c in result.ranked if c.time]
                 ratios = [c.ratio for c in result.ranked if c.ratio]
                 weights = [c.reference.value for c in result.ranked if c.reference]
@@ -579,9 +629,12 @@ class KernelbotRun:
                 self.session.kill()
             result.device_busy(busy.found, busy.said)
         finally:
-            self.problem.close()
+            with self.clock("teardown"):
+                if self.problem is not None:
+                    self.problem.close()
+                if self.session is not None:
+                    outcome = self.session.close()
             if self.session is not None:
-                outcome = self.session.close()
                 result.stdout, result.stderr = outcome.stdout, outcome.stderr
                 result.sandbox = self.session.description
                 result.extra["transport"] = self.transport()
@@ -591,6 +644,9 @@ class KernelbotRun:
                     result.extra["other_threads_ns"] = self.thread_ns
                 if outcome.timed_out and result.verdict == "pass":
                     result.fail("timeout", f"the sandbox wall-time limit was exceeded ({outcome.reason})")
+            result.extra["seconds"] = {k: round(v, 4) for k, v in self.seconds.items()}
+            spent = {**(self.problem.seconds if self.problem is not None else {}), "lend": self.lent_s}
+            result.extra["seconds_of"] = {k: round(v, 4) for k, v in spent.items()}
         return result
 
     def transport(self) -> str:

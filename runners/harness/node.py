@@ -184,7 +184,10 @@ class NodeAgent:
         claims = answer.get("claims", [])
         for claim in claims:
             self.start(claim)
-        self.sweep(answer.get("reserved", []))
+        reserved = answer.get("reserved", [])
+        if self.spares is not None:
+            self.spares.reserve([str(i) for i in reserved])
+        self.sweep(reserved)
         if self.authorized_keys is not None:
             place_keys(self.authorized_keys, key_lines(answer.get("keys", [])))
         return claims

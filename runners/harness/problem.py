@@ -14,6 +14,7 @@ import re
 import shutil
 import sys
 import tempfile
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -105,6 +106,7 @@ class Problem:
     submission (or retried as the runner's fault)."""
 
     def __init__(self, workdir: str):
+        self.seconds = {"generate": 0.0, "check": 0.0}  # spent in the problem's own code, for the run's breakdown
         self.snapshot = tempfile.mkdtemp(prefix="harness-problem-")
         shutil.copytree(workdir, self.snapshot, dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns(SUBMISSION, "__pycache__"))
@@ -123,10 +125,13 @@ class Problem:
         shutil.rmtree(self.snapshot, ignore_errors=True)
 
     def generate(self, case: Case, seed: int) -> Any:
+        started = time.perf_counter()
         try:
             return self.generate_input(**{**case_args(case), "seed": seed})
         except Exception as exc:
             raise ProblemError("generate_input", exc) from exc
+        finally:
+            self.seconds["generate"] += time.perf_counter() - started
 
     def reference(self, data: Any) -> Any:
         """ref_kernel on `data` itself (callers pass fresh inputs or a copy)."""
@@ -139,6 +144,7 @@ class Problem:
         """Compare `output` with the reference computed on a copy of the pristine inputs. A checker that raises
         is asked again about the reference's own output: if it raises there too the problem is broken,
         otherwise the output made it fail."""
+        started = time.perf_counter()
         try:
             return _normalise_check(self._check(clone(pristine), output))
         except Exception as exc:
@@ -149,6 +155,8 @@ class Problem:
             except Exception as again:
                 raise ProblemError("check_implementation", again) from again
             return False, f"the checker rejected the output: {type(exc).__name__}: {str(exc)[:300]}"
+        finally:
+            self.seconds["check"] += time.perf_counter() - started
 
 
 def snapshot_exists(workdir: str, name: str) -> bool:

@@ -166,6 +166,8 @@ SPARE_KEYS = ("mode", "protocol", "lang", "limits", "sandbox_uid", "timeouts")
 class Spare:
     proc: Forked
     workdir: Path
+    job: dict  # the job it was made after (its shape)
+    warm: bool = False  # its parent and child hold device contexts
 
 
 class Spares:
@@ -173,12 +175,23 @@ class Spares:
     sandboxed child already started (torch imported) in a fresh workdir, waiting for its job. Each is used once, by
     the next run on its slot, and the next one is made when that run ends, in the shape of the run just done (its
     limits, devices and sandbox user, never its seed or files): a job of another shape gets a new child instead.
-    Only kernelbot-protocol Python jobs have a child to start early."""
+    Only kernelbot-protocol Python jobs have a child to start early. While no reservation holds a slot's devices its
+    spare's parent and child also make their device contexts ahead (the costliest part of a GPU run's start); a spare
+    that holds them when a reservation takes one of its devices is replaced by one that does not (`reserve`)."""
 
     def __init__(self, python: str, pythonpath: str, workroot: Path):
         self.python, self.pythonpath, self.workroot = python, pythonpath, workroot
         self.lock = threading.Lock()
         self.ready: dict[tuple[str, ...], Spare] = {}
+        self.reserved: set[str] = set()  # devices reservations hold, as the platform last said
+
+    def reserve(self, devices: list[str]) -> None:
+        """The devices reservations hold now: no spare keeps a device context on any of them."""
+        with self.lock:
+            self.reserved = set(devices)
+            warm = [(slot, spare) for slot, spare in self.ready.items() if spare.warm and self.reserved & set(slot)]
+        for slot, spare in warm:
+            self.prepare(slot, spare.job)  # replaces (and discards) it
 
     def take(self, slot: tuple[str, ...]) -> Spare | None:
         with self.lock:
@@ -194,15 +207,17 @@ class Spares:
             return
         workdir = new_workdir(self.workroot)
         workdir.mkdir()
+        with self.lock:
+            warm = bool(slot) and not self.reserved & set(slot)
         try:
             proc = start_harness(str(workdir), python=self.python, pythonpath=self.pythonpath, warm=True,
-                                 spare={**shape, "gpus": list(slot), "workdir": str(workdir)})
+                                 spare={**shape, "gpus": list(slot), "workdir": str(workdir), "warm_device": warm})
         except Exception as exc:  # no spare: the next run starts its own
             print(f"could not start a spare harness: {exc}", file=sys.stderr)
             shutil.rmtree(workdir.parent, ignore_errors=True)
             return
         with self.lock:
-            old, self.ready[slot] = self.ready.get(slot), Spare(proc, workdir)
+            old, self.ready[slot] = self.ready.get(slot), Spare(proc, workdir, shape, warm)
         if old is not None:
             self.discard(old)
 

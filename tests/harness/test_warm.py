@@ -194,3 +194,42 @@ def test_start_harness_cold_and_warm_both_take_a_job_on_stdin(tmp_path):
         assert (result["verdict"], result["runner_timing"]["parent"]) == ("pass", start)
     proc = start_harness(str(workdir), python=sys.executable, pythonpath=str(ROOT), warm=True)
     assert run(job_for(workdir, "test"), proc=proc)["verdict"] == "pass"
+
+
+def test_a_spare_makes_device_contexts_ahead_only_while_no_reservation_holds_its_devices(tmp_path):
+    spares = Spares(sys.executable, str(ROOT), tmp_path)
+    job = job_for(Path("/unused"), "test")
+    try:
+        spares.prepare(("0",), job)
+        warm = spares.ready[("0",)]
+        assert warm.warm
+        spares.reserve(["1"])  # another slot's device: this spare keeps its contexts
+        assert spares.ready[("0",)] is warm
+        spares.reserve(["0"])  # a reservation takes its device: replaced by a spare that holds none
+        cold = spares.ready[("0",)]
+        assert cold is not warm and not cold.warm and cold.proc.pid != warm.proc.pid
+        assert warm.proc.wait(10) is not None and not warm.workdir.exists()
+        spares.prepare(("0",), job)  # a run on the slot ends while the reservation still holds it
+        assert not spares.ready[("0",)].warm
+        spares.reserve([])
+        spares.prepare(("0",), job)
+        assert spares.ready[("0",)].warm
+    finally:
+        spares.close()
+
+
+def test_a_run_says_where_its_seconds_went(tmp_path):
+    """The breakdown each result carries (what bench/gpu.py prints): phases in order, with the child's own account."""
+    workdir = tmp_path / "work"
+    shutil.copytree(FIXTURES / "matmul", workdir)
+    shutil.copyfile(SUBMISSIONS / "fast.py", workdir / "submission.py")
+    result = run(job_for(workdir, "leaderboard"))
+    seconds = result["seconds"]
+    assert list(seconds) == ["parent_start", "child_start", "device_context", "problem_load", "calibrate",
+                             "submission_import", "tests", "benchmark", "ranked", "teardown"]
+    assert all(v >= 0 for v in seconds.values()) and seconds["benchmark"] > 0 and seconds["ranked"] > 0
+    assert sum(seconds.values()) <= result["runner_timing"]["harness_s"] + 0.05
+    assert set(result["seconds_of"]) == {"generate", "check", "lend"}
+    assert result["seconds_of"]["generate"] > 0 and result["seconds_of"]["check"] > 0
+    assert set(result["child_seconds"]) == {"torch_import", "submission_import"}  # CPU: no device context
+    assert result["child_start"] == "cold" and result["device_context"] == "none"
