@@ -184,7 +184,8 @@ class ProblemAdmin(ObjectActionsMixin, NoAddAdmin):  # problems come from "Impor
                     report = do_import_task(task, **options)
                     form.unstage()
                     for line in report.lines:
-                        self.message_user(request, self._imported(line, name), messages.SUCCESS)
+                        self.message_user(request, self._imported(line, name),
+                                          messages.WARNING if line.startswith("warning") else messages.SUCCESS)
                     if name:
                         return redirect("admin:leaderboards_leaderboard_change",
                                         Leaderboard.objects.get(name=name).pk)
@@ -292,6 +293,9 @@ class LeaderboardAdmin(ObjectActionsMixin, admin.ModelAdmin):
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         leaderboard = self.get_object(request, object_id) if request.method == "GET" else None
+        if leaderboard is not None and leaderboard.cuda_warning:
+            self.message_user(request, f"{leaderboard.cuda_warning} Add a GPU type with CUDA below, or import a "
+                              "version of the problem that falls back to the CPU.", messages.WARNING)
         if leaderboard is not None and (barred := list(barred_entries(leaderboard).with_rank())):
             self.message_user(request, "Still ranked though they may not submit here: " + ", ".join(
                 f"{e.user.get_username()} (#{e.rank} on {e.gpu_type.name}, "
@@ -333,7 +337,12 @@ class LeaderboardAdmin(ObjectActionsMixin, admin.ModelAdmin):
 
     @admin.display(description="problem state")
     def problem_state(self, leaderboard: Leaderboard) -> str:
-        return broken_note(leaderboard.problem) if leaderboard.problem_id else "–"
+        if not leaderboard.problem_id:
+            return "–"
+        if leaderboard.cuda_warning:
+            return format_html('{} · <strong style="color:#ba2121" title="{}">⚠ needs CUDA</strong>',
+                               broken_note(leaderboard.problem), leaderboard.cuda_warning)
+        return broken_note(leaderboard.problem)
 
     @admin.display(description="GPU types")
     def gpus(self, leaderboard: Leaderboard) -> str:

@@ -29,7 +29,8 @@ class ProblemUploadForm(forms.Form):
     gpus = forms.CharField(required=False, label="GPU types", help_text="Comma-separated. Empty: an existing "
                            "leaderboard keeps its GPU types, a new one takes the task's gpus.")
     force = forms.BooleanField(required=False, label="Force", help_text="Allow changing a running leaderboard's "
-                               "problem (its past submissions keep the version they ran).")
+                               "problem (its past submissions keep the version they ran), or a problem whose code "
+                               "asks for CUDA on GPU types without it.")
     staged = forms.RegexField(regex=r"^[0-9a-f]{32}$", required=False, widget=forms.HiddenInput)
     staged_name = forms.CharField(required=False, max_length=255, widget=forms.HiddenInput)
 

@@ -12,6 +12,15 @@ from runners.models import GpuType
 
 from .actions import do_rescore_leaderboard
 from .models import Competition, HarnessProtocol, Leaderboard, Problem, RankingRule
+from .taskcheck import (
+    REFERENCE,
+    TRUSTED_NAMES,
+    cuda_shortfall,
+    cuda_warning,
+    describe,
+    entry_file,
+    missing_trusted_names,
+)
 from .taskfile import CompetitionDefinition, TaskDefinition, has_own_evaluator, leaderboard_name_error
 
 DEFAULT_OPEN_DAYS = 365  # no deadline given anywhere: open a year, as KernelBot's problem sync does
@@ -77,7 +86,27 @@ def resolve_harness(task: TaskDefinition, harness: str) -> str:
             raise ImportRejected([f"problem {task.name}: the trusted harness needs {' and '.join(missing)} among "
                                   f"the files (reference.py defines generate_input, ref_kernel and "
                                   f"check_implementation; the submission is submission.py){hint}"])
+        check_reference_interface(task, own_evaluator)
     return harness
+
+
+def check_reference_interface(task: TaskDefinition, own_evaluator: bool) -> None:
+    """The trusted harness imports reference.py and calls TRUSTED_NAMES from it: read, never run, here, so a task
+    written for its own eval.py is refused at import instead of failing every run."""
+    try:
+        missing = missing_trusted_names(task.files[REFERENCE])
+    except SyntaxError as exc:
+        raise ImportRejected([f"problem {task.name}: reference.py does not parse (line {exc.lineno}: {exc.msg}); "
+                              "the trusted harness imports it"]) from None
+    if not missing:
+        return
+    if own_evaluator:
+        hint = f"keep the task's own {task.main} (the popcorn protocol): --harness popcorn, or auto"
+    else:
+        hint = ("define them in reference.py (or import them there from one of the task's files), or give the task "
+                "its own eval.py (config.main, among the files) to run under the popcorn protocol")
+    raise ImportRejected([f"problem {task.name}: the trusted harness calls {', '.join(TRUSTED_NAMES)} from "
+                          f"reference.py, which does not define {', '.join(missing)}; {hint}"])
 
 
 def store_problem(task: TaskDefinition, harness: str = "auto") -> tuple[Problem, bool]:
@@ -159,7 +188,14 @@ def upsert_leaderboard(name: str, task: TaskDefinition, deadline: datetime | Non
             and existing.submissions.exists() and not force:
         raise ImportRejected([f"leaderboard {name} is running with {existing.submissions.count()} submissions; "
                               f"changing its files or benchmarks needs an explicit force: {force_hint}"])
-    problem, _ = store_problem(task, harness)
+    protocol = resolve_harness(task, harness)
+    lacking, requests = cuda_shortfall(task.files, task.lang, entry_file(protocol, task.main), gpu_types)
+    if lacking and len(lacking) == len(gpu_types) and not force:
+        raise ImportRejected([f"leaderboard {name}: the problem's code asks for a CUDA GPU ({describe(requests)}), but "
+                              f"its GPU types ({', '.join(lacking)}) have none, so every run would fail: choose a GPU "
+                              "type with CUDA (--gpu, or the GPU types field), or make that code fall back to the CPU "
+                              f"(behind torch.cuda.is_available()); {force_hint} to import it anyway"])
+    problem, _ = store_problem(task, protocol)
     note = ""
     if deadline is None:
         deadline = existing.deadline if existing else timezone.now() + timedelta(days=DEFAULT_OPEN_DAYS)
@@ -191,6 +227,8 @@ def upsert_leaderboard(name: str, task: TaskDefinition, deadline: datetime | Non
                              f"{deadline.astimezone(UTC):%Y-%m-%d %H:%M} UTC{note}, GPUs "
                              f"{', '.join(g.name for g in gpu_types)}"
                              + (f" (changed: {'; '.join(changes)})" if changes else ""))
+    if lacking:
+        report.lines.append(f"warning: leaderboard {name}: {cuda_warning(lacking, requests)}")
     return leaderboard
 
 

@@ -1,6 +1,7 @@
 import hashlib
 import secrets
 from datetime import timedelta
+from functools import cached_property
 
 from django.conf import settings
 from django.db import models, transaction
@@ -14,7 +15,7 @@ from runners.reservations import allocator
 
 # API tokens, CLI logins, quotas, invitations, bans and the jobs switch are defined in access/models.py; the
 # import below registers them with this app (and lets `from leaderboards.models import ApiToken` work).
-from . import events
+from . import events, taskcheck
 from .access.models import (  # noqa: F401
     ApiToken,
     Ban,
@@ -166,6 +167,18 @@ class Leaderboard(models.Model):
     @property
     def is_open(self) -> bool:
         return self.has_started and not self.is_finished
+
+    @cached_property
+    def cuda_warning(self) -> str:
+        """Why runs on some of this board's GPU types fail before they start: its problem's code asks for CUDA and
+        they have none ("" when nothing does). The board page and the admin show it; the importer refuses a board
+        where no GPU type has CUDA unless forced."""
+        definition = self.problem.definition
+        lacking, requests = taskcheck.cuda_shortfall(
+            definition.get("files") or {}, definition.get("lang", ""),
+            taskcheck.entry_file(self.problem.harness, definition.get("main")), list(self.gpu_types.all()))
+        text = taskcheck.cuda_warning(lacking, requests) if lacking else ""
+        return text[:1].upper() + text[1:] + "." if text else ""
 
 
 class Code(models.Model):

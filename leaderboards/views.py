@@ -61,7 +61,8 @@ def home(request: HttpRequest) -> HttpResponse:
 
 @refusals_as_pages
 def leaderboard(request: HttpRequest, name: str) -> HttpResponse:
-    lb = access_leaderboard(request.user, name, queryset=Leaderboard.objects.select_related("problem"))
+    lb = access_leaderboard(request.user, name, queryset=Leaderboard.objects.select_related("problem")
+                            .prefetch_related("gpu_types"))
     gpu_types = list(lb.gpu_types.all())
     if not gpu_types:
         raise Http404("This leaderboard has no GPU types yet.")

@@ -31,6 +31,11 @@ class GpuType(models.Model):
     def is_cpu(self) -> bool:
         return self.vendor == GpuVendor.CPU
 
+    @property
+    def runs_cuda(self) -> bool:
+        """Whether torch's "cuda" device exists there: NVIDIA GPUs, and AMD's under ROCm, which answers to that name."""
+        return self.vendor in (GpuVendor.NVIDIA, GpuVendor.AMD)
+
 
 class RunnerBackendName(models.TextChoices):
     LOCAL = "local", "Node agents"

@@ -28,11 +28,13 @@ class Command(BaseCommand):
                             "their task.yml names (e.g. ../../pmpp_v2/utils.py) must lie inside it. Default: "
                             "for a problem directory, its nearest ancestor holding a competition file (else its "
                             "parent); for a competition file, the file's directory.")
-        parser.add_argument("--force", action="store_true", help="Allow changing a running leaderboard, or "
-                            "moving a leaderboard another competition owns into this one.")
+        parser.add_argument("--force", action="store_true", help="Allow changing a running leaderboard, "
+                            "moving a leaderboard another competition owns into this one, or a problem whose code "
+                            "asks for CUDA on GPU types without it (such as --gpu CPU).")
         parser.add_argument("--harness", choices=["auto", "kernelbot", "popcorn"], default="auto",
                             help="For a problem directory: kernelbot = the trusted two-process harness (needs "
-                            "reference.py; config.main is then not needed); popcorn = the problem's own eval.py "
+                            "reference.py defining generate_input, ref_kernel and check_implementation; config.main "
+                            "is then not needed); popcorn = the problem's own eval.py "
                             "(config.main, weaker: it runs beside the submission); auto (default) = popcorn when "
                             "config.main names one of the files, else kernelbot. A competition file sets it per "
                             "problem (harness:).")
