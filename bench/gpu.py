@@ -1,7 +1,7 @@
 """Every upstream problem through the runner path on a real GPU: verdicts and timings, kernelbot vs eval.py.
 
     python bench/gpu.py prepare --reference-kernels RK --kernelbot KB --out DIR   # here: Django builds payloads
-    python bench/gpu.py run DIR [--budget-s 420] [--test-budget-s 180] [--parallel 6] [--only NAME,...]  # GPU
+    python bench/gpu.py run DIR [--budget-s 420] [--test-budget-s 180] [--parallel 4] [--warm-runs 6] [--only NAME,...]
 
 `prepare` imports gpu-mode/reference-kernels (pmpp_v2 as a competition: the popcorn protocol, its own eval.py;
 each pmpp_v2 directory again with `--harness kernelbot` as tk_<name>; linalg/cholesky_py) and gpu-mode/kernelbot's
@@ -10,12 +10,20 @@ solution a problem ships (submission.py, solutions/correct|wrong/*, cheat-*.py, 
 submission_cuda_inline.py, submission.cu, wrong.py), the payload `runners.jobs.job_payload` gives a remote runner.
 Nothing of the upstream checkouts is committed: DIR is scratch.
 
-`run` runs each payload with `runners.harness.runner.run_harness` (what the remote agent does: the sandbox, the
-result nonce) on GPU 0 and prints (a) verdicts: problem x solution x protocol, with eval.py's verdict (the popcorn
-protocol runs upstream's eval.py) as the expectation for the trusted protocol; (b) timings of the leaderboard runs:
-per-case means of the trusted harness against eval.py's on the same code, and each run's wall seconds and the
-device seconds its timed samples account for. Test-mode runs go `--parallel` at a time; leaderboard runs one at a
-time. Runs not started within `--budget-s` are listed as skipped. Everything is also written to DIR/results.json.
+`run`, on GPU 0:
+(w) the warm phase: the node agent's own path (`agent.run_attempt` against a stand-in platform that answers the job,
+    with `Spares`: a parent per device slot started ahead, its child ready and both device contexts made while the
+    device is free), tk_vectoradd_py's submission in test mode `--warm-runs` times on an idle device (a pause between
+    runs lets the spare get ready, as on an idle node): per run the seconds to the first test verdict and to the
+    result, how the parent and child started, and the harness's breakdown (`seconds`, `child_seconds`); p50.
+(a) verdicts: every payload in test mode through `runners.harness.runner.run_harness` (what the remote agent does:
+    the sandbox, the result nonce), `--parallel` at a time except the problems known to fill a device (BIG), which
+    run alone; a run that ends out of device memory or with the device busy is run again alone. eval.py's verdict
+    (the popcorn protocol runs upstream's eval.py) is the expectation for the trusted protocol.
+(b) leaderboard runs one at a time, each pair (eval.py, then its trusted twin) back to back, so the budget never
+    leaves half a pair: wall seconds of each and their ratio, per-case means, samples and stop reasons.
+Runs not started within the budgets are listed as skipped. Every result is kept in DIR/results.json (its whole
+result but the child's output: breakdown, transport, child start).
 """
 
 from __future__ import annotations
@@ -37,6 +45,9 @@ SOLUTION_GLOBS = ("submission.py", "submission_triton.py", "submission_cuda_inli
 TIMED = ("submission_triton.py", "solutions/correct/*triton*", "solutions/correct/*pytorch*",  # the first a problem
          "solutions/correct/ref.py", "solutions/correct/*", "submission.py")  # has is timed
 PRIORITY = ("vectoradd", "grayscale", "matmul", "conv2d", "sort", "vectorsum", "histogram", "prefixsum", "cholesky")
+BIG = ("trimul", "eigh", "qr", "cholesky", "mla", "moe", "fp8", "gemm")  # test runs that may fill a device: alone
+OUT_OF_MEMORY = ("out of memory", "OutOfMemoryError", "device-busy")
+WARM_BOARD = "tk_vectoradd_py"
 
 
 # -- prepare (Django) ----------------------------------------------------------------------------------------------
@@ -59,8 +70,13 @@ def prepare(rk: Path, kb: Path, out: Path) -> None:
     sources: dict[str, Path] = {}  # leaderboard -> task directory
     for task in sorted(p for p in pmpp.iterdir() if (p / "task.yml").exists()):
         name = f"tk_{task.name}"
-        board(task, rk / "problems", "kernelbot", name)
-        sources[name], sources[f"{task.name.removesuffix('_py')}_v2"] = task, task
+        sources[f"{task.name.removesuffix('_py')}_v2"] = task
+        try:
+            board(task, rk / "problems", "kernelbot", name)
+        except Exception as exc:  # the importer refuses what the trusted protocol cannot run: reported, not fatal
+            print(f"import {name}: {exc}", file=sys.stderr)
+            continue
+        sources[name] = task
     cholesky = rk / "problems" / "linalg" / "cholesky_py"
     if cholesky.exists():
         for harness in ("popcorn", "kernelbot"):
@@ -119,27 +135,100 @@ def write_payloads(sources: dict[str, Path], out: Path) -> None:
 
 
 # -- run (GPU machine, no Django) ----------------------------------------------------------------------------------
+def workdir_job(payload: dict, workdir: Path) -> dict:
+    return {**payload["job"], "workdir": str(workdir), "gpus": ["0"][: max(1, int(payload.get("gpu_count", 1)))]}
+
+
+def summary(entry: dict, result: dict | None, failure: str, wall: float) -> dict:
+    result = result or {"status": "error", "verdict": "-", "error": failure}
+    cases = [{"spec": c.get("spec"), "mean": c.get("mean"), "time": c.get("time"), "runs": c.get("runs"),
+              "wall_ns": c.get("wall_ns"), "stop": c.get("stop_reason")}
+             for c in (result.get("benchmarks") or []) + (result.get("ranked") or [])]
+    kept = {k: v for k, v in result.items() if k not in ("stdout", "stderr", "event", "nonce")}
+    return {**entry, "wall_s": round(wall, 2), "status": result.get("status"), "verdict": result.get("verdict"),
+            "error": str(result.get("error") or "")[:600], "cases": cases, "flags": result.get("flags"),
+            "sandbox": (result.get("system") or {}).get("sandbox", {}).get("backend"), "result": kept}
+
+
 def run_one(out: Path, entry: dict) -> dict:
     from runners.harness.runner import run_harness, write_workdir
 
     payload = json.loads((out / f"{entry['key']}.json").read_text())
     workdir = Path(tempfile.mkdtemp(prefix="bench-run-")) / "work"
     write_workdir(workdir, payload["files"])
-    job = {**payload["job"], "workdir": str(workdir), "gpus": ["0"][: max(1, int(payload.get("gpu_count", 1)))]}
     t0 = time.monotonic()
-    result, failure = run_harness(job, python=sys.executable, pythonpath=str(REPO), timeout=payload["timeout_s"],
-                                  on_progress=lambda event: None, still_wanted=lambda: True, check_interval=30)
+    result, failure = run_harness(workdir_job(payload, workdir), python=sys.executable, pythonpath=str(REPO),
+                                  timeout=payload["timeout_s"], on_progress=lambda event: None,
+                                  still_wanted=lambda: True, check_interval=30)
     wall = time.monotonic() - t0
     shutil.rmtree(workdir.parent, ignore_errors=True)
-    result = result or {"status": "error", "verdict": "-", "error": failure}
-    cases = [{"spec": c.get("spec"), "mean": c.get("mean"), "time": c.get("time"), "runs": c.get("runs"),
-              "wall_ns": c.get("wall_ns"), "stop": c.get("stop_reason")}
-             for c in (result.get("benchmarks") or []) + (result.get("ranked") or [])]
-    return {**entry, "wall_s": round(wall, 2), "status": result.get("status"), "verdict": result.get("verdict"),
-            "error": str(result.get("error") or "")[:600], "cases": cases, "flags": result.get("flags"),
-            "transport": result.get("transport"), "threads_ns": result.get("other_threads_ns"),
-            "sandbox": (result.get("system") or {}).get("sandbox", {}).get("backend"),
-            "memory": (result.get("system") or {}).get("sandbox", {}).get("memory")}
+    return summary(entry, result, failure, wall)
+
+
+class StandIn:
+    """The platform's side of one attempt for `agent.run_attempt`: answers the job, notes when progress arrives."""
+
+    def __init__(self, payload: dict):
+        self.payload, self.started, self.first_verdict = payload, time.monotonic(), None
+
+    def call(self, route: str, body: dict | None = None, retries: int = 0) -> dict:
+        if route.startswith("job"):
+            return self.payload
+        if route == "progress" and body and body.get("phase") == "test" and self.first_verdict is None:
+            self.first_verdict = time.monotonic() - self.started
+        return {}
+
+
+def warm_phase(out: Path, manifest: list[dict], runs: int, pause_s: float) -> list[dict]:
+    """The node agent's path with spares on an idle device: seconds to the first test verdict, run by run."""
+    from runners.harness.agent import run_attempt
+    from runners.harness.runner import Spares
+
+    entry = next((e for e in manifest if e["board"] == WARM_BOARD and e["mode"] == "test"
+                  and e["solution"] in ("submission.py", "submission_triton.py")), None)
+    entry = entry or next((e for e in manifest if e["board"] == WARM_BOARD and e["mode"] == "test"), None)
+    if entry is None:
+        print(f"(w) no test payload of {WARM_BOARD}: no warm phase")
+        return []
+    payload = json.loads((out / f"{entry['key']}.json").read_text())
+    workroot = Path(tempfile.mkdtemp(prefix="bench-warm-"))
+    spares, rows = Spares(sys.executable, str(REPO), workroot), []
+    print(f"\n(w) warm phase: {WARM_BOARD} {entry['solution']}, the node agent's path with spares, {runs} runs")
+    try:
+        for n in range(runs):
+            platform = StandIn(payload)
+            result = run_attempt(platform, workroot, gpus=["0"], spares=spares)
+            wall = time.monotonic() - platform.started
+            row = {**summary({**entry, "key": f"warm{n}"}, result, "", wall),
+                   "first_verdict_s": round(platform.first_verdict or wall, 3)}
+            rows.append(row)
+            timing = result.get("runner_timing") or {}
+            print(f"  run {n}: first verdict {row['first_verdict_s']:.2f} s, result {wall:.2f} s, "
+                  f"{result.get('verdict')} | parent {timing.get('parent')}, child {result.get('child_start')}, "
+                  f"device context {result.get('device_context')} | {breakdown(result)}", flush=True)
+            time.sleep(pause_s)
+    finally:
+        spares.close()
+        shutil.rmtree(workroot, ignore_errors=True)
+    later = sorted(r["first_verdict_s"] for r in rows[1:]) or [0.0]
+    print(f"  p50 first verdict (runs 1..{runs - 1}, spares): {later[len(later) // 2]:.2f} s; "
+          f"run 0 (no spare yet): {rows[0]['first_verdict_s']:.2f} s")
+    return rows
+
+
+def breakdown(result: dict) -> str:
+    parts = [f"{k} {v:.2f}" for k, v in (result.get("seconds") or {}).items() if v >= 0.005]
+    child = [f"{k} {v:.2f}" for k, v in (result.get("child_seconds") or {}).items() if v >= 0.005]
+    return ", ".join(parts) + (f" (child: {', '.join(child)})" if child else "")
+
+
+def big(entry: dict) -> bool:
+    return any(name in entry["problem"] for name in BIG)
+
+
+def out_of_memory(result: dict) -> bool:
+    text = f"{result.get('error')} {result.get('flags')}"
+    return any(mark in text for mark in OUT_OF_MEMORY)
 
 
 def pair_key(entry: dict) -> tuple[str, str, str]:
@@ -152,32 +241,66 @@ def priority(entry: dict) -> tuple:
     return rank, entry["problem"], entry["solution"], entry["protocol"]
 
 
-def run(out: Path, budget_s: float, test_budget_s: float, parallel: int, only: set[str]) -> None:
+def skipped(entry: dict) -> dict:
+    return {**entry, "verdict": "skipped", "status": "-", "wall_s": 0, "error": "", "cases": []}
+
+
+def show(result: dict) -> None:
+    print(f"  {result['board']:34} {result['solution']:32} {result['verdict']:9} {result['wall_s']:6.1f}s "
+          f"{result['error'][:140]!r}", flush=True)
+
+
+def run(out: Path, budget_s: float, test_budget_s: float, parallel: int, only: set[str], warm_runs: int) -> None:
     manifest = [e for e in json.loads((out / "manifest.json").read_text())
                 if not only or any(o in e["board"] for o in only)]
-    started, results = time.monotonic(), []
+    started = time.monotonic()
+    results = warm_phase(out, manifest, warm_runs, pause_s=3.0) if warm_runs else []
+
+    def test(entry: dict) -> dict:
+        return run_one(out, entry) if time.monotonic() - started < test_budget_s else skipped(entry)
+
     tests = [e for e in manifest if e["mode"] == "test"]
-    timed = [e for e in manifest if e["mode"] == "leaderboard"]
+    print("\n(a) test-mode runs")
     with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
-        for result in pool.map(lambda e: run_one(out, e) if time.monotonic() - started < test_budget_s else
-                               {**e, "verdict": "skipped", "status": "-", "wall_s": 0, "error": "", "cases": []},
-                               tests):
-            results.append(result)
-            print(f"  {result['board']:34} {result['solution']:32} {result['verdict']:9} {result['wall_s']:6.1f}s "
-                  f"{result['error'][:100]!r}", flush=True)
-    for entry in sorted(timed, key=priority):
-        if time.monotonic() - started > budget_s:
-            results.append({**entry, "verdict": "skipped", "status": "-", "wall_s": 0, "error": "", "cases": []})
-            continue
-        result = run_one(out, entry)
+        done = list(pool.map(test, [e for e in tests if not big(e)]))
+    for result in done:
+        show(result)
+    for entry in (e for e in tests if big(e)):  # alone: each may fill the device
+        done.append(test(entry))
+        show(done[-1])
+    again = [r for r in done if out_of_memory(r)]
+    results += [r for r in done if not out_of_memory(r)]
+    for entry in again:  # ran beside others and ran out of device memory: alone now, the verdict that counts
+        result = run_one(out, {k: v for k, v in entry.items() if k in manifest[0]})
+        result["rerun_alone"] = True
         results.append(result)
-        print(f"  {result['board']:34} {result['solution']:32} {result['verdict']:9} {result['wall_s']:6.1f}s "
-              f"{result['error'][:160]!r}", flush=True)
+        show(result)
+    print("\n(b) leaderboard runs, pair by pair")
+    pairs: dict[tuple, list[dict]] = {}
+    for entry in sorted((e for e in manifest if e["mode"] == "leaderboard"), key=priority):
+        pairs.setdefault(pair_key(entry), []).append(entry)
+    for entries in pairs.values():
+        if time.monotonic() - started > budget_s:
+            results += [skipped(e) for e in entries]
+            continue
+        for entry in sorted(entries, key=lambda e: e["protocol"] != "popcorn"):  # eval.py first, then its twin
+            result = run_one(out, entry)
+            results.append(result)
+            show(result)
     (out / "results.json").write_text(json.dumps(results, indent=1))
     report(results)
 
 
 def report(results: list[dict]) -> None:
+    warm = [r for r in results if str(r.get("key", "")).startswith("warm")]
+    if warm:
+        print("\n(w) warm phase: run | first verdict s | result s | parent | child | device context | breakdown")
+        for n, r in enumerate(warm):
+            res = r.get("result") or {}
+            parent = (res.get("runner_timing") or {}).get("parent")
+            print(f"| {n} | {r.get('first_verdict_s')} | {r['wall_s']} | {parent} | {res.get('child_start')} | "
+                  f"{res.get('device_context')} | {breakdown(res)} |")
+    results = [r for r in results if r not in warm]
     by_pair: dict[tuple, dict[str, dict]] = {}
     for r in results:
         by_pair.setdefault(pair_key(r), {})[r["protocol"]] = r
@@ -203,8 +326,10 @@ def report(results: list[dict]) -> None:
             if theirs and ours:
                 means.append(f"{theirs / 1e3:.1f}→{ours / 1e3:.1f} ({ours / theirs - 1:+.0%})")
         device_s = sum((c.get("mean") or 0) * (c.get("runs") or 0) for c in kb.get("cases", [])) / 1e9
+        samples = ", ".join(f"{c.get('runs')} {c.get('stop')}" for c in kb.get("cases", [])[:6])
         print(f"| {problem} | {solution} | {pw:.1f} {pop.get('verdict', '-')} | {kw:.1f} {kb.get('verdict', '-')} "
-              f"| {kw / pw if pw else float('nan'):.2f} | {'; '.join(means[:6])} | timed {device_s:.2f} s |")
+              f"| {kw / pw if pw else float('nan'):.2f} | {'; '.join(means[:6])} | timed {device_s:.2f} s | "
+              f"samples {samples} | {breakdown(kb.get('result') or {})} |")
     skipped = [r for r in results if r.get("verdict") == "skipped"]
     if skipped:
         print(f"\nskipped for the time budget: {len(skipped)} runs")
@@ -221,7 +346,8 @@ def main() -> None:
     r.add_argument("out", type=Path)
     r.add_argument("--budget-s", type=float, default=420, help="start no run after this")
     r.add_argument("--test-budget-s", type=float, default=180, help="start no test-mode run after this")
-    r.add_argument("--parallel", type=int, default=6)
+    r.add_argument("--parallel", type=int, default=4, help="test-mode runs at once (BIG problems run alone)")
+    r.add_argument("--warm-runs", type=int, default=6, help="runs of the warm phase (0: none)")
     r.add_argument("--only", default="")
     r.add_argument("--report", action="store_true", help="only print the tables of an earlier results.json")
     args = parser.parse_args()
@@ -230,7 +356,8 @@ def main() -> None:
     elif args.report:
         report(json.loads((args.out / "results.json").read_text()))
     else:
-        run(args.out, args.budget_s, args.test_budget_s, args.parallel, {o for o in args.only.split(",") if o})
+        run(args.out, args.budget_s, args.test_budget_s, args.parallel, {o for o in args.only.split(",") if o},
+            args.warm_runs)
 
 
 if __name__ == "__main__":

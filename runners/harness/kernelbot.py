@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import math
 import os
 import select
 import shutil
@@ -40,6 +41,8 @@ BATCH_S = 0.03  # target duration of one side of an interleaved batch: short aga
 BATCH_CALLS = (4, 10)  # calls per batch, at least and at most
 FREEZE_WAIT_S = 0.5
 PLAUSIBILITY_TRIES = 2  # timings of a case whose wall time the samples do not explain before it is a verdict
+CUDA_EVENT_RESOLUTION_NS = 500  # cudaEventElapsedTime's resolution, "around 0.5 microseconds" (CUDA runtime API)
+PERF_COUNTER_RESOLUTION_NS = time.get_clock_info("perf_counter").resolution * 1e9
 STOPPED_STATES = (b"T", b"t", b"Z", b"X", b"x", b"D")  # /proc states that run no user code (D: until it stops)
 
 
@@ -505,11 +508,12 @@ class KernelbotRun:
             if timed is None:
                 raise Stop("hacked", f"{phase} {spec}: {flagged[-1]} (in each of {len(flagged)} timings)")
             samples, walls, batches, reason = timed.samples, timed.walls, timed.batches, timed.reason
+            spread = math.hypot(timing.run_spread, self.resolution(batches))  # what more batches cannot shrink
             results.append(CaseResult(
                 spec, "pass", "", stats.summarize(samples), reason, int(sum(walls)),
-                time=stats.estimate([b[0] for b in batches], timing.run_spread),
+                time=stats.estimate([b[0] for b in batches], spread),
                 reference=stats.estimate([b[1] for b in batches]),
-                ratio=stats.estimate([b[0] / b[1] for b in batches], timing.run_spread),
+                ratio=stats.estimate([b[0] / b[1] for b in batches], spread),
                 batches=[[int(v) for v in b] for b in batches],
             ))
             self.emit.progress(phase, i + 1, len(cases))
@@ -545,9 +549,16 @@ class KernelbotRun:
             batches.append((min(batch), min(reference), stats.median(batch), stats.median(reference)))
             reason = stats.batch_stop_reason(
                 [b[0] / b[1] for b in batches], len(samples), time.monotonic() - started, rel_ci=timing.rel_ci,
-                max_samples=timing.max_samples, budget_s=timing.case_budget_s,
+                max_samples=timing.max_samples, budget_s=timing.case_budget_s, run_spread=timing.run_spread,
+                resolution=self.resolution(batches),
             )
         return Timing(samples, walls, batches, reason, self.waited - waited_before)
+
+    @staticmethod
+    def resolution(batches: list[tuple[float, float, float, float]]) -> float:
+        """The clock's resolution relative to the submission's time (its batch minima's median)."""
+        tick = CUDA_EVENT_RESOLUTION_NS if torch.cuda.is_available() else PERF_COUNTER_RESOLUTION_NS
+        return tick / max(stats.median([b[0] for b in batches]), 1.0) if batches else 0.0
 
     @staticmethod
     def batch_calls(call_ns: float) -> int:

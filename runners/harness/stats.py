@@ -133,20 +133,36 @@ def estimate(values: Sequence[float], run_spread: float = 0.0) -> Estimate:
     return Estimate(mid, mid * math.exp(-math.hypot(below, run_spread)), mid * math.exp(math.hypot(above, run_spread)))
 
 
+# How tight a case's interval needs to be. What a result reports is the within-run interval of the batch ratios
+# widened in quadrature by `run_spread` (the between-run spread that more batches cannot shrink) and by the clock's
+# resolution relative to the time measured (which they cannot shrink either). Once the within-run half-width is a
+# third of the larger of those, the reported interval is within ~5 % of what endless sampling would give
+# (hypot(1/3, 1) = 1.054): more batches cost time and buy nothing a ranking can use. `rel_ci` is a floor an
+# organiser may tighten below that.
+SPREAD_SHARE = 1 / 3
+
+
+def needed_rel_ci(rel_ci: float, run_spread: float = 0.0, resolution: float = 0.0) -> float:
+    """The within-run relative half-width at which timing stops (see SPREAD_SHARE)."""
+    return max(rel_ci, SPREAD_SHARE * math.hypot(run_spread, resolution))
+
+
 def batch_stop_reason(
     ratios: Sequence[float], samples: int, elapsed_s: float, *, rel_ci: float, max_samples: int, budget_s: float,
+    run_spread: float = 0.0, resolution: float = 0.0,
 ) -> str | None:
     """Why interleaved timing should stop now (`ci`, `max_samples`, `budget`), or None to keep going.
 
-    `ci`: the batch ratios' 95 % interval (without the between-run spread, which more batches cannot
-    shrink) is within `rel_ci` of the median. Nothing stops before MIN_BATCHES batches, so there is an interval.
+    `ci`: the batch ratios' 95 % interval (without the between-run spread and the clock's resolution, which more
+    batches cannot shrink) is within `needed_rel_ci` of the median. Nothing stops before MIN_BATCHES batches, so
+    there is an interval.
     """
     if len(ratios) < MIN_BATCHES:
         return None
+    if estimate(ratios).rel_half_width <= needed_rel_ci(rel_ci, run_spread, resolution):
+        return "ci"
     if samples >= max_samples:
         return "max_samples"
-    if estimate(ratios).rel_half_width <= rel_ci:
-        return "ci"
     if elapsed_s >= budget_s:
         return "budget"
     return None

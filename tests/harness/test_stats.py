@@ -161,3 +161,21 @@ E = stats.Estimate
 def test_combine(estimates, rule, weights, expected):
     e = stats.combine(estimates, rule, weights)
     assert (e.value, e.low, e.high) == pytest.approx(expected)
+
+
+def test_the_interval_needs_no_more_than_a_third_of_what_sampling_cannot_shrink():
+    assert stats.needed_rel_ci(0.01) == 0.01  # nothing widens the interval: the organiser's rel_ci
+    assert stats.needed_rel_ci(0.01, run_spread=0.06) == pytest.approx(0.02)
+    assert stats.needed_rel_ci(0.01, resolution=0.09) == pytest.approx(0.03)  # a 5 µs kernel under 0.5 µs events
+    assert stats.needed_rel_ci(0.05, run_spread=0.06) == 0.05  # a tighter floor is the organiser's to set
+    # reported = within-run interval widened by the spread in quadrature: stopping there costs at most ~5.4 %
+    assert math.hypot(stats.SPREAD_SHARE, 1) < 1.055
+
+
+@pytest.mark.parametrize(("run_spread", "resolution", "reason"), [
+    (0.0, 0.0, None), (0.03, 0.0, None), (0.09, 0.0, "ci"), (0.0, 0.09, "ci"), (0.06, 0.06, "ci")])
+def test_timing_stops_once_the_interval_is_as_tight_as_it_needs_to_be(run_spread, resolution, reason):
+    ratios = [0.97, 0.98, 0.99, 1.0, 1.01, 1.02, 1.03] * 2  # within-run half-width ~2 %
+    assert 0.015 < stats.estimate(ratios).rel_half_width < 0.025
+    assert stats.batch_stop_reason(ratios, 140, 0.1, rel_ci=0.01, max_samples=1000, budget_s=5.0,
+                                   run_spread=run_spread, resolution=resolution) == reason
