@@ -232,3 +232,22 @@ def test_other_error_results_still_retry(leaderboard, settings):
     assert run.status == RunStatus.QUEUED and run.infra_failures == 1 and not run.problem_error
     assert not Problem.objects.get(pk=leaderboard.problem_id).broken_since
     assert Run.objects.filter(problem_error=True).count() == 0
+
+
+def test_a_busy_device_is_the_runners_failure_retried_with_the_holders_on_record(leaderboard, settings):
+    """Issue 34: an out-of-memory while other processes held the device (the harness's device-busy result) is
+    retried like any infrastructure failure, never a problem error nor the competitor's fail; the attempt's reason
+    names the holders for organisers."""
+    from runners.harness.device import Holder
+
+    settings.RUN_MAX_ATTEMPTS = 3
+    run = submission(leaderboard, mode="test").runs.get()
+    said = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+    result = Result(mode="test", protocol="kernelbot").device_busy([Holder(4242, "alice", 70000 << 20, "0")], said)
+    number = dispatch(run)
+    assert lifecycle.do_ingest_result(run.pk, number, json.loads(json.dumps(result.as_dict())))
+    run.refresh_from_db()
+    assert (run.status, run.infra_failures, run.problem_error, run.passed) == (RunStatus.QUEUED, 1, False, None)
+    reason = RunAttempt.objects.get(run=run, number=number).reason
+    assert "other processes held 70,000 MiB of it: pid 4242 (alice, 70,000 MiB on device 0)" in reason
+    assert not Problem.objects.get(pk=leaderboard.problem_id).broken_since
