@@ -20,6 +20,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 
+from . import device
 from .job import Case, Job
 from .problem import derive_seed, format_spec
 from .result import CaseResult, Emitter, Result, tail
@@ -122,7 +123,12 @@ def run(job: Job, emitter: Emitter) -> Result:
     failed = run_stages(job, emitter, result, [sys.executable, job.main], derive_seed(job.seed, "popcorn", 0, 0),
                         lambda phase: Sandbox(job.workdir, phase_limits(job, phase), devices=devices,
                                               uid=job.sandbox_uid))
-    return result.fail(failed.verdict, failed.error) if failed else result
+    if failed is None:
+        return result
+    said = f"{failed.error}\n{tail(failed.stderr)}"
+    if device.is_oom(said) and (found := device.holders(list(job.gpus))):  # eval.py and the submission share a
+        return result.device_busy(found, said)  # process: whoever asked, a device full of others' memory is the cause
+    return result.fail(failed.verdict, failed.error)
 
 
 def run_stages(job: Job, emitter: Emitter, result: Result, argv: list[str], seed: int,

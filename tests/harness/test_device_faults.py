@@ -97,3 +97,21 @@ def test_the_problems_oom_on_an_empty_device_is_a_problem_error(tmp_path):
     assert result["error"].startswith("the problem's own code failed: generate_input: OutOfMemoryError: ")
     assert result["error"].endswith("(out of memory on a device no other process used: asked 20,480 MiB, free "
                                     "1,536 MiB, total 81,091 MiB)")
+
+
+@pytest.mark.slow
+def test_an_oom_under_the_popcorn_protocol_on_a_full_device_is_the_devices_fault(tmp_path, holder):
+    workdir = workdir_with(tmp_path, KERNEL_OOM)
+    (workdir / "eval.py").write_text((FIXTURES / "popcorn" / "eval.py").read_text())
+    result, _ = run_harness(job_for(workdir, "test", protocol="popcorn"))
+    assert result["status"] == "error" and device.DEVICE_BUSY_FLAG in result["flags"]
+    assert result["device_holders"][0]["pid"] == holder
+
+
+@pytest.mark.slow
+def test_an_oom_under_the_popcorn_protocol_on_an_empty_device_stays_the_submissions(tmp_path):
+    workdir = workdir_with(tmp_path, KERNEL_OOM)
+    (workdir / "eval.py").write_text((FIXTURES / "popcorn" / "eval.py").read_text())
+    result, _ = run_harness(job_for(workdir, "test", protocol="popcorn"))
+    assert result["status"] == "ok" and result["verdict"] in ("crash", "fail")
+    assert device.DEVICE_BUSY_FLAG not in result["flags"]
