@@ -342,8 +342,6 @@ def get_submission(member: Member, submission_id: int) -> tuple[str, str]:
                                        .select_related("leaderboard", "code"))
     except AccessDenied as exc:
         raise BotError(str(exc)) from exc
-    if not (actor.organiser or submission.user_id == actor.user.pk):
-        raise BotError("Only the submission's author and organisers may download it.")
     return submission.file_name, submission.code.text
 
 
