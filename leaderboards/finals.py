@@ -268,6 +268,37 @@ def do_cancel_final(final: Final) -> Final:
     return final
 
 
+# --- the re-runs belong to the finals ------------------------------------------------------------------------------
+
+UNSETTLED = [FinalStatus.RUNNING, FinalStatus.DONE]  # re-runs under way, or ended and not yet published
+
+
+def check_may_delete(submission: Submission) -> None:
+    """Nobody deletes a re-run (staff included) while its final standings are under way or wait to be published: it
+    would be run again, or its standings change under the organiser comparing them; nor a submission being
+    re-verified, whose re-runs would go with it. Both may go once the standings are published (or cancelled)."""
+    if submission.is_rerun:
+        final = Final.objects.filter(entries__pk=submission.final_entry_id).values_list("status", "leaderboard__name") \
+            .first()
+        if final and final[0] in UNSETTLED:
+            original = FinalEntry.objects.filter(pk=submission.final_entry_id).values_list("submission_id", flat=True)
+            raise Refused(f"Submission {submission.pk} is re-run {submission.final_round + 1} of submission "
+                          f"{original.first()} for the final standings of '{final[1]}': it belongs to them and cannot "
+                          "be deleted until they are published.", 409)
+    elif (final := Final.objects.filter(entries__submission=submission, status__in=UNSETTLED).select_related(
+            "leaderboard").first()) is not None:
+        raise Refused(f"Submission {submission.pk} is being re-verified for the final standings of "
+                      f"'{final.leaderboard.name}': it can be deleted once they are published.", 409)
+
+
+def rerun_label(submission: Submission) -> str:
+    """What a re-run is, naming the submission it re-runs; "" for any other."""
+    if not submission.is_rerun:
+        return ""
+    entry = submission.final_entry
+    return f"re-run {submission.final_round + 1} of #{entry.submission_id} (final standings #{entry.final_id})"
+
+
 # --- what the pages, the API and Discord show ---------------------------------------------------------------------
 
 @dataclass

@@ -208,9 +208,13 @@ class SubmissionQuerySet(models.QuerySet):
         public = Q(leaderboard__code_public_after_deadline=True, leaderboard__deadline__lte=timezone.now())
         return visible.filter(public | Q(user=user) if user.is_authenticated else public)
 
+    def made(self) -> "SubmissionQuerySet":
+        """Submissions their users made, not the final standings' re-runs of them (which are the finals')."""
+        return self.filter(final_entry__isnull=True)
+
     def made_by(self, user) -> "SubmissionQuerySet":
-        """The user's own submissions: those they made, not the final standings' re-runs of them (the finals')."""
-        return self.filter(user=user, final_entry__isnull=True)
+        """The user's own submissions: what every front-end lists as theirs."""
+        return self.made().filter(user=user)
 
 
 class Submission(models.Model):

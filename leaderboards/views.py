@@ -120,7 +120,7 @@ def leaderboard_file(request: HttpRequest, name: str, kind: str, key: str) -> Ht
 @refusals_as_pages
 def submission(request: HttpRequest, pk: int) -> HttpResponse:
     sub = access_submission(request.user, pk, queryset=Submission.objects.select_related(
-        "leaderboard", "user__profile", "code"))
+        "leaderboard", "user__profile", "code", "final_entry__final"))
     view = run_view(request.user, sub)
     runs = list(sub.runs.select_related("gpu_type"))
     for run in runs:
@@ -157,7 +157,7 @@ def submission_code(request: HttpRequest, pk: int) -> HttpResponse:
 
 def user_page(request: HttpRequest, username: str) -> HttpResponse:
     person = get_object_or_404(get_user_model().objects.select_related("profile"), username=username)
-    subs = Submission.objects.visible_to(request.user).filter(user=person).select_related("leaderboard")
+    subs = Submission.objects.visible_to(request.user).made_by(person).select_related("leaderboard")
     scored = Run.objects.filter(passed=True, score__isnull=False).select_related("gpu_type")
     page = Paginator(subs.prefetch_related(Prefetch("runs", queryset=scored, to_attr="scored_runs"))
                      .order_by("-created"), 50).get_page(request.GET.get("page"))

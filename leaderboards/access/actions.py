@@ -194,8 +194,7 @@ def check_quota(user, leaderboard: Leaderboard, mode: str, quotas: dict | None =
     modes = [SubmissionMode.LEADERBOARD] if kind == QuotaKind.RANKED else \
         [m for m in SubmissionMode.values if m != SubmissionMode.LEADERBOARD]
     since = timezone.now() - timedelta(seconds=window)
-    recent = Submission.objects.filter(user=user, leaderboard=leaderboard, mode__in=modes, created__gte=since,
-                                       final_entry__isnull=True) \
+    recent = Submission.objects.made_by(user).filter(leaderboard=leaderboard, mode__in=modes, created__gte=since) \
         .exclude(runs__problem_error=True)  # a run the problem's own code broke is not charged; nor a final re-run
     stats = recent.aggregate(n=Count("pk"), oldest=Min("created"))
     if stats["n"] >= limit:
