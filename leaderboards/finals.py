@@ -378,10 +378,10 @@ def final_out(final: Final, viewer) -> dict:
 
 
 def compare(final: Final) -> list[dict]:
-    """Organisers' view before publishing: each entry's board rank, its rank in this re-verification and in the
-    published standings, side by side."""
+    """Organisers' view: each entry's board rank, its rank in this re-verification and in the published standings
+    (this one's own once it is the published one), side by side."""
     published = {(e.gpu_type_id, e.user_id): e.rank for e in FinalEntry.objects.filter(
-        final__leaderboard_id=final.leaderboard_id, final__status=FinalStatus.PUBLISHED).exclude(final=final)}
+        final__leaderboard_id=final.leaderboard_id, final__status=FinalStatus.PUBLISHED)}
     return [{**entry_out(e, None), "reason": e.dropped or None,
              "published_rank": published.get((e.gpu_type_id, e.user_id))} for e in final_entries(final)]
 
