@@ -546,7 +546,8 @@ async def template_command(interaction: discord.Interaction, leaderboard: str, l
                                             ephemeral=True)
 
 
-@leaderboard_group.command(name="get-submission", description="Download a submission's code (yours, or as organiser)")
+@leaderboard_group.command(name="get-submission",
+                           description="Download a submission's code (yours; others' once its board's code is public)")
 async def get_submission_command(interaction: discord.Interaction, submission_id: int) -> None:
     try:
         name, text = await in_thread(service.get_submission, member_of(interaction), submission_id)

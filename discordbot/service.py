@@ -19,7 +19,7 @@ from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Q,
 from django.utils import timezone
 
 from kernelbot.cli.directives import parse_directives
-from leaderboards import actions, dataset, health
+from leaderboards import actions, dataset, finals, health
 from leaderboards.access import actions as access
 from leaderboards.access.authority import access_leaderboard, access_submission, run_view
 from leaderboards.api import queue_out
@@ -299,7 +299,7 @@ def show(member: Member, leaderboard_name: str, gpu: str | None, page: int) -> s
 def show_personal(member: Member, leaderboard_name: str) -> str:
     actor = actor_for(member)
     board = _leaderboard(actor, leaderboard_name)
-    subs = list(Submission.objects.filter(user=actor.user, leaderboard=board)
+    subs = list(Submission.objects.made_by(actor.user).filter(leaderboard=board)
                 .prefetch_related("runs__gpu_type", "runs__submission")[:20])
     if not subs:
         return f"You have no submissions on '{board.name}'."
@@ -342,8 +342,6 @@ def get_submission(member: Member, submission_id: int) -> tuple[str, str]:
                                        .select_related("leaderboard", "code"))
     except AccessDenied as exc:
         raise BotError(str(exc)) from exc
-    if not (actor.organiser or submission.user_id == actor.user.pk):
-        raise BotError("Only the submission's author and organisers may download it.")
     return submission.file_name, submission.code.text
 
 
@@ -400,8 +398,9 @@ def describe_for_delete(member: Member, submission_id: int) -> str:
     actor = require_organiser(member)
     try:
         submission = access_submission(actor.viewer, submission_id)
-    except AccessDenied as exc:
-        raise BotError(str(exc)) from exc
+        finals.check_may_delete(submission)
+    except Refused as exc:
+        raise BotError(exc.message) from exc
     return f"Delete submission #{submission.pk} (`{submission.file_name}` by {submission.user.get_username()} on " \
            f"'{submission.leaderboard.name}')? Its runs and board entries go with it."
 
@@ -411,7 +410,10 @@ def delete_submission(member: Member, submission_id: int) -> str:
     submission = Submission.objects.filter(pk=submission_id).first()
     if submission is None:
         raise BotError(f"Submission {submission_id} not found (already deleted?).")
-    actions.do_delete_submission(submission)
+    try:
+        actions.do_delete_submission(submission)
+    except Refused as exc:
+        raise BotError(exc.message) from exc
     return f"Submission #{submission_id} is deleted; its boards are being re-ranked."
 
 

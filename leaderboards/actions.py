@@ -16,7 +16,7 @@ from runners.actions import gpu_availability
 from runners.models import GpuType
 from runners.queue import enqueue_on_commit
 
-from . import lifecycle, precheck
+from . import finals, lifecycle, precheck
 from .access.actions import check_may_submit, lock_quota
 from .access.authority import access_leaderboard
 from .access.cache import cached, key
@@ -259,7 +259,9 @@ def do_rescore_leaderboard(leaderboard: Leaderboard) -> int:
 
 def do_delete_submission(submission: Submission) -> None:
     """Cancel what is still running, take it off its boards, delete it and rebuild the boards it held an entry or
-    a record on (another submission may take its place in either)."""
+    a record on (another submission may take its place in either). The final standings' re-runs, and the submissions
+    they re-run, stay until the standings are published (`finals.check_may_delete`)."""
+    finals.check_may_delete(submission)
     with transaction.atomic():
         boards = do_take_off_boards(submission.pk)
         for run in submission.runs.filter(status__in=ACTIVE_STATUSES):

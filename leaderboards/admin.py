@@ -226,17 +226,12 @@ def barred_entries(leaderboard: Leaderboard) -> QuerySet:
 
 
 def _remove_from_rankings(leaderboard: Leaderboard, user_ids: set[int]) -> int:
-    subs = list(Submission.objects.filter(leaderboard=leaderboard, user_id__in=user_ids))
+    subs = list(Submission.objects.made().filter(leaderboard=leaderboard, user_id__in=user_ids))
+    for sub in subs:  # all or none: a submission being re-verified for the final standings stays until they are out
+        finals.check_may_delete(sub)
     for sub in subs:
         actions.do_delete_submission(sub)
     return len(subs)
-
-
-def _remove_barred(leaderboard: Leaderboard) -> str:
-    users = {e.user_id: e.user.get_username() for e in barred_entries(leaderboard)}
-    count = _remove_from_rankings(leaderboard, set(users))
-    return (f"Removed {', '.join(sorted(users.values())) or 'nobody'} from {leaderboard}'s rankings "
-            f"({count} submission{'' if count == 1 else 's'} deleted); the rankings are being rebuilt.")
 
 
 def _refusal_text(perform):
@@ -247,6 +242,14 @@ def _refusal_text(perform):
         except finals.Refused as exc:
             return f"Not done: {exc.message}"
     return run
+
+
+@_refusal_text
+def _remove_barred(leaderboard: Leaderboard) -> str:
+    users = {e.user_id: e.user.get_username() for e in barred_entries(leaderboard)}
+    count = _remove_from_rankings(leaderboard, set(users))
+    return (f"Removed {', '.join(sorted(users.values())) or 'nobody'} from {leaderboard}'s rankings "
+            f"({count} submission{'' if count == 1 else 's'} deleted); the rankings are being rebuilt.")
 
 
 REVERIFY_CONSEQUENCE = ("The board's top entries of each GPU type (its “final top N”) are re-run “final rounds” times "
@@ -484,14 +487,31 @@ class PrecheckForStaffMixin:
         return filters if may_see_precheck(request.user) else [f for f in filters if f is not PrecheckFilter]
 
 
+class RerunFilter(admin.SimpleListFilter):
+    title = "made by"
+    parameter_name = "made_by"
+
+    def lookups(self, request, model_admin):
+        return [("user", "its user"), ("finals", "the final standings (re-runs)")]
+
+    def queryset(self, request, queryset):
+        match self.value():
+            case "user":
+                return queryset.filter(final_entry__isnull=True)
+            case "finals":
+                return queryset.filter(final_entry__isnull=False)
+        return queryset
+
+
 @admin.register(Submission)
 class SubmissionAdmin(PrecheckForStaffMixin, NoAddAdmin):
-    list_display = ["id", "user", "leaderboard", "mode", "file_name", "created", "status", "precheck_flag",
+    list_display = ["id", "user", "leaderboard", "mode", "rerun", "file_name", "created", "status", "precheck_flag",
                     "public_link"]
-    list_filter = ["mode", ("leaderboard", OrganisersBoards), ("user", admin.RelatedOnlyFieldListFilter),
+    list_filter = ["mode", RerunFilter, ("leaderboard", OrganisersBoards), ("user", admin.RelatedOnlyFieldListFilter),
                    PrecheckFilter]
     search_fields = ["user__username", "file_name"]
-    readonly_fields = ["user", "leaderboard", "problem", "file_name", "mode", "created", "precheck_text", "source"]
+    readonly_fields = ["user", "leaderboard", "problem", "file_name", "mode", "rerun", "created", "precheck_text",
+                       "source"]
     exclude = ["code", "precheck"]
     inlines = [RunInline]
     public_link = public_link
@@ -501,7 +521,40 @@ class SubmissionAdmin(PrecheckForStaffMixin, NoAddAdmin):
         return public_url(submission)
 
     def get_queryset(self, request):
-        return super().get_queryset(request).select_related("user", "leaderboard").prefetch_related("runs__gpu_type")
+        return super().get_queryset(request).select_related("user", "leaderboard", "final_entry") \
+            .prefetch_related("runs__gpu_type")
+
+    @admin.display(description="final re-run")
+    def rerun(self, submission: Submission) -> str:
+        """A final standings' re-run names the submission it re-runs (made by the platform after the deadline)."""
+        if not submission.is_rerun:
+            return "–"
+        entry = submission.final_entry
+        return format_html('re-run {} of <a href="{}">#{}</a> for <a href="{}">final standings #{}</a>',
+                           submission.final_round + 1,
+                           reverse("admin:leaderboards_submission_change", args=[entry.submission_id]),
+                           entry.submission_id, reverse("admin:leaderboards_final_change", args=[entry.final_id]),
+                           entry.final_id)
+
+    @staticmethod
+    def _refusal(submission: Submission) -> str | None:
+        try:
+            finals.check_may_delete(submission)
+        except finals.Refused as exc:
+            return exc.message
+        return None
+
+    def get_deleted_objects(self, objs, request):
+        """The delete pages refuse what the service layer would: re-runs (and what they re-run) until published."""
+        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        return deleted, counts, perms_needed, [*protected, *filter(None, (self._refusal(o) for o in objs))]
+
+    def delete_model(self, request: HttpRequest, submission: Submission) -> None:
+        actions.do_delete_submission(submission)  # runs cancelled, boards rebuilt, the finals' rule kept
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
+        for submission in queryset:
+            actions.do_delete_submission(submission)
 
     @admin.display(description="status")
     def status(self, submission: Submission) -> str:
@@ -751,6 +804,7 @@ class MembershipAdmin(NoInternalBoardsMixin, admin.ModelAdmin):
     search_fields = ["user__username"]
 
 
+@_refusal_text
 def _remove_banned(queryset: QuerySet) -> str:
     count = 0
     for ban in queryset.select_related("user", "leaderboard"):

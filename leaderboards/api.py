@@ -155,7 +155,7 @@ def create_submission(request, file: File[UploadedFile], leaderboard: Text = For
 @router.get("/submissions", response=SubmissionPageOut, auth=token_auth)
 def list_submissions(request, leaderboard: str = "", limit: int = 50, offset: int = 0):
     """The caller's submissions, newest first."""
-    qs = Submission.objects.filter(user=request.auth).select_related("leaderboard").prefetch_related(
+    qs = Submission.objects.made_by(request.auth).select_related("leaderboard").prefetch_related(
         "runs__gpu_type")
     if leaderboard:
         qs = qs.filter(leaderboard__name=leaderboard)

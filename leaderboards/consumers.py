@@ -11,7 +11,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from . import live
+from . import finals, live
 from .access.authority import access_submission
 from .errors import AccessDenied
 from .models import BOARD_ORDER, Board, BoardEntry, Leaderboard, Run
@@ -32,7 +32,9 @@ def board_snapshot(leaderboard_id: int, gpu_type_id: int) -> dict[str, Any]:
         "version", flat=True).first() or 0
     entries = (BoardEntry.objects.filter(leaderboard_id=leaderboard_id, gpu_type_id=gpu_type_id)
                .order_by(*BOARD_ORDER).select_related("user__profile").page(0, SNAPSHOT_ROWS))
-    return {"type": "snapshot", "version": version, "entries": [entry_row(e) for e in entries]}
+    board = Leaderboard.objects.filter(pk=leaderboard_id).first()
+    final = finals.standings(board, progress=False).state if board else "/"
+    return {"type": "snapshot", "version": version, "entries": [entry_row(e) for e in entries], "final": final}
 
 
 def board_visible(user, leaderboard_id: int, gpu_type_id: int) -> bool:
@@ -98,6 +100,11 @@ class LeaderboardConsumer(LiveConsumer):
                               "removed": event.get("removed", []), "shift": event.get("shift"),
                               **{k: event[k] for k in ("rows", "entrants", "pager", "records", "record_names",
                                                        "records_html", "record_added", "record_html") if k in event}})
+
+
+    async def leaderboard_final(self, event: dict[str, Any]) -> None:
+        """The board's final standings changed (leaderboards/finals.py): the page fetches them as a reload shows."""
+        await self.send_json({"type": "final", "final": event["final"], "status": event["status"]})
 
 
 class SubmissionConsumer(LiveConsumer):

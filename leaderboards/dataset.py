@@ -1,10 +1,12 @@
 """The submissions dataset (issue 28, part 3): closed boards' submissions as one parquet table in the schema of
 KernelBot's published data (GPUMODE/kernelbot-data, written by its `/admin export-hf`), plus what each row's run tells
-about where and how it ran. One row per distinct code (its first submission; later submissions of the same file add
-nothing), from boards past their deadline; users who opted out (`Profile.publish_submissions`) are left out, and so are
-the final standings' re-runs (copies of code already in). Front-ends: the admin's leaderboard action, `manage.py
-export_dataset`, and the board page's download once the board's code is public (`public_to_everyone`). `push_to_hub`
-uploads a file to a Hugging Face dataset repository with `huggingface_hub` (token from HF_TOKEN)."""
+about where and how it ran. It is published data: it holds the submissions whose code the site shows an anonymous
+visitor (`Submission.objects.code_visible_to`, the access authority's rule), so only boards past their deadline whose
+code is public to everyone export, and their test, benchmark and profile runs and the final standings' re-runs never
+do. One row per distinct code (its first such submission; later submissions of the same file add nothing); users who
+opted out (`Profile.publish_submissions`) are left out. Front-ends: the admin's leaderboard action, `manage.py
+export_dataset`, Discord's export-hf and the board page's download (`public_to_everyone`). `push_to_hub` uploads a
+file to a Hugging Face dataset repository with `huggingface_hub` (token from HF_TOKEN)."""
 
 from __future__ import annotations
 
@@ -15,8 +17,10 @@ from collections.abc import Iterable
 import pyarrow as pa
 import pyarrow.parquet as pq
 from django.conf import settings
+from django.contrib.auth.models import AnonymousUser
 from django.utils import timezone
 
+from .access.authority import code_is_public, may_see_leaderboard
 from .errors import Refused
 from .models import Leaderboard, Profile, Run, Submission, SubmissionMode, Visibility
 from .ranking import interval_from_fields, slower_run
@@ -41,12 +45,16 @@ def check_exportable(leaderboard: Leaderboard) -> None:
     if not leaderboard.is_finished:
         raise Refused(f"'{leaderboard.name}' is still open: its submissions are exported once its deadline has passed "
                       f"({leaderboard.deadline:%Y-%m-%d %H:%M} UTC).", 409)
+    if not public_to_everyone(leaderboard):
+        why = "it is invite-only" if leaderboard.visibility == Visibility.CLOSED else \
+            "its code stays private after the deadline (code public after deadline is off)"
+        raise Refused(f"'{leaderboard.name}' has no public submissions to export: {why}. The dataset holds only the "
+                      "code the site shows everyone.", 409)
 
 
 def public_to_everyone(leaderboard: Leaderboard) -> bool:
-    """Whether anyone may download the board's dataset: closed, listed or unlisted, and its code public."""
-    return (leaderboard.is_finished and not leaderboard.internal and leaderboard.code_public_after_deadline
-            and leaderboard.visibility != Visibility.CLOSED)
+    """Whether anyone may download the board's dataset: an anonymous visitor sees the board and its code."""
+    return may_see_leaderboard(AnonymousUser(), leaderboard) and code_is_public(leaderboard)
 
 
 def published_leaderboards():
@@ -92,7 +100,7 @@ def dataset_rows(leaderboards: Iterable[Leaderboard]) -> list[dict]:
     boards = list(leaderboards)
     for board in boards:
         check_exportable(board)
-    submissions = (Submission.objects.filter(leaderboard__in=boards, final_entry__isnull=True)
+    submissions = (Submission.objects.code_visible_to(AnonymousUser()).filter(leaderboard__in=boards)
                    .exclude(user__profile__publish_submissions=False)
                    .select_related("user", "code", "problem", "leaderboard").order_by("created", "pk"))
     runs: dict[int, list[Run]] = {}

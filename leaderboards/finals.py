@@ -11,8 +11,8 @@ the reason (its author and organisers see it). When every re-run has ended, each
 mean of its re-runs (ratio and interval, time) and ranked with `ranking.rank` (shared ranks, statistical ties). The
 deadline's verification publishes at once; an organiser's re-run waits as DONE, compared with the board and the
 published standings in the admin, until they publish it (`do_publish_final`). The Discord bot announces a publication
-(`discordbot.announce.claim_final_standings`). Every step locks the `Final` row and re-checks its state, so a
-repeated or late hook, or the tick, changes nothing twice."""
+(`discordbot.announce.claim_final_standings`); open board pages hear of every change (`_announce`). Every step locks
+the `Final` row and re-checks its state, so a repeated or late hook, or the tick, changes nothing twice."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from runners.queue import enqueue_on_commit
 
-from . import lifecycle
+from . import events, lifecycle
 from .errors import Refused
 from .models import (
     ACTIVE_STATUSES,
@@ -83,6 +83,7 @@ def do_start_final(leaderboard: Leaderboard, *, requested_by=None, publish_when_
             FinalEntry.objects.bulk_create(rows)
             for gpu_type_id in sorted({row.gpu_type_id for row in rows}):
                 enqueue_on_commit(ADVANCE_TASK, final.pk, gpu_type_id)
+            _announce(final)
             if not rows:
                 _settle(final)
     except IntegrityError as exc:  # another process started one at the same moment (final_one_running)
@@ -126,6 +127,9 @@ def run_finished(run_id: int) -> None:
            .values_list("submission__final_entry__final_id", "gpu_type_id").first())
     if row:
         advance(*row)
+        final = Final.objects.filter(pk=row[0], status=FinalStatus.RUNNING).first()
+        if final is not None:  # one more re-run done (a settled final has told its outcome)
+            _announce(final)
 
 
 def _reruns(final: Final, gpu_type_id: int):
@@ -235,6 +239,7 @@ def _settle(final: Final) -> None:
     final.save(update_fields=["status", "finished_at"])
     if final.publish_when_done:
         _publish(final)
+    _announce(final)
 
 
 def do_publish_final(final: Final) -> Final:
@@ -245,6 +250,7 @@ def do_publish_final(final: Final) -> Final:
         if final.status != FinalStatus.DONE:
             raise Refused(f"Only finished re-verifications can be published; this one is {final.status}.", 409)
         _publish(final)
+        _announce(final)
     return final
 
 
@@ -265,7 +271,50 @@ def do_cancel_final(final: Final) -> Final:
         final.save(update_fields=["status", "finished_at"])
         for run in Run.objects.filter(submission__final_entry__final=final, status__in=ACTIVE_STATUSES):
             lifecycle.do_cancel_run(run, "final re-verification cancelled by an organiser")
+        _announce(final)
     return final
+
+
+FINAL_EVENT = "leaderboard.final"  # LeaderboardConsumer.leaderboard_final
+
+
+def _announce(final: Final) -> None:
+    """Tells the board's open pages, after commit, that its final standings started, moved on, ended, were published
+    or cancelled: they fetch the standings as a reload would show them (every viewer may see those of a board they
+    see, so the event names no entry)."""
+    events.send_on_commit(f"leaderboard.{final.leaderboard_id}", FINAL_EVENT, {"final": final.pk,
+                                                                             "status": final.status})
+
+
+# --- the re-runs belong to the finals ------------------------------------------------------------------------------
+
+UNSETTLED = [FinalStatus.RUNNING, FinalStatus.DONE]  # re-runs under way, or ended and not yet published
+
+
+def check_may_delete(submission: Submission) -> None:
+    """Nobody deletes a re-run (staff included) while its final standings are under way or wait to be published: it
+    would be run again, or its standings change under the organiser comparing them; nor a submission being
+    re-verified, whose re-runs would go with it. Both may go once the standings are published (or cancelled)."""
+    if submission.is_rerun:
+        final = Final.objects.filter(entries__pk=submission.final_entry_id).values_list("status", "leaderboard__name") \
+            .first()
+        if final and final[0] in UNSETTLED:
+            original = FinalEntry.objects.filter(pk=submission.final_entry_id).values_list("submission_id", flat=True)
+            raise Refused(f"Submission {submission.pk} is re-run {submission.final_round + 1} of submission "
+                          f"{original.first()} for the final standings of '{final[1]}': it belongs to them and cannot "
+                          "be deleted until they are published.", 409)
+    elif (final := Final.objects.filter(entries__submission=submission, status__in=UNSETTLED).select_related(
+            "leaderboard").first()) is not None:
+        raise Refused(f"Submission {submission.pk} is being re-verified for the final standings of "
+                      f"'{final.leaderboard.name}': it can be deleted once they are published.", 409)
+
+
+def rerun_label(submission: Submission) -> str:
+    """What a re-run is, naming the submission it re-runs; "" for any other."""
+    if not submission.is_rerun:
+        return ""
+    entry = submission.final_entry
+    return f"re-run {submission.final_round + 1} of #{entry.submission_id} (final standings #{entry.final_id})"
 
 
 # --- what the pages, the API and Discord show ---------------------------------------------------------------------
@@ -282,8 +331,14 @@ class Standings:
     done: int = 0
     total: int = 0
 
+    @property
+    def state(self) -> str:
+        """Which standings a page shows, "<published id>/<running id>": the board's websocket snapshot carries it, so a
+        page that missed an event (a reconnect) sees that it did."""
+        return f"{self.published.pk if self.published else ''}/{self.running.pk if self.running else ''}"
 
-def standings(leaderboard: Leaderboard) -> Standings:
+
+def standings(leaderboard: Leaderboard, *, progress: bool = True) -> Standings:
     if not leaderboard.is_finished or leaderboard.internal:  # an open board's page costs no query here
         return Standings(leaderboard, None, None, False)
     finals = {f.status: f for f in leaderboard.finals.filter(
@@ -292,7 +347,7 @@ def standings(leaderboard: Leaderboard) -> Standings:
     provisional = (leaderboard.is_finished and published is None and bool(leaderboard.final_top_n)
                    and bool(leaderboard.final_rounds) and not leaderboard.internal)
     result = Standings(leaderboard, published, running, provisional)
-    if running is not None:  # an entry that dropped out runs no more: its remaining rounds leave the total
+    if running is not None and progress:  # an entry that dropped out runs no more: its rounds leave the total
         kept = running.entries.filter(dropped="").count()
         started_dropped = Submission.objects.filter(final_entry__final=running).exclude(final_entry__dropped="")
         result.total = kept * running.rounds + started_dropped.count()
@@ -323,10 +378,10 @@ def final_out(final: Final, viewer) -> dict:
 
 
 def compare(final: Final) -> list[dict]:
-    """Organisers' view before publishing: each entry's board rank, its rank in this re-verification and in the
-    published standings, side by side."""
+    """Organisers' view: each entry's board rank, its rank in this re-verification and in the published standings
+    (this one's own once it is the published one), side by side."""
     published = {(e.gpu_type_id, e.user_id): e.rank for e in FinalEntry.objects.filter(
-        final__leaderboard_id=final.leaderboard_id, final__status=FinalStatus.PUBLISHED).exclude(final=final)}
+        final__leaderboard_id=final.leaderboard_id, final__status=FinalStatus.PUBLISHED)}
     return [{**entry_out(e, None), "reason": e.dropped or None,
              "published_rank": published.get((e.gpu_type_id, e.user_id))} for e in final_entries(final)]
 

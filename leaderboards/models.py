@@ -204,12 +204,30 @@ class SubmissionMode(models.TextChoices):
 
 class SubmissionQuerySet(models.QuerySet):
     def visible_to(self, user) -> "SubmissionQuerySet":
-        """Staff see every submission, owners their own, others the ranked ones of leaderboards they see."""
+        """Staff see every submission, owners their own, others the ranked ones of leaderboards they see (not the
+        final standings' re-runs). `access.authority.may_see_submission` for one."""
         if user.is_staff:
             return self.filter(leaderboard__internal=False)
         others = Q(mode=SubmissionMode.LEADERBOARD, final_entry__isnull=True,
                    leaderboard__in=Leaderboard.objects.visible_to(user))
         return self.filter(others | Q(user=user) if user.is_authenticated else others)
+
+    def code_visible_to(self, user) -> "SubmissionQuerySet":
+        """Those whose code `user` may read: staff every one they see, owners theirs, everyone the visible ones of
+        boards whose code is public (past the deadline). `access.authority.may_see_code` for one."""
+        visible = self.visible_to(user)
+        if user.is_staff:
+            return visible
+        public = Q(leaderboard__code_public_after_deadline=True, leaderboard__deadline__lte=timezone.now())
+        return visible.filter(public | Q(user=user) if user.is_authenticated else public)
+
+    def made(self) -> "SubmissionQuerySet":
+        """Submissions their users made, not the final standings' re-runs of them (which are the finals')."""
+        return self.filter(final_entry__isnull=True)
+
+    def made_by(self, user) -> "SubmissionQuerySet":
+        """The user's own submissions: what every front-end lists as theirs."""
+        return self.made().filter(user=user)
 
 
 class Submission(models.Model):
@@ -240,6 +258,11 @@ class Submission(models.Model):
     @property
     def done(self) -> bool:
         return all(run.is_terminal for run in self.runs.all())
+
+    @property
+    def is_rerun(self) -> bool:
+        """A re-run for the final standings (leaderboards/finals.py), not a submission its user made."""
+        return self.final_entry_id is not None
 
 
 class RunStatus(models.TextChoices):

@@ -22,6 +22,7 @@ import json
 import re
 import stat
 import tempfile
+import unicodedata
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -340,8 +341,26 @@ def leaderboard_name_error(name: str) -> str | None:
     return None
 
 
+_UNSEEN = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}  # controls, format (bidi overrides, zero widths), no glyph
+
+
+def _unseen(ch: str) -> bool:
+    return unicodedata.category(ch) in _UNSEEN
+
+
+def _visible(text: str) -> str:
+    """`text` with every character that shows as nothing or reorders what follows written as its \\u escape."""
+    return "".join(f"\\u{ord(c):04x}" if _unseen(c) else c for c in text)
+
+
 def _load_task(task_dir: Path, root: Path, name: str, shown: Callable[[Path], Path], hint: str) -> TaskDefinition:
     yml = task_dir / "task.yml"
+    if bad := next((c for c in name if _unseen(c)), None):  # e.g. U+202E from a zip folder: a name that lies
+        where = shown(yml) if task_dir.is_relative_to(root) else yml
+        raise TaskFileError([Issue(Path(_visible(str(where))), None, (
+            f"the problem name (its directory name) '{_visible(name)}' holds U+{ord(bad):04X} "
+            f"{unicodedata.name(bad, 'a control character')}: control and bidirectional formatting characters make "
+            "a name read as another; rename the folder with visible characters only"), None)])
     if not task_dir.is_relative_to(root):
         raise TaskFileError([Issue(yml, None, f"the task directory is outside the root {root}", name)])
     report = _Report(shown(yml), name)

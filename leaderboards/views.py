@@ -21,7 +21,7 @@ from . import actions, dataset, finals
 from .access.actions import accepting_jobs
 from .access.authority import RunView, access_leaderboard, access_submission, may_see_run_details, run_view
 from .board_rows import PAGE_ROWS, attach_breakdown, interval_text, name_of, records_html, row_html
-from .errors import AccessDenied, Refused
+from .errors import AccessDenied, Refused, SubmissionRejected
 from .history import board_history
 from .models import Board, BoardEntry, Leaderboard, Run, Submission, number_rows
 from .serializers import Outcome, run_out, score_rule, submission_scores
@@ -121,7 +121,7 @@ def leaderboard_file(request: HttpRequest, name: str, kind: str, key: str) -> Ht
 @refusals_as_pages
 def submission(request: HttpRequest, pk: int) -> HttpResponse:
     sub = access_submission(request.user, pk, queryset=Submission.objects.select_related(
-        "leaderboard", "user__profile", "code"))
+        "leaderboard", "user__profile", "code", "final_entry__final"))
     view = run_view(request.user, sub)
     runs = list(sub.runs.select_related("gpu_type"))
     for run in runs:
@@ -158,7 +158,7 @@ def submission_code(request: HttpRequest, pk: int) -> HttpResponse:
 
 def user_page(request: HttpRequest, username: str) -> HttpResponse:
     person = get_object_or_404(get_user_model().objects.select_related("profile"), username=username)
-    subs = Submission.objects.visible_to(request.user).filter(user=person).select_related("leaderboard")
+    subs = Submission.objects.visible_to(request.user).made_by(person).select_related("leaderboard")
     scored = Run.objects.filter(passed=True, score__isnull=False).select_related("gpu_type")
     page = Paginator(subs.prefetch_related(Prefetch("runs", queryset=scored, to_attr="scored_runs"))
                      .order_by("-created"), 50).get_page(request.GET.get("page"))
@@ -189,8 +189,14 @@ def submit(request: HttpRequest) -> HttpResponse:
     choices = list(Leaderboard.objects.visible_to(request.user).open().prefetch_related("gpu_types"))
     gpu_types = {g.pk: g.name for lb in choices for g in lb.gpu_types.all()}
     unavailable = {gpu_types[pk]: why for pk, why in gpu_availability(list(gpu_types)).items() if why}
+    asked, refused = request.GET.get("leaderboard", ""), ""
+    if asked and asked not in {lb.name for lb in choices}:  # say why (closed, not open yet, unknown): never another
+        try:
+            asked = access_leaderboard(request.user, asked, for_submit=True).name  # names match case-insensitively
+        except SubmissionRejected as exc:
+            refused = exc.message
     form = SubmitForm(request.POST or None, request.FILES or None, leaderboards=choices, unavailable=unavailable,
-                      initial={"leaderboard": request.GET.get("leaderboard"), "gpu": request.GET.get("gpu")})
+                      initial={"leaderboard": asked, "gpu": request.GET.get("gpu")})
     status, paused = 200, False
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
@@ -208,4 +214,5 @@ def submit(request: HttpRequest) -> HttpResponse:
     elif request.method == "POST":
         status = 400
     return render(request, "leaderboards/submit.html", {"form": form, "leaderboards": choices, "paused_refusal": paused,
-                                                        "unavailable": sorted(unavailable.items())}, status=status)
+                                                        "unavailable": sorted(unavailable.items()),
+                                                        "refused_board": refused}, status=status)

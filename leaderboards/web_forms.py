@@ -22,11 +22,14 @@ class SubmitForm(forms.Form):
         unavailable = unavailable or {}
         board_gpus = {lb.name: [(g.name, f"{g.name} (unavailable)" if g.name in unavailable else g.name)
                                 for g in lb.gpu_types.all()] for lb in leaderboards}
-        # the GPU types of the chosen leaderboard only (site.js swaps them when another one is chosen)
-        chosen = self.data.get("leaderboard") or self.initial.get("leaderboard")
-        chosen = chosen if chosen in board_gpus else next(iter(board_gpus), None)
-        self.fields["leaderboard"].widget = forms.Select(choices=[(lb.name, lb.name) for lb in leaderboards],
-                                                         attrs={"data-gpus": json.dumps(board_gpus)})
+        # the GPU types of the chosen leaderboard only (site.js swaps them when another one is chosen); one asked for
+        # that takes no submission preselects none (the page says why), never another
+        asked = self.data.get("leaderboard") or self.initial.get("leaderboard")
+        chosen = asked if asked in board_gpus else None if asked else next(iter(board_gpus), None)
+        choices = [(lb.name, lb.name) for lb in leaderboards]
+        if chosen is None and choices:
+            choices.insert(0, ("", "Choose an open leaderboard"))
+        self.fields["leaderboard"].widget = forms.Select(choices=choices, attrs={"data-gpus": json.dumps(board_gpus)})
         self.fields["gpu"].widget = forms.Select(choices=board_gpus.get(chosen, []))
 
     def clean(self):

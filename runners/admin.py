@@ -284,7 +284,7 @@ class GpuPoolAdmin(admin.ModelAdmin):
         enabled = Q(nodes__enabled=True, nodes__gpus__enabled=True)
         nodes = Prefetch("nodes", Node.objects.filter(enabled=True).order_by("hostname"), to_attr="enabled_nodes")
         return (super().get_queryset(request).annotate(device_count=Count("nodes__gpus", filter=enabled))
-                .prefetch_related(nodes))
+                .with_failing_since().prefetch_related(nodes))
 
     def get_fieldsets(self, request: HttpRequest, obj: GpuPool | None = None):
         fieldsets = [(None, {"fields": ["name", "backend", "enabled", "memory_limit_mib"]})]
@@ -311,10 +311,11 @@ class GpuPoolAdmin(admin.ModelAdmin):
     @admin.display(description="health", ordering="health")
     def health_mark(self, pool: GpuPool) -> str:
         colour, mark = HEALTH_MARK[pool.health]
-        since = f" since {pool.last_checked_at:%Y-%m-%d %H:%M} UTC" if pool.last_checked_at else ""
-        detail = pool.health_detail if pool.health == PoolHealth.FAILING else ""
-        return format_html('<span style="color:{}" title="{}">{} {}{}</span>', colour, detail, mark,
-                           pool.get_health_display(), since if pool.health == PoolHealth.FAILING else "")
+        failing = pool.health == PoolHealth.FAILING
+        began = getattr(pool, "failing_since", None)  # get_queryset's: when the failure began, not the last check
+        since = f" since {began:%Y-%m-%d %H:%M} UTC" if failing and began else ""
+        return format_html('<span style="color:{}" title="{}">{} {}{}</span>', colour,
+                           pool.health_detail if failing else "", mark, pool.get_health_display(), since)
 
     def containments(self, pool: GpuPool) -> list[Containment]:
         nodes = getattr(pool, "enabled_nodes", None)

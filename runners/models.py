@@ -1,10 +1,12 @@
 """GPU inventory: which devices exist, on which node, and which runner backend reaches them."""
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
+from django.db.models import Case, OuterRef, Subquery, Value, When
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 
@@ -58,6 +60,15 @@ class GpuPoolQuerySet(models.QuerySet):
     def taking_runs(self, gpu_type: GpuType) -> "GpuPoolQuerySet":
         """Serving `gpu_type` and not failing its health check (a pool not checked yet takes runs)."""
         return self.serving(gpu_type).exclude(health=PoolHealth.FAILING)
+
+    def with_failing_since(self) -> "GpuPoolQuerySet":
+        """`failing_since`: when the pool's current failure began, the end of the first check that failed after its
+        last pass (the oldest kept, `POOL_CHECK_KEEP_DAYS`); None for a pool whose last check passed."""
+        first = PoolCheck.objects.filter(
+            pool=OuterRef("pk"), outcome=CheckOutcome.FAILING, finished_at__isnull=False,
+            finished_at__gt=Coalesce(OuterRef("last_ok_at"), Value(datetime.min.replace(tzinfo=UTC))))
+        return self.annotate(failing_since=Case(When(health=PoolHealth.FAILING, then=Subquery(
+            first.order_by("finished_at").values("finished_at")[:1]))))
 
 
 class GpuPool(models.Model):

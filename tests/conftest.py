@@ -4,6 +4,7 @@ service fails instead of skipping."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 from dataclasses import dataclass
@@ -46,12 +47,38 @@ def pytest_xdist_make_scheduler(config, log):
     return SlurmOnOneWorker(config, log)
 
 
-def require_service(name: str, available: bool) -> None:
-    if available:
+def require(what: str, missing: str) -> None:
+    """A test that needs `what` skips where it is missing here (`missing` says why; "" when it is not), and under
+    CI=true fails instead, so CI never passes by skipping."""
+    if not missing:
         return
     if IN_CI:
-        pytest.fail(f"{name} is required under CI=true but is not configured")
-    pytest.skip(f"{name} not configured (set it to run this test)")
+        pytest.fail(f"{what} is required under CI=true but {missing}")
+    pytest.skip(f"{what} {missing}; it is required under CI=true")
+
+
+def require_service(name: str, available: bool) -> None:
+    require(name, "" if available else "is not configured (set it to run this test)")
+
+
+def missing_tool(name: str) -> str:
+    """Why the command `name` cannot be used on this machine, "" when it can; bubblewrap must also be able to build
+    the sandbox's namespaces (a container may forbid them)."""
+    path = shutil.which(name)
+    if path is None:
+        return "is not on PATH"
+    if name == "bwrap":
+        from runners.harness import sandbox
+
+        if why := sandbox._bwrap_error(path, sandbox._privileged()):
+            return f"is unusable here: {why}"
+    return ""
+
+
+def require_tool(name: str) -> None:
+    """For a test that runs the command `name` (bwrap, sbatch): skips with the reason where it is missing, fails
+    under CI=true."""
+    require(name, missing_tool(name))
 
 
 def reap_group(pgid: int, timeout: float = 10) -> None:

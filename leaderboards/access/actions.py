@@ -112,14 +112,23 @@ def check_cli_login_rate(address: str) -> None:
         raise AccessDenied("Too many CLI logins are waiting to be linked; retry in a minute.", 429, retry_after=60)
 
 
-def do_start_cli_login(provider: str, address: str = "") -> str:
-    """popcorn `/auth/init`: a new pending id; the CLI stores it as its cli_id until a user binds it."""
-    if provider not in ("discord", "github"):
+KERNELBOT_CLI = "kernelbot"  # the `provider` of the kernelbot CLI's pending logins, which go through no OAuth app
+
+
+def cli_name(provider: str) -> str:
+    """The CLI a pending login of `provider` came from, as the site names it."""
+    return "the kernelbot CLI" if provider == KERNELBOT_CLI else "popcorn-cli"
+
+
+def do_start_cli_login(provider: str | None, address: str = "") -> str:
+    """A new pending id, which the CLI stores until a user binds it: popcorn-cli's `/auth/init` names its OAuth
+    `provider` (discord or github), the kernelbot CLI's `POST /api/v1/auth/cli` none."""
+    if provider is not None and provider not in ("discord", "github"):
         raise AccessDenied(f"Unknown provider '{provider}'; use discord or github.")
     check_cli_login_rate(address)
     PendingLogin.objects.filter(token__isnull=True, created__lt=timezone.now() - timedelta(days=1)).delete()
     raw = new_secret()
-    PendingLogin.objects.create(digest=digest(raw), provider=provider)
+    PendingLogin.objects.create(digest=digest(raw), provider=provider or KERNELBOT_CLI)
     return raw
 
 
@@ -128,13 +137,14 @@ def do_bind_cli_login(user, raw: str) -> ApiToken:
     with transaction.atomic():
         pending = PendingLogin.objects.select_for_update().filter(digest=digest(raw.strip())).first()
         if pending is None:
-            raise AccessDenied("Unknown or expired CLI id; run `popcorn-cli register` again.", 404)
+            raise AccessDenied("Unknown or expired CLI id; run `kernelbot login` (or `popcorn-cli register`) again.",
+                               404)
         if pending.token_id:
             if pending.token.user_id != user.pk:
                 raise AccessDenied("This CLI id is already linked to another account.", 409)
             return pending.token
-        pending.token = ApiToken.objects.create(user=user, name=f"popcorn-cli ({pending.provider})",
-                                                digest=pending.digest, hint=raw.strip()[:10])
+        name = "kernelbot CLI" if pending.provider == KERNELBOT_CLI else f"popcorn-cli ({pending.provider})"
+        pending.token = ApiToken.objects.create(user=user, name=name, digest=pending.digest, hint=raw.strip()[:10])
         pending.save(update_fields=["token"])
         return pending.token
 
@@ -194,8 +204,7 @@ def check_quota(user, leaderboard: Leaderboard, mode: str, quotas: dict | None =
     modes = [SubmissionMode.LEADERBOARD] if kind == QuotaKind.RANKED else \
         [m for m in SubmissionMode.values if m != SubmissionMode.LEADERBOARD]
     since = timezone.now() - timedelta(seconds=window)
-    recent = Submission.objects.filter(user=user, leaderboard=leaderboard, mode__in=modes, created__gte=since,
-                                       final_entry__isnull=True) \
+    recent = Submission.objects.made_by(user).filter(leaderboard=leaderboard, mode__in=modes, created__gte=since) \
         .exclude(runs__problem_error=True)  # a run the problem's own code broke is not charged; nor a final re-run
     stats = recent.aggregate(n=Count("pk"), oldest=Min("created"))
     if stats["n"] >= limit:

@@ -5,9 +5,14 @@ and `Submission.objects.visible_to(user)` are the same rules as querysets.
 
 - Staff see everything but the internal leaderboards of pool health checks (nobody sees those outside the admin).
 - A leaderboard is visible unless it is closed; a closed one to its members (invite codes).
-- A submission is visible to its owner, and when ranked (mode `leaderboard`) to whoever sees its leaderboard.
+- A submission is visible to its owner, and when ranked (mode `leaderboard`) to whoever sees its leaderboard; a final
+  standings' re-run (`Submission.final_entry`, leaderboards/finals.py) only to its owner and staff. The owner's own
+  submissions (`Submission.objects.made_by`) are those they made: the re-runs are the finals', never listed as theirs
+  nor theirs to delete (`access_submission(for_change=True)`).
 - Its code, and its public runs' details (error, logs, checker messages), are the owner's; everyone who sees the
   submission reads them once the leaderboard's code is public (`code_public_after_deadline`, after the deadline).
+  `Submission.objects.code_visible_to(user)` is `may_see_code` as a queryset: the published dataset
+  (leaderboards/dataset.py) holds what it gives the anonymous visitor, no more.
 - A secret run's details are for staff only; everyone else sees its outcome class (`leaderboards.serializers`).
 - The pre-check's findings (KernelGuard, `leaderboards.precheck`) are for staff only, the owner included: a second
   opinion for organisers beside the verdict, not a guide to writing around the detector's rules.
@@ -18,7 +23,7 @@ from __future__ import annotations
 from enum import IntEnum
 
 from leaderboards.errors import AccessDenied, SubmissionRejected
-from leaderboards.models import Leaderboard, Run, Submission, SubmissionMode, Visibility
+from leaderboards.models import FinalEntry, Leaderboard, Run, Submission, SubmissionMode, Visibility
 
 from .cache import board_key, cached
 from .models import Membership
@@ -47,7 +52,8 @@ def may_see_leaderboard(user, leaderboard: Leaderboard) -> bool:
 def may_see_submission(user, submission: Submission) -> bool:
     if user.is_staff or is_owner(user, submission):
         return True
-    return submission.mode == SubmissionMode.LEADERBOARD and may_see_leaderboard(user, submission.leaderboard)
+    return (submission.mode == SubmissionMode.LEADERBOARD and submission.final_entry_id is None
+            and may_see_leaderboard(user, submission.leaderboard))
 
 
 def code_is_public(leaderboard: Leaderboard) -> bool:
@@ -64,7 +70,14 @@ def run_view(user, submission: Submission) -> RunView:
 
 
 def may_see_code(user, submission: Submission) -> bool:
-    return run_view(user, submission) >= RunView.DETAILS
+    return may_see_submission(user, submission) and run_view(user, submission) >= RunView.DETAILS
+
+
+def rerun_of(submission: Submission) -> int | None:
+    """The id of the submission a final standings' re-run copies (None for any other)."""
+    if not submission.is_rerun:
+        return None
+    return FinalEntry.objects.filter(pk=submission.final_entry_id).values_list("submission_id", flat=True).first()
 
 
 def may_see_run_details(view: RunView, run: Run) -> bool:
@@ -108,12 +121,16 @@ def access_leaderboard(user, name: str, *, for_submit: bool = False, queryset=No
 def access_submission(user, submission_id: int, *, for_code: bool = False, for_change: bool = False,
                       queryset=None) -> Submission:
     """The submission if `user` may see it, or AccessDenied: 404 when it is not visible (as if it did not exist)
-    or, `for_change` (delete), not the user's own; 403 `for_code` when it is visible but its code is not."""
+    or, `for_change` (delete), not the user's own; 403 `for_change` for a final standings' re-run, which is the
+    finals'; 403 `for_code` when it is visible but its code is not."""
     queryset = queryset if queryset is not None else Submission.objects.select_related("leaderboard")
     submission = queryset.filter(pk=submission_id).first()
     if (submission is None or not may_see_submission(user, submission)
             or (for_change and not is_owner(user, submission))):
         raise AccessDenied(f"Submission {submission_id} not found.", 404)
+    if for_change and submission.is_rerun:
+        raise AccessDenied(f"Submission {submission_id} is a re-run of your submission {rerun_of(submission)} for the "
+                           "final standings: it belongs to the finals and cannot be deleted.", 403)
     if for_code and not may_see_code(user, submission):
         later = ", and to everyone after the deadline" if submission.leaderboard.code_public_after_deadline else ""
         raise AccessDenied(f"This submission's code is visible to its author and staff only{later}.", 403)

@@ -54,7 +54,8 @@ class ApiToken(models.Model):
 
 
 class PendingLogin(models.Model):
-    """A popcorn `/auth/init` state: becomes the user's token once a logged-in user binds it."""
+    """A CLI login's pending id (popcorn-cli's `/auth/init`, the kernelbot CLI's `/api/v1/auth/cli`): becomes the
+    user's token once a logged-in user binds it. `provider`: popcorn-cli's OAuth provider, or "kernelbot"."""
 
     digest = models.CharField(max_length=64, unique=True)
     provider = models.CharField(max_length=20)

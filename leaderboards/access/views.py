@@ -1,4 +1,5 @@
-"""Logged-in pages: link a popcorn-cli pending id to the account, and create / revoke API tokens."""
+"""Logged-in pages: link a CLI's pending id (the kernelbot CLI's or popcorn-cli's) to the account, and create / revoke
+API tokens."""
 
 from __future__ import annotations
 
@@ -15,16 +16,18 @@ from .models import ApiToken
 @login_required
 @require_http_methods(["GET", "POST"])
 def link_cli(request):
-    """popcorn-cli's `register` stores a pending id; the user pastes it here (it is never put in a URL path)."""
+    """A CLI's pending id (the kernelbot CLI's `login`, popcorn-cli's `register`): the user pastes it here (it is never
+    put in a URL path)."""
     status = 200
     if request.method == "POST":
         try:
-            actions.do_bind_cli_login(request.user, request.POST.get("cli_id", ""))
+            token = actions.do_bind_cli_login(request.user, request.POST.get("cli_id", ""))
         except actions.AccessDenied as exc:
             messages.error(request, exc.message)
             status = exc.status
         else:
-            messages.success(request, "Your CLI is linked: popcorn-cli can submit as you now.")
+            provider = token.pendinglogin.provider
+            messages.success(request, f"Your CLI is linked: {actions.cli_name(provider)} can submit as you now.")
             return redirect("access:tokens")
     return render(request, "leaderboards/access/link_cli.html", {"cli_id": request.GET.get("state", "")},
                   status=status)

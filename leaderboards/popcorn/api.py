@@ -160,7 +160,7 @@ def get_submission(request, submission_id: int):
 
 @api.get("/user/submissions")
 def list_submissions(request, leaderboard: str | None = None, limit: int = 50, offset: int = 0):
-    qs = Submission.objects.filter(user=request.auth).select_related("leaderboard").prefetch_related(
+    qs = Submission.objects.made_by(request.auth).select_related("leaderboard").prefetch_related(
         "runs__gpu_type", "runs__submission")
     if leaderboard:
         qs = qs.filter(leaderboard__name=leaderboard)

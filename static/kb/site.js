@@ -111,9 +111,23 @@
         if (window.kbChartRecordAdded) window.kbChartRecordAdded(msg.record_added, msg.record_names);
       }
     };
+    // the final standings started, moved on, or were published: the banner and the table as a reload shows them
+    // (an event during a fetch fetches again after it; a snapshot names the standings shown, for a missed event)
+    let finalFetch = null, finalAgain = false;
+    const refetchFinal = () => {
+      if (finalFetch) { finalAgain = true; return; }
+      finalFetch = swapFromServer(["#final", "#ranking-title"]).finally(() => {
+        finalFetch = null;
+        if (finalAgain) { finalAgain = false; refetchFinal(); }
+      });
+    };
     socket(live.dataset.ws, (msg) => {
-      if (msg.type === "snapshot") {
+      if (msg.type === "final") {
+        refetchFinal();
+      } else if (msg.type === "snapshot") {
         if (msg.version !== version) refetch();
+        const shown = $("#final");
+        if (shown && msg.final !== undefined && msg.final !== shown.dataset.state) refetchFinal();
       } else if (msg.type === "delta") {
         if (msg.version <= version) return; // duplicate
         const complete = msg.rows && msg.entries.every((e) => msg.rows[String(e.user)]);

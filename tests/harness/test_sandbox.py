@@ -20,19 +20,14 @@ import pytest
 from runners.harness import cgroups, contract
 from runners.harness import sandbox as sb
 from runners.harness.sandbox import Limits, Sandbox, SandboxUnavailable
+from tests.conftest import IN_CI, missing_tool
 
 REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
 
 
-def _bwrap_ok() -> bool:
-    path = sb._bwrap_path()
-    return path is not None and not sb._bwrap_error(path, sb._privileged())
-
-
-needs_bwrap = pytest.mark.skipif(
-    not _bwrap_ok() and os.environ.get("CI") != "true", reason="bubblewrap unusable here (fails under CI=true)"
-)
+needs_bwrap = pytest.mark.skipif(bool(missing_tool("bwrap")) and not IN_CI,
+                                 reason=f"bwrap {missing_tool('bwrap')}; it is required under CI=true")
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="uid drop needs root")
 
 
@@ -254,6 +249,7 @@ def test_tree_memory_defaults_to_the_nodes_share():
     assert sb.tree_memory_limit(Limits(tree_memory_bytes=1)) == sb.MIN_TREE_BYTES
 
 
+@needs_bwrap  # else the sandbox refuses for want of bubblewrap before it looks for a cgroup
 def test_missing_memory_cgroup_is_refused_under_require(tmp_path: Path, monkeypatch):
     monkeypatch.setenv("KERNELBOT_CGROUP", str(tmp_path))  # not a cgroup
     monkeypatch.setenv("KERNELBOT_SANDBOX", "require")

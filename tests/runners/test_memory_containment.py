@@ -18,6 +18,7 @@ from runners.harness.probe import probe, sandbox_facts
 from runners.models import CheckOutcome, GpuPool, GpuType, GpuVendor, Node, PoolCheck, PoolHealth, RunnerBackendName
 from runners.pools import MEMORY_FIX_DOC, Contained, containment
 from tests.agents import in_process_agent
+from tests.conftest import require_tool
 
 pytestmark = pytest.mark.django_db
 FIX = f"delegate the memory controller to the runner's service ({MEMORY_FIX_DOC})"
@@ -36,6 +37,7 @@ def node_check(pool: GpuPool) -> PoolCheck:
 
 
 def test_the_probe_says_why_no_memory_cgroup_is_usable(undelegated, monkeypatch):
+    require_tool("bwrap")  # without it the sandbox refuses for want of bubblewrap before it looks for a cgroup
     monkeypatch.setenv("KERNELBOT_SANDBOX", "require")
     facts = probe()["sandbox"]
     assert facts["mode"] == "require" and facts["memory_cgroup"] is None

@@ -23,6 +23,7 @@ from runners.backends.base import BACKENDS, backend_class, backend_for, validate
 from runners.harness.probe import device_mismatch, name_matches, probe
 from runners.models import Gpu, GpuPool, GpuType, GpuVendor, Node, PoolHealth, RunnerBackendName
 
+from ..conftest import require_tool
 from ..factories import UserFactory, local_cpu_pool, remote_pool, submission
 from .fake_backends import ClusterBackend
 
@@ -334,6 +335,8 @@ def test_a_failing_pool_is_refused_at_the_door_with_a_precise_message(leaderboar
 def test_a_saved_pool_page_saves_again_unchanged_with_readable_labels(db, monkeypatch, backend, stored):
     """What the change page shows for stored settings is what its form accepts: saving an untouched page keeps
     them (an organiser once met "'[]': only long options" on re-saving a Slurm pool)."""
+    if backend == RunnerBackendName.SLURM:
+        require_tool("sbatch")  # the backend refuses a pool it cannot reach: no sbatch here and no ssh login node
     monkeypatch.setenv("MODAL_TOKEN_ID", "ak-x")
     monkeypatch.setenv("MODAL_TOKEN_SECRET", "as-x")
     pool = GpuPool.objects.create(name="p", backend=backend, settings=stored)

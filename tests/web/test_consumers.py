@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import timedelta
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -14,8 +15,10 @@ from channels.testing import WebsocketCommunicator
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser
 from django.db import connection
+from django.utils import timezone
 
-from leaderboards import actions, lifecycle
+from leaderboards import actions, finals, lifecycle
+from leaderboards.models import FinalStatus, Run
 from leaderboards.routing import websocket_urlpatterns
 
 from ..conftest import REPO
@@ -215,3 +218,48 @@ def test_deployments_sharing_a_redis_server_do_not_hear_each_other(redis_url):
             for each in (listener, neighbour, colleague):
                 await each.flush()
     run(scenario)
+
+
+@pytest.mark.django_db
+def test_an_open_board_page_hears_its_final_standings_start_and_get_published(leaderboard, cpu_pool, monkeypatch,
+                                                                            django_capture_on_commit_callbacks):
+    """Issue 36, item 3: the board's socket says when its final standings start, move on and are published, and its
+    snapshot names the standings shown, for a page that missed an event."""
+    monkeypatch.setattr("leaderboards.tasks.dispatch_run", lambda run_id: None)
+    ranked_board(leaderboard, 2)
+    leaderboard.deadline, leaderboard.final_rounds = timezone.now() - timedelta(minutes=1), 1
+    leaderboard.save(update_fields=["deadline", "final_rounds"])
+    gpu = cpu_pool.cpu
+
+    def start():
+        with django_capture_on_commit_callbacks(execute=True):
+            final = finals.do_start_final(leaderboard)
+            finals.advance(final.pk, gpu.pk)
+        return final
+
+    def finish_next():
+        run = Run.objects.filter(submission__final_entry__isnull=False, status="queued").order_by("pk").first()
+        with django_capture_on_commit_callbacks(execute=True):
+            lifecycle.do_ingest_result(run.pk, dispatch(run), ranked_result([800.0]))
+            finals.run_finished(run.pk)
+
+    async def scenario():
+        ws = communicator(f"/ws/leaderboard/{leaderboard.pk}/{gpu.pk}/", AnonymousUser())
+        assert (await ws.connect())[0]
+        assert (await ws.receive_json_from())["final"] == "/"  # no standings yet
+        final = await database_sync_to_async(start)()
+        assert await ws.receive_json_from(timeout=5) == {"type": "final", "final": final.pk, "status": "running"}
+        await ws.send_json_to({"type": "resync"})
+        assert (await ws.receive_json_from())["final"] == f"/{final.pk}"
+        await database_sync_to_async(finish_next)()  # the first of two re-runs: the page's progress moves on
+        assert await ws.receive_json_from(timeout=5) == {"type": "final", "final": final.pk, "status": "running"}
+        await database_sync_to_async(finish_next)()  # the last: settled and published at once (the deadline's)
+        assert await ws.receive_json_from(timeout=5) == {"type": "final", "final": final.pk, "status": "published"}
+        assert await ws.receive_nothing(timeout=0.2)
+        await ws.send_json_to({"type": "resync"})
+        assert (await ws.receive_json_from())["final"] == f"{final.pk}/"
+        await ws.disconnect()
+        return final
+    final = run(scenario)
+    final.refresh_from_db()
+    assert final.status == FinalStatus.PUBLISHED
