@@ -1,7 +1,8 @@
 """The trusted view of a problem: a private snapshot of its files, its reference and checker, seeds, specs.
 
-The snapshot is taken before any untrusted process starts, so a submission that rewrites `reference.py`
-(or `utils.py`) in the shared working directory cannot change what the parent imports later.
+The snapshot is taken before the submission's code runs (the sandboxed child may already be up, running only the
+harness's own child script), so a submission that rewrites `reference.py` (or `utils.py`) in the shared working
+directory cannot change what the parent imports later.
 """
 
 from __future__ import annotations
