@@ -472,8 +472,8 @@ class ProblemEntry(Strict):
 class CompetitionFile(Strict):
     """A competition file: problems/<set>.yaml."""
 
-    name: Annotated[str, checked(lambda v: _text(v, MAX_COMPETITION_NAME))]
-    description: Annotated[str, checked(lambda v: _text(v, allow_empty=True))] = ""
+    name: Annotated[str, checked(lambda v: _text(v, MAX_COMPETITION_NAME))] = Field(description="Shown on its page.")
+    description: Annotated[str, checked(lambda v: _text(v, allow_empty=True))] = Field("", description="Markdown.")
     deadline: Deadline = Field(None, description="\"2025-06-30\", \"2025-06-30 23:59\" or ISO 8601; UTC unless a "
                                                  "zone is given; empty: the importer uses its problems' latest.")
     problems: Annotated[list[ProblemEntry], _a("a non-empty list of problems",

@@ -58,7 +58,8 @@ def test_problems_import_as_before(tmp_path):
         archive = subprocess.run(["git", "-C", clone, "archive", expected["commit"], expected["path"]],
                                  capture_output=True, check=False)
         assert archive.returncode == 0, f"{clone} lacks commit {expected['commit']}: {archive.stderr.decode()}"
-        tarfile.open(fileobj=io.BytesIO(archive.stdout)).extractall(tmp_path / name, filter="data")
+        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+            tar.extractall(tmp_path / name, filter="data")
         assert collection(tmp_path / name / expected["path"]) == expected["entries"], name
 
 
