@@ -38,7 +38,7 @@ from discordbot.bot import point_at  # noqa: E402
 from discordbot.models import Guild, StatusMessage  # noqa: E402
 from leaderboards.actions import do_cancel_run  # noqa: E402
 from leaderboards.models import Run, Submission  # noqa: E402
-from leaderboards.taskfile import load_task  # noqa: E402
+from taskspec.loader import load_task  # noqa: E402
 from tests.discordbot.conftest import BotThread  # noqa: E402
 from tests.factories import LeaderboardFactory, local_cpu_pool, problem_from  # noqa: E402
 from tests.fakes.discord import CHANNEL_ID, GUILD_ID, Attachment, FakeDiscord  # noqa: E402

@@ -44,8 +44,8 @@ from django.utils import timezone  # noqa: E402
 
 from leaderboards import actions, ranks  # noqa: E402
 from leaderboards.models import BoardEntry, Code, Leaderboard, Problem, Run, RunStatus, Submission  # noqa: E402
-from leaderboards.taskfile import load_task  # noqa: E402
 from runners.models import GpuType, GpuVendor  # noqa: E402
+from taskspec.loader import load_task  # noqa: E402
 
 PREFIX = "rankbench-"
 

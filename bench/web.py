@@ -34,8 +34,8 @@ from django.test.utils import CaptureQueriesContext  # noqa: E402
 
 from leaderboards import actions  # noqa: E402
 from leaderboards.models import Code, Leaderboard, Problem, Run, RunStatus, Submission  # noqa: E402
-from leaderboards.taskfile import load_task  # noqa: E402
 from runners.models import GpuType, GpuVendor  # noqa: E402
+from taskspec.loader import load_task  # noqa: E402
 
 BOARD = "bench-vectoradd"
 

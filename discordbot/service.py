@@ -29,8 +29,9 @@ from leaderboards.models import BoardEntry, Leaderboard, Profile, Run, RunStatus
 from leaderboards.popcorn.wire import public_task
 from leaderboards.repository import RepositoryError, do_import_repository
 from leaderboards.serializers import job_state, run_out, submission_results, submission_scores
-from leaderboards.taskfile import TaskFileError, load_task_from_zip, parse_deadline
 from runners.models import GpuPool
+from taskspec.loader import TaskFileError, load_task_from_zip
+from taskspec.model import parse_deadline
 
 from . import render
 from .identity import user_for_discord

@@ -11,6 +11,7 @@ from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
 from kernelbot.admin_actions import ObjectAction, ObjectActionsMixin, confirmed_list_action
+from taskspec.loader import TaskFileError, load_task_from_zip
 
 from . import actions, dataset, finals, lifecycle
 from .access import actions as access_actions
@@ -44,7 +45,6 @@ from .models import (
     Submission,
 )
 from .serializers import job_state, problem_error_detail
-from .taskfile import TaskFileError, load_task_from_zip
 
 
 def public_url(obj: Leaderboard | Submission | Run) -> str:

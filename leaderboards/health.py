@@ -24,10 +24,10 @@ from django.utils import timezone
 
 from runners.actions import agentless_nodes, node_containment
 from runners.models import CheckOutcome, GpuPool, GpuType, PoolCheck, PoolHealth
+from taskspec.loader import load_task
 
 from . import actions, lifecycle
 from .models import Leaderboard, Problem, Run, RunAttempt, RunStatus, Submission, SubmissionMode, Visibility
-from .taskfile import load_task
 
 log = logging.getLogger(__name__)
 CHECK_DIR = Path(__file__).resolve().parent / "health_check"

@@ -9,6 +9,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from runners.models import GpuType
+from taskspec.loader import CompetitionDefinition
+from taskspec.model import TaskDefinition, has_own_evaluator, leaderboard_name_error
 
 from .actions import do_rescore_leaderboard
 from .models import Competition, HarnessProtocol, Leaderboard, Problem, RankingRule
@@ -21,7 +23,6 @@ from .taskcheck import (
     entry_file,
     missing_trusted_names,
 )
-from .taskfile import CompetitionDefinition, TaskDefinition, has_own_evaluator, leaderboard_name_error
 
 DEFAULT_OPEN_DAYS = 365  # no deadline given anywhere: open a year, as KernelBot's problem sync does
 

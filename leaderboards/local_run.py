@@ -1,5 +1,5 @@
 """What `kernelbot run` downloads to run a leaderboard's task on a competitor's own machine: the task's files and,
-per local mode, the harness job the platform builds (`runners.jobspec`, the one builder both use) with the public
+per local mode, the harness job the platform builds (`taskspec.jobspec`, the one builder both use) with the public
 seed only, and the version of the harness tarball remote runners fetch. The secret seed and each run's own seed
 never leave the server. Who may fetch it is who may see the leaderboard (`access.authority`)."""
 
@@ -11,7 +11,7 @@ from typing import Any
 from django.conf import settings
 from django.urls import reverse
 
-from runners import jobspec
+from taskspec import jobspec
 
 from .models import Leaderboard
 from .runner_api import harness_tarball

@@ -16,8 +16,9 @@ from pathlib import Path, PurePosixPath
 
 from django.conf import settings
 
+from taskspec.loader import TaskFileError, load_competition
+
 from .importing import ImportRejected, do_import_competition
-from .taskfile import TaskFileError, load_competition
 
 REPOSITORY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,38}/[A-Za-z0-9_.-]{1,100}")
 BRANCH = re.compile(r"[A-Za-z0-9_.-]{1,100}")  # no slashes, as KernelBot

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from taskspec.scoring import score_seconds
+
 from .models import Problem, Run, SubmissionMode
-from .ranking import Interval, ratio_fields, ratio_from_timings, score_seconds  # noqa: F401 - ratio_fields re-exported
+from .ranking import Interval, ratio_fields, ratio_from_timings  # noqa: F401 - ratio_fields re-exported
 
 MODE_PHASES = {SubmissionMode.TEST: ("test",), SubmissionMode.BENCHMARK: ("benchmark",),
                SubmissionMode.LEADERBOARD: ("test", "benchmark", "ranked"), SubmissionMode.PROFILE: ()}

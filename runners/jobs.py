@@ -9,10 +9,10 @@ from typing import Any
 
 from django.conf import settings
 
-from runners import jobspec
 from runners.harness import contract
-from runners.jobspec import DEFAULT_LIMITS, derive_seed
 from runners.models import Gpu, GpuPool
+from taskspec import jobspec
+from taskspec.jobspec import DEFAULT_LIMITS, derive_seed
 
 CUDA_COMPILE_TIMEOUT = contract.COMPILE_TIMEOUT_S
 Run = Any  # leaderboards.models.Run

@@ -19,7 +19,7 @@ from django_q.conf import Conf
 from django_q.timeout import TimeoutHandler
 
 from leaderboards import tasks
-from leaderboards.taskfile import load_task
+from taskspec.loader import load_task
 
 from . import agents, factories
 

@@ -8,8 +8,8 @@ from django.utils import timezone
 
 from leaderboards.actions import RANK_HOOK
 from leaderboards.models import Code, Leaderboard, Problem, Run, RunStatus, Submission
-from leaderboards.taskfile import TaskDefinition
 from runners.models import Gpu, GpuPool, GpuType, GpuVendor, Node
+from taskspec.model import TaskDefinition
 
 
 class UserFactory(factory.django.DjangoModelFactory):

@@ -2,7 +2,7 @@
 reference-kernels directory) and run the platform's harness on it here, with the task's public seed.
 
 From a server: `GET /api/v1/leaderboards/{name}/local` gives the task's files and the platform's harness job per mode
-(`runners.jobspec`, the builder the platform uses); the harness is the server's own tarball
+(`taskspec.jobspec`, the builder the platform uses); the harness is the server's own tarball
 (`/api/runner/v1/harness.tar.gz`), kept under its version (sha256 of its files). Both stay in the cache
 (`$XDG_CACHE_HOME/kernelbot`, or KERNELBOT_CACHE): when the server cannot be reached, the leaderboard's last
 downloaded task and its harness are used. With `--problem DIR` the job is built here by the same builder and run
@@ -29,12 +29,14 @@ from typing import Any
 import httpx
 from platformdirs import user_cache_path
 
-from leaderboards.ranking import score_seconds
-from leaderboards.taskfile import has_own_evaluator, load_task
-from runners import jobspec
+import runners.harness
 from runners.harness.runner import new_workdir, run_harness, write_workdir
+from taskspec import jobspec
+from taskspec.loader import load_task
+from taskspec.model import has_own_evaluator
+from taskspec.scoring import score_seconds
 
-INSTALLED_HARNESS = Path(jobspec.__file__).resolve().parents[1]  # the directory that holds runners/harness
+INSTALLED_HARNESS = Path(runners.harness.__file__).resolve().parents[2]  # the directory that holds runners/harness
 
 
 class LocalRunError(Exception):
@@ -44,7 +46,7 @@ class LocalRunError(Exception):
 @dataclasses.dataclass
 class LocalTask:
     name: str  # the leaderboard, or the problem directory's name
-    bundle: dict[str, Any]  # runners.jobspec.public_bundle: files, submission_name, jobs
+    bundle: dict[str, Any]  # taskspec.jobspec.public_bundle: files, submission_name, jobs
     harness_dir: Path  # PYTHONPATH of the harness that runs it
     origin: str  # how it was obtained, for the user
     problem: dict[str, Any] = dataclasses.field(default_factory=dict)

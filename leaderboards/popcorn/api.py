@@ -31,7 +31,7 @@ from leaderboards.access.models import Invite
 from leaderboards.importing import ImportRejected, do_import_task
 from leaderboards.models import Leaderboard, Run, Submission
 from leaderboards.serializers import job_state
-from leaderboards.taskfile import TaskFileError, collection_root, load_competition, load_task, load_task_from_zip
+from taskspec.loader import TaskFileError, collection_root, load_competition, load_task, load_task_from_zip
 
 from . import wire
 

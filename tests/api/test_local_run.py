@@ -27,8 +27,8 @@ from leaderboards.access.actions import do_create_token
 from leaderboards.access.models import Membership
 from leaderboards.actions import check_submission, do_submit
 from leaderboards.models import Leaderboard, Visibility
-from runners import jobspec
 from runners.jobs import run_job, run_seed, total_timeout
+from taskspec import jobspec
 
 from ..conftest import REPO
 from ..factories import LeaderboardFactory, UserFactory, submission

@@ -8,10 +8,10 @@ import pytest
 from leaderboards.actions import check_submission, do_submit
 from leaderboards.importing import ImportRejected, store_problem
 from leaderboards.models import BoardEntry, RunStatus
-from leaderboards.taskfile import load_task
 from runners.harness.job import parse_job
 from runners.jobs import CUDA_COMPILE_TIMEOUT, harness_job, total_timeout, workdir_files
 from runners.models import Gpu, GpuType
+from taskspec.loader import load_task
 
 from ..factories import LeaderboardFactory, UserFactory, submission
 from .helpers import FIXTURES

@@ -12,8 +12,8 @@ from django.core.management import CommandError, call_command
 
 from leaderboards.importing import ImportRejected, do_import_task
 from leaderboards.models import HarnessProtocol, Leaderboard, Problem
-from leaderboards.taskfile import load_task
 from runners.models import GpuType, GpuVendor
+from taskspec.loader import load_task
 
 from ..conftest import REPO
 from ..factories import LeaderboardFactory, problem_from

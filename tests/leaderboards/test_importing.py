@@ -14,8 +14,8 @@ from django.utils import timezone
 from leaderboards.importing import ImportRejected, do_import_competition, do_import_task
 from leaderboards.management.commands.import_problems import Command as ImportProblems
 from leaderboards.models import Competition, HarnessProtocol, Leaderboard, Problem
-from leaderboards.taskfile import load_competition, load_task
 from runners.models import GpuType
+from taskspec.loader import load_competition, load_task
 
 from ..conftest import REPO
 from ..factories import submission

@@ -3,7 +3,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from leaderboards.ranking import Candidate, Interval, rank, ratio_from_timings, score_seconds, statistically_tied
+from leaderboards.ranking import Candidate, Interval, rank, ratio_from_timings, statistically_tied
+from taskspec.scoring import score_seconds
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -13,8 +13,8 @@ from django.utils import timezone
 
 from leaderboards.importing import ImportRejected, do_import_task, previewed
 from leaderboards.models import Leaderboard, Problem, RankingRule, Run
-from leaderboards.taskfile import load_task
 from runners.models import GpuType
+from taskspec.loader import load_task
 
 from ..conftest import REPO
 from ..factories import submission

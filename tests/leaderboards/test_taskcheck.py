@@ -3,7 +3,7 @@
 import pytest
 
 from leaderboards.taskcheck import CudaRequest, cuda_requests, describe, missing_trusted_names
-from leaderboards.taskfile import load_task
+from taskspec.loader import load_task
 
 from ..conftest import REPO
 

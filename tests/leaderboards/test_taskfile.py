@@ -9,18 +9,20 @@ import pytest
 import yaml
 
 from leaderboards.models import Competition, Leaderboard, Problem
-from leaderboards.taskfile import (
-    MAX_COMPETITION_NAME,
-    MAX_LEADERBOARD_NAME,
-    MAX_PROBLEM_NAME,
+from taskspec.loader import (
     CompetitionError,
-    TaskDefinition,
     TaskFileError,
-    case_line,
     collection_root,
     load_competition,
     load_task,
     load_task_from_zip,
+)
+from taskspec.model import (
+    MAX_COMPETITION_NAME,
+    MAX_LEADERBOARD_NAME,
+    MAX_PROBLEM_NAME,
+    TaskDefinition,
+    case_line,
     parse_deadline,
 )
 

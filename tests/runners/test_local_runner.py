@@ -4,7 +4,7 @@ import pytest
 
 from leaderboards.actions import check_submission, do_submit
 from leaderboards.models import BoardEntry, RunStatus
-from leaderboards.taskfile import load_task
+from taskspec.loader import load_task
 
 from ..conftest import REPO
 from ..factories import LeaderboardFactory, UserFactory, problem_from

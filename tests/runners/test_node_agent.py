@@ -6,7 +6,6 @@ real agent processes against a live server."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import signal
@@ -23,11 +22,11 @@ from django.utils import timezone
 from leaderboards import lifecycle
 from leaderboards.actions import check_submission, do_submit
 from leaderboards.models import Run, RunStatus, SubmissionMode
-from leaderboards.taskfile import load_task
 from runners.actions import agentless_nodes
 from runners.harness.node import node_token
 from runners.models import Gpu, GpuPool, GpuType, Node
 from runners.reservations.models import DeviceHold, HoldKind
+from taskspec.loader import load_task
 
 from .. import factories
 from ..agents import drain, in_process_agent, machine_probe, start_agent
@@ -216,7 +215,7 @@ def test_a_multi_gpu_run_is_not_starved_by_younger_single_gpu_runs(demo_task):
         Gpu.objects.create(node=node, gpu_type=h100, index=index)
 
     def board(world_size: int):
-        problem = factories.problem_from(dataclasses.replace(demo_task, name=f"{demo_task.name}-x{world_size}"))
+        problem = factories.problem_from(demo_task.model_copy(update={"name": f"{demo_task.name}-x{world_size}"}))
         if world_size > 1:
             problem.definition = {**problem.definition, "multi_gpu": True, "tests": [
                 {**case, "world_size": world_size} for case in problem.definition["tests"]]}

@@ -13,8 +13,8 @@ from django.utils import timezone
 from leaderboards import finals, ranks
 from leaderboards.access.models import ApiToken
 from leaderboards.models import Leaderboard, Problem, Run
-from leaderboards.taskfile import TaskFileError, load_task_from_zip
 from runners.models import CheckOutcome, GpuType, PoolCheck, PoolHealth
+from taskspec.loader import TaskFileError, load_task_from_zip
 
 from ..factories import LeaderboardFactory, UserFactory, submission
 from ..leaderboards.test_lifecycle import finish

@@ -6,7 +6,8 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from leaderboards.importing import ImportRejected, do_import_competition, do_import_task
-from leaderboards.taskfile import TaskFileError, collection_root, load_competition, load_task, parse_deadline
+from taskspec.loader import TaskFileError, collection_root, load_competition, load_task
+from taskspec.model import parse_deadline
 
 
 def deadline_argument(text: str) -> datetime | None:

@@ -1,6 +1,6 @@
 """A task's harness job, built one way for the platform (`runners.jobs`, per run) and for `kernelbot run` (a
 competitor's own machine, public seed only). Django-free: the CLI imports it. `definition` is a problem version's
-parsed task (`leaderboards.taskfile.TaskDefinition.to_json()`, `Problem.definition`)."""
+parsed task (`taskspec.model.TaskDefinition.to_json()`, `Problem.definition`)."""
 
 from __future__ import annotations
 
