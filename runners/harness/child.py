@@ -37,6 +37,7 @@ import importlib  # noqa: E402
 import json  # noqa: E402
 import mmap  # noqa: E402
 import os  # noqa: E402
+import re  # noqa: E402
 import socket  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
@@ -540,10 +541,15 @@ def busy_threads(before: dict[int, int], after: dict[int, int]) -> tuple[int, li
 
 
 def _format_error() -> str:
-    """The current exception's traceback without the harness's own frames."""
+    """The current exception's traceback without the harness's own frames, and without the server's paths: the
+    workdir's files by their names, libraries from site-packages on."""
     exc = traceback.TracebackException(*sys.exc_info())
     exc.stack = traceback.StackSummary.from_list([f for f in exc.stack if f.filename != __file__][-8:])
-    return "".join(exc.format())[-4000:]
+    text = "".join(exc.format())[-4000:]
+    libraries = {os.path.dirname(p) + "/" for p in sys.path if p.endswith(("site-packages", "dist-packages"))}
+    for prefix in sorted({os.getcwd() + "/", *libraries}, key=len, reverse=True):
+        text = text.replace(prefix, "")
+    return re.sub(r'File "/[^"]*/(lib/python[0-9.]+/)', r'File "\1', text)
 
 
 def _thread_name(tid: int) -> str:

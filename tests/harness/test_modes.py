@@ -85,3 +85,17 @@ def test_child_starts_with_the_problems_backend_flags(tmp_path):
     assert (result["verdict"], result["passed"]) == ("pass", True), result["error"]
     result, _ = run_harness(job_for(make_workdir(tmp_path / "default", SUBMISSIONS / "reads_flags.py"), "test"))
     assert result["verdict"] == "fail"  # torch's default cudnn.allow_tf32 is True: the submission sees it
+
+
+@pytest.mark.parametrize(("code", "shown"), [
+    ("import torch\ndef custom_kernel(data):\n    return data[0] @@ data[1]\n", 'File "submission.py", line 3'),
+    ("import json\ndef custom_kernel(data):\n    return json.loads('{')\n", "json/decoder.py"),
+    ("import torch\ndef custom_kernel(data):\n    return torch.nn.functional.linear(data[0], data[0][:3], 1)\n",
+     'File "submission.py", line 3, in custom_kernel'),
+])
+def test_a_competitor_reads_their_traceback_without_the_servers_paths(tmp_path, code, shown):
+    workdir = make_workdir(tmp_path, SUBMISSIONS / "fast.py")
+    (workdir / "submission.py").write_text(code)
+    result, _ = run_harness(job_for(workdir, "test"))
+    assert result["verdict"] == "fail" and shown in result["error"], result["error"]
+    assert 'File "/' not in result["error"] and str(tmp_path) not in result["error"]
