@@ -37,12 +37,12 @@ def machine_probe() -> dict:
     return json.loads(done.stdout)
 
 
-def in_process_agent(node: Node, report: dict | None = None) -> NodeAgent:
+def in_process_agent(node: Node, report: dict | None = None, *, python: str = "") -> NodeAgent:
     """The node's agent calling the runner API through the test client, registered with `report` (default: this
     machine's probe) unless the node's agent is live already (then it goes on with the devices registered)."""
     agent = NodeAgent("http://testserver", node.pool.name, node.hostname,
                       node_token(settings.RUNNER_KEY, node.pool.name, node.hostname),
-                      python=settings.HARNESS_PYTHON or sys.executable, workroot=settings.RUNS_DIR,
+                      python=python or settings.HARNESS_PYTHON or sys.executable, workroot=settings.RUNS_DIR,
                       transport=client_transport)
     settings.RUNS_DIR.mkdir(parents=True, exist_ok=True)
     node.refresh_from_db()

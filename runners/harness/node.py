@@ -171,6 +171,8 @@ class NodeAgent:
         answer = self._call("register", {"probe": report, "agent": {
             "version": VERSION, "pid": os.getpid(), "python": self.python, "started": time.time()}})
         self.devices = [int(d["index"]) for d in answer.get("devices", []) if d.get("enabled", True)]
+        if answer.get("out_of_service"):
+            print(f"node agent: {self.hostname} is out of service: {answer['out_of_service']}", file=sys.stderr)
         return answer
 
     def free(self) -> list[int]:

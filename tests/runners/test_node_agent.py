@@ -124,7 +124,8 @@ def test_a_restarted_agent_gets_its_dead_predecessors_runs_retried_at_once(leade
     assert run.status == RunStatus.RUNNING
     answer = in_process_agent(cpu_pool.nodes.get(), machine_probe())  # the new agent registers holding nothing
     run.refresh_from_db()
-    assert run.status == RunStatus.QUEUED and "restarted" in run.error and run.infra_failures == 1
+    assert run.status == RunStatus.QUEUED and run.infra_failures == 1
+    assert "restarted" in run.attempts.get().reason
     assert answer.devices == [0]
     assert DeviceHold.objects.get(run_id=run.pk).ended is not None
 
@@ -284,3 +285,4 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+

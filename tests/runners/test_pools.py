@@ -16,7 +16,7 @@ from leaderboards import lifecycle
 from leaderboards.access.actions import do_create_token
 from leaderboards.actions import check_submission
 from leaderboards.errors import SubmissionRejected
-from leaderboards.lifecycle import candidate_pools, dispatch_run
+from leaderboards.lifecycle import MISCONFIGURED, candidate_pools, dispatch_run
 from leaderboards.models import Run, RunStatus
 from runners.admin import GpuPoolForm
 from runners.backends.base import BACKENDS, backend_class, backend_for, validated_settings
@@ -94,8 +94,9 @@ def test_a_dispatch_the_service_refuses_as_misconfigured_ends_the_run_at_once(le
         ClusterBackend.refuse = ""
     run.refresh_from_db()
     assert run.status == RunStatus.ERROR and run.infra_failures == 0
-    assert run.error == "the cluster refused the account 'nobody'"
-    assert list(run.attempts.values_list("pool", "outcome")) == [(refusing.pk, RunStatus.ERROR)]
+    assert run.error == MISCONFIGURED  # the competitor's; the service's message is the organisers'
+    assert list(run.attempts.values_list("pool", "outcome", "reason")) == [
+        (refusing.pk, RunStatus.ERROR, "the cluster refused the account 'nobody'")]
     dispatch_run(run.pk)  # idempotent: an ended run is left alone
     assert run.attempts.count() == 1
 
