@@ -201,8 +201,9 @@ def node_register(request: HttpRequest, pool: GpuPool, hostname: str, body: dict
 @_node_endpoint
 def node_poll(request: HttpRequest, pool: GpuPool, hostname: str, body: dict) -> HttpResponse:
     """The node's heartbeat and its ask for work: runs for its free devices (`lifecycle.do_claim_runs`), which of
-    its devices reservations hold now (the agent sweeps the others' leftover processes), and their holders' SSH keys
-    (an agent started with --authorized-keys places them)."""
+    its devices reservations hold now and which reservation holds each (the agent sweeps the others' leftover
+    processes, and those of reservations no longer here), and their holders' SSH keys (an agent started with
+    --authorized-keys places them)."""
     free = body.get("free", [])
     if not isinstance(free, list) or len(free) > 256 or not all(
             isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 1024 for i in free):
@@ -211,7 +212,8 @@ def node_poll(request: HttpRequest, pool: GpuPool, hostname: str, body: dict) ->
     if node is None:
         raise Refused(404, f"{hostname} is not registered in pool {pool.name}: register first")
     return JsonResponse({"claims": lifecycle.do_claim_runs(node, sorted(set(free))),
-                         "reserved": allocator.reserved_indices(node.pk), "keys": keys.placed_on(node.pk)})
+                         "reserved": allocator.reserved_indices(node.pk),
+                         "reservations": allocator.reservations_on(node.pk), "keys": keys.placed_on(node.pk)})
 
 
 @cache

@@ -16,6 +16,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.db import transaction
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -27,7 +28,8 @@ from leaderboards.taskfile import load_task
 from runners.actions import agentless_nodes
 from runners.harness.node import node_token
 from runners.models import Gpu, GpuPool, GpuType, Node
-from runners.reservations.models import DeviceHold, HoldKind
+from runners.reservations import keys
+from runners.reservations.models import DeviceHold, HoldKind, Reservation
 
 from .. import factories
 from ..agents import drain, in_process_agent, machine_probe, start_agent
@@ -286,3 +288,74 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
 
+
+def reservation_hold(node: Node, user) -> DeviceHold:
+    gpu = node.gpus.get(index=0)
+    now = timezone.now()
+    reservation = Reservation.objects.create(
+        user=user, project="p", pool=node.pool, gpu_type=gpu.gpu_type, gpu_count=1, minutes=30, status="active",
+        node=node, started_at=now, ends_at=now + timedelta(minutes=30), planned_gpus=[gpu.pk])
+    return DeviceHold.objects.create(gpu=gpu, node=node, pool=node.pool, gpu_type=gpu.gpu_type,
+                                     reservation=reservation, kind=HoldKind.RESERVATION, user=user, started=now,
+                                     ends=reservation.ends_at)
+
+
+def login(line: str, command: str) -> int:
+    """What sshd does with a holder's authorized_keys line: its forced command, run with the ssh command given in
+    SSH_ORIGINAL_COMMAND; detached (no child of this process, which the in-process agent would take for its own)."""
+    forced = line.split('command="', 1)[1].split('" ssh-', 1)[0].replace('\\"', '"')
+    done = subprocess.run(["sh", "-c", 'bash -c "$FORCED" >/dev/null 2>&1 & echo $!'], capture_output=True,
+                          text=True, check=True, env={**os.environ, "FORCED": forced, "SSH_ORIGINAL_COMMAND": command})
+    return int(done.stdout)
+
+
+@pytest.mark.django_db
+def test_a_reservations_processes_die_at_its_end_even_when_the_next_one_takes_its_devices_at_once(
+        cpu_pool, tmp_path, monkeypatch):
+    """Processes belong to the reservation, not to the device: the first holder's login (and what it started, on the
+    device or not, and one seen on the device under it) dies when its reservation ends, although the next
+    reservation holds the same device from that very moment; the next holder's lives."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(FAKE_NVIDIA_SMI)
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    node = cpu_pool.nodes.get()
+    first, second = UserFactory(), UserFactory()
+    for user in (first, second):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / f"key{user.pk}")],
+                       check=True)
+        keys.do_add_key(user, (tmp_path / f"key{user.pk}.pub").read_text())
+    hold = reservation_hold(node, first)
+    agent = in_process_agent(node)
+    agent.sweep_s = 0
+    agent.authorized_keys = tmp_path / "authorized_keys"
+    pids = []
+    try:
+        agent.poll()
+        (line,) = agent.authorized_keys.read_text().splitlines()
+        on_device = login(line, "sleep 600")  # the first holder's kernel, on the device
+        beside = login(line, "sleep 600")  # and something of theirs that never touches it
+        untagged = int(subprocess.run(["sh", "-c", "env -u KERNELBOT_RESERVATION sleep 600 >/dev/null 2>&1 & echo $!"],
+                                      capture_output=True, text=True, check=True).stdout)  # seen on its device only
+        pids = [on_device, beside, untagged]
+        (tmp_path / "pids").write_text(f"{on_device}\n{untagged}\n")
+        agent.poll()
+        assert all(alive(pid) for pid in pids)  # its reservation holds the device
+        with transaction.atomic():  # the next reservation takes the device the moment the first ends
+            DeviceHold.objects.filter(pk=hold.pk).update(ended=timezone.now())
+            Reservation.objects.filter(pk=hold.reservation_id).update(status="ended")
+            reservation_hold(node, second)
+        agent.poll()
+        (line,) = agent.authorized_keys.read_text().splitlines()
+        assert f"KERNELBOT_RESERVATION={hold.reservation_id};" not in line
+        theirs = login(line, "sleep 600")
+        pids.append(theirs)
+        (tmp_path / "pids").write_text(f"{on_device}\n{untagged}\n{theirs}\n")
+        agent.poll()
+        wait_for(lambda: not any(alive(pid) for pid in pids[:3]), 10, "the first holder's processes to die")
+        agent.poll()
+        assert alive(theirs)  # the next holder's, on the same device, lives
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
