@@ -73,11 +73,11 @@ def drain_local_pools() -> int:
     return sum(drain(pool) for pool in GpuPool.objects.filter(backend="local", enabled=True))
 
 
-def start_agent(platform_url: str, pool: str, hostname: str, *, env: dict | None = None,
+def start_agent(platform_url: str, pool: str, hostname: str, *, env: dict | None = None, args: tuple[str, ...] = (),
                 **popen) -> subprocess.Popen:
     """A real node agent process (`python -m runners.harness.node`) against a live platform."""
     return subprocess.Popen(
         [sys.executable, "-m", "runners.harness.node", "--platform", platform_url, "--pool", pool,
-         "--hostname", hostname, "--workdir", str(settings.RUNS_DIR), "--poll", "0.2"],
+         "--hostname", hostname, "--workdir", str(settings.RUNS_DIR), "--poll", "0.2", *args],
         cwd=REPO, env={**os.environ, "KERNELBOT_RUNNER_KEY": settings.RUNNER_KEY, **(env or {})},
         start_new_session=True, **popen)

@@ -25,6 +25,7 @@ lines only: each ends with its marker) or the agent stops.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import hashlib
 import hmac
@@ -153,6 +154,32 @@ def tagged_processes() -> dict[int, int]:
     return found
 
 
+def stale_run_dirs(workroot: Path) -> list[Path]:
+    """The run directories (`kernelbot-run-*`, holding a competitor's files) under `workroot` that no live process
+    uses as its working directory, its HOME (a harness parent's) or through an open file: a killed agent's."""
+    prefix = os.path.join(os.path.realpath(workroot), "kernelbot-run-")
+    dirs = [p for p in Path(workroot).glob("kernelbot-run-*") if p.is_dir() and not p.is_symlink()]
+    if not dirs:
+        return []
+    used: set[str] = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        base = f"/proc/{entry.name}"
+        paths = []
+        with contextlib.suppress(OSError):
+            paths.append(os.readlink(f"{base}/cwd"))
+        with contextlib.suppress(OSError), open(f"{base}/environ", "rb") as f:
+            paths += [item[5:].decode(errors="replace") for item in f.read().split(b"\0")
+                      if item.startswith(b"HOME=")]
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"{base}/fd"):
+                with contextlib.suppress(OSError):
+                    paths.append(os.readlink(f"{base}/fd/{fd}"))
+        used.update(path[len(prefix):].split("/", 1)[0] for path in paths if path.startswith(prefix))
+    return [p for p in dirs if p.name.removeprefix("kernelbot-run-") not in used]
+
+
 def descends_from(pid: int, ancestor: int) -> bool:
     while pid > 1:
         if pid == ancestor:
@@ -272,6 +299,15 @@ class NodeAgent:
         except (ProcessLookupError, PermissionError):
             return False
 
+    def sweep_leftovers(self) -> None:
+        """What an agent killed outright left behind, swept when one starts: run directories no live process uses
+        (competitors' code) and reservations' SSH key lines (the first poll places those of reservations active now)."""
+        for path in stale_run_dirs(self.workroot):
+            shutil.rmtree(path, ignore_errors=True)
+            print(f"node agent: removed {path}, left by a run no process runs", file=sys.stderr)
+        if self.authorized_keys is not None:
+            place_keys(self.authorized_keys, [])
+
     def start(self, claim: dict, *, wait: bool = False) -> None:
         indices = [int(i) for i in claim["devices"]]
         with self.lock:
@@ -323,6 +359,7 @@ class NodeAgent:
         platform refuses or cannot answer is retried: it may be starting, or refuse this node until an organiser
         acts; a platform that forgot the node (404: deleted in the admin) gets a new registration."""
         registered = False
+        self.sweep_leftovers()
         while not self.stopping.is_set():
             try:
                 if not registered:

@@ -16,6 +16,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.conf import settings
 from django.db import transaction
 from django.test import Client
 from django.urls import reverse
@@ -289,8 +290,8 @@ def alive(pid: int) -> bool:
         return False
 
 
-def reservation_hold(node: Node, user) -> DeviceHold:
-    gpu = node.gpus.get(index=0)
+def reservation_hold(node: Node, user, index: int = 0) -> DeviceHold:
+    gpu = node.gpus.get(index=index)
     now = timezone.now()
     reservation = Reservation.objects.create(
         user=user, project="p", pool=node.pool, gpu_type=gpu.gpu_type, gpu_count=1, minutes=30, status="active",
@@ -322,9 +323,7 @@ def test_a_reservations_processes_die_at_its_end_even_when_the_next_one_takes_it
     node = cpu_pool.nodes.get()
     first, second = UserFactory(), UserFactory()
     for user in (first, second):
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / f"key{user.pk}")],
-                       check=True)
-        keys.do_add_key(user, (tmp_path / f"key{user.pk}.pub").read_text())
+        new_key(user, tmp_path)
     hold = reservation_hold(node, first)
     agent = in_process_agent(node)
     agent.sweep_s = 0
@@ -359,3 +358,60 @@ def test_a_reservations_processes_die_at_its_end_even_when_the_next_one_takes_it
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def new_key(user, directory: Path) -> None:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(directory / f"key{user.pk}")], check=True)
+    keys.do_add_key(user, (directory / f"key{user.pk}.pub").read_text())
+
+
+@pytest.mark.slow
+def test_an_agent_killed_outright_leaves_nothing_that_the_next_one_does_not_sweep_when_it_starts(
+        live_pool, runner_platform, tmp_path):
+    """A SIGKILLed agent leaves its run's directory (the competitor's submission.py) and its reservations' SSH key
+    lines; the next agent on the machine removes both when it starts, before it has even reached the platform."""
+    task = load_task(REPO / "problems" / "demo" / "vectoradd_py")
+    leaderboard = factories.LeaderboardFactory(problem=factories.problem_from(task), gpu_types=[live_pool.cpu])
+    node = live_pool.nodes.get()
+    Gpu.objects.create(node=node, gpu_type=live_pool.cpu, index=1)  # what the reservation holds, not the runs' device
+    holder = UserFactory()
+    new_key(holder, tmp_path)
+    reservation_hold(node, holder, index=1)
+    authorized = tmp_path / "authorized_keys"
+    authorized.write_text("ssh-ed25519 AAAA someone else\n")
+    args = ("--authorized-keys", str(authorized))
+    agent = start_agent(runner_platform.url, live_pool.name, "localhost", args=args)
+    successor = None
+    try:
+        wait_for(lambda: "kernelbot-node-agent-reservation-" in authorized.read_text(), 120, "the holder's key line")
+        slow = CODE + b"\nimport time as _t\n_orig = custom_kernel\ndef custom_kernel(data):\n    _t.sleep(60)\n" \
+                      b"    return _orig(data)\n"
+        run = submit(leaderboard, code=slow).runs.get()
+        dispatch_all()
+        wait_for(lambda: Run.objects.filter(pk=run.pk, status=RunStatus.RUNNING).exists(), 60, "the slow run")
+        code = wait_for(lambda: [p for p in settings.RUNS_DIR.glob("kernelbot-run-*/**/submission.py")
+                                 if b"_t.sleep(60)" in p.read_bytes()], 60, "the run's submission.py")
+        left = code[0].relative_to(settings.RUNS_DIR).parts[0]
+        os.killpg(agent.pid, signal.SIGKILL)
+        agent.wait()
+        wait_for(lambda: not [p for p in Path("/proc").glob("[0-9]*") if _home_in(p, settings.RUNS_DIR / left)], 30,
+                 "the killed agent's harness to go")
+        assert (settings.RUNS_DIR / left).exists() and "kernelbot-node-agent-reservation-" in authorized.read_text()
+
+        # the next agent cannot even reach the platform: it sweeps anyway, first thing
+        successor = start_agent("http://127.0.0.1:9", live_pool.name, "localhost", args=args)
+        wait_for(lambda: not (settings.RUNS_DIR / left).exists(), 60, "the run directory to be removed")
+        wait_for(lambda: authorized.read_text() == "ssh-ed25519 AAAA someone else\n", 30, "the key lines to go")
+    finally:
+        for proc in (agent, successor):
+            if proc is not None:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                reap_group(proc.pid)
+
+
+def _home_in(proc: Path, directory: Path) -> bool:
+    try:
+        return f"HOME={directory}".encode() in (proc / "environ").read_bytes()
+    except OSError:
+        return False
