@@ -19,7 +19,7 @@ from django.db.models import F, Q, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from runners.actions import do_node_back_in_service
+from runners.actions import do_fail_pool, do_node_back_in_service
 from runners.backends.base import (
     BackendUnavailable,
     Dispatch,
@@ -53,6 +53,7 @@ INFRA_RETRYING = "a runner failed while running it (not your code's fault); it i
 INFRA_GAVE_UP = ("the runners failed {failures} times while running it (not your code's fault); the organisers can see "
                  "why")
 MISCONFIGURED = "its runners are misconfigured (not your code's fault); the organisers can see why"
+WAITS_FOR_FIX = "its runners are misconfigured (not your code's fault); it runs once they are fixed"
 
 
 def _locked_run(run_id: int) -> Run:
@@ -120,6 +121,7 @@ def dispatch_run(run_id: int) -> None:
         external_id = backend.dispatch(job, reporter)
     except BackendUnavailable as exc:  # the service refused the pool's configuration: retrying would not help
         log.warning("dispatch of run %s attempt %s refused: %s", run_id, attempt, exc)
+        do_fail_pool(pool, f"{pool.get_backend_display()} refused the pool's configuration: {exc}")
         do_fail_configuration(run_id, attempt, str(exc))
         return
     except Exception as exc:
@@ -502,15 +504,21 @@ def do_report_failure(run_id: int, attempt: int, reason: str) -> bool:
 
 
 def do_fail_configuration(run_id: int, attempt: int, reason: str) -> bool:
-    """The pool's service refused the job as configured (bad credentials, unknown repository or app): the run ends
-    in ERROR, not charged to the user and not retried into the same refusal; the service's message is the attempt's
-    reason (organisers), the competitor reads MISCONFIGURED."""
+    """The pool's service refused the job as configured (bad credentials, unknown host, repository or app): the pool's
+    failure, not the run's (never charged, not retried into the same refusal). The service's message is the
+    attempt's reason, for organisers; the run waits queued for a pool that takes runs (`dispatch_run`), unless it is
+    pinned to this pool (a health check's: it ends in ERROR, and the competitor would read MISCONFIGURED); the
+    competitor reads WAITS_FOR_FIX meanwhile."""
     reason = scrub(reason)
     with transaction.atomic():
         run = _locked_run(run_id)
         if run.attempt != attempt or run.is_terminal or run.status == RunStatus.QUEUED:
             return False
-        run.update_status(RunStatus.ERROR, error=MISCONFIGURED, reason=reason)
+        if run.pool_id:
+            run.update_status(RunStatus.ERROR, error=MISCONFIGURED, reason=reason)
+        else:
+            run.update_status(RunStatus.QUEUED, error=WAITS_FOR_FIX, reason=reason)
+            enqueue_on_commit(DISPATCH_TASK, run.pk)
         return True
 
 

@@ -223,6 +223,13 @@ def do_register_agent(pool: GpuPool, hostname: str, report: dict, agent: dict) -
     return Registration(node, registration.created, registration.updated, registration.disabled, back)
 
 
+def do_fail_pool(pool: GpuPool, reason: str) -> None:
+    """The pool's service refused its configuration (a backend's BackendUnavailable, saying what to fix): the pool
+    fails, with the reason, until a health check passes; its runs wait for it or go to another pool."""
+    GpuPool.objects.filter(pk=pool.pk).update(health=PoolHealth.FAILING, health_detail=reason[:2000],
+                                              last_checked_at=timezone.now())
+
+
 def gpu_availability(gpu_type_ids) -> dict[int, str | None]:
     """For each GPU type id: None when a pool takes its runs, else why not, as a user should read it (which node
     failed and why is the organisers'): a pool not failing its health check takes them, a node agents' pool while one
