@@ -91,9 +91,15 @@ class GpuPool(models.Model):
         "memory limit (MiB)", null=True, blank=True,
         validators=[MinValueValidator(1024, "At least 1024 MiB: importing torch alone takes several hundred."),
                     MaxValueValidator(1 << 24, "At most 16 TiB (16777216 MiB).")],
-        help_text="Memory one run's whole process tree may use on a node of this pool (a memory cgroup). Empty: the "
-                  "node's share, its physical memory minus max(2 GiB, 20 %) divided by its enabled devices. A node "
-                  "never grants more than that total, whatever is set here.")
+        help_text="Memory one run's whole process tree may use on a node of this pool (a memory cgroup). Empty: "
+                  "min(8 GiB, 40 % of the node's memory, its share: physical memory minus max(2 GiB, 20 %) divided by "
+                  "its enabled devices). A node never grants more than that total, whatever is set here.")
+    disk_limit_mib = models.PositiveIntegerField(
+        "disk limit (MiB)", null=True, blank=True,
+        validators=[MinValueValidator(64, "At least 64 MiB: the run's own files and caches live there."),
+                    MaxValueValidator(1 << 24, "At most 16 TiB (16777216 MiB).")],
+        help_text="What one run's files in its working directory may take together (measured; the run is killed "
+                  "past it). Empty: 1024 MiB.")
 
     objects = GpuPoolQuerySet.as_manager()
 
