@@ -103,8 +103,11 @@ def dispatch_run(run_id: int) -> None:
         pool = pools[0]
         try:
             backend = backend_for(pool)
-        except BackendUnavailable as exc:  # configuration, not chance: retrying would not help
-            run.update_status(RunStatus.ERROR, error=str(exc))
+        except BackendUnavailable as exc:  # configuration, not chance: the pool's, which fails until a check passes
+            log.warning("pool %s is unusable: %s", pool.name, exc)
+            do_fail_pool(pool, f"its backend is unusable here: {exc}")
+            if run.pool_id:  # a check's (internal) run: its check fails, saying why; other runs wait for a pool
+                run.update_status(RunStatus.ERROR, error=str(exc))
             return
         deadline = queue_timeout(pool)
         run.update_status(RunStatus.DISPATCHED, attempt=run.attempt + 1, runner=str(pool)[:60],
