@@ -267,7 +267,8 @@ class NodeAgent:
         holder_of = {index: rid for rid, gpus in active.items() for index in gpus}
         if reservations is not None:
             for pid, rid in tagged_processes().items():
-                self.owned.setdefault(pid, (rid, process_start(pid)))
+                if not descends_from(pid, os.getpid()):  # never this agent, even started from a holder's login
+                    self.owned.setdefault(pid, (rid, process_start(pid)))
         with self.lock:
             idle = [i for i in self.devices if i not in self.busy and i not in reserved]
         killed = []
