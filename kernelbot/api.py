@@ -6,6 +6,7 @@ from ninja import NinjaAPI
 from leaderboards.access.api import router as access_router
 from leaderboards.access.api import token_auth
 from leaderboards.api import router as leaderboards_router
+from runners.actions import runner_health
 from runners.reservations.api import router as reservations_router
 from runners.reservations.keys_api import router as keys_router
 
@@ -24,3 +25,9 @@ def health(request) -> dict:
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
     return {"status": "ok"}
+
+
+@api.get("/health/runners", tags=["meta"])
+def health_runners(request) -> dict:
+    """Each GPU type's availability; staff also get the nodes out of service and why."""
+    return runner_health(staff=request.user.is_staff)

@@ -22,8 +22,9 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from runners.actions import agentless_nodes, node_containment
-from runners.models import CheckOutcome, GpuPool, GpuType, PoolCheck, PoolHealth
+from runners.actions import do_check_node_sandbox, local_pool_health, node_containment
+from runners.models import CheckOutcome, GpuPool, GpuType, Node, NodeService, PoolCheck, PoolHealth
+from runners.pools import containment
 from taskspec.loader import load_task
 
 from . import actions, lifecycle
@@ -78,13 +79,60 @@ def _start_round(pool: GpuPool) -> list[PoolCheck]:
     if pool.checks.filter(outcome=CheckOutcome.PENDING).exists():
         return []
     now = timezone.now()
+    checks = _node_checks(pool, now) if pool.is_local else _remote_checks(pool, now)
+    if _settle(pool):
+        transaction.on_commit(lifecycle.do_resend_queued_runs)
+    return checks
+
+
+def _check_runs(pool: GpuPool, gpu_types: list[GpuType], node: Node | None, now) -> list[PoolCheck]:
+    """A check submission with one run per GPU type, pinned to the pool (and the node), its runs dispatched after
+    commit."""
+    request = actions.SubmissionRequest(check_leaderboard(gpu_types), gpu_types, SubmissionMode.TEST,
+                                        "submission.py", (CHECK_DIR / "submission.py").read_text())
+    submission = actions.do_submit(check_user(), request)
+    Run.objects.filter(pk__in=[run.pk for run in submission.new_runs]).update(pool=pool, node=node,
+                                                                               on_finish=CHECK_HOOK)
+    return [PoolCheck.objects.create(pool=pool, node=node, gpu_type=run.gpu_type, run_id=run.pk, started_at=now,
+                                     detail=f"run {run.pk} queued") for run in submission.new_runs]
+
+
+def _node_checks(pool: GpuPool, now) -> list[PoolCheck]:
+    """A node agents' pool is checked node by node: a node without a live agent, or whose sandbox cannot satisfy its
+    mode, is out of service with the reason; every other node gets a check run of each of its GPU types pinned to
+    it (its outcome puts the node out of service or back)."""
+    nodes = list(pool.nodes.filter(enabled=True, gpus__enabled=True).distinct().order_by("hostname"))
+    if not nodes:
+        return [PoolCheck.objects.create(pool=pool, started_at=now, finished_at=now, outcome=CheckOutcome.FAILING,
+                                         detail="no enabled device to check")]
+    checks = []
+    for node in nodes:
+        found = containment(node.hostname, node.sandbox)
+        if not node.agent_live():
+            why = (f"no agent on {node.hostname} (start `python -m runners.harness.node --pool {pool.name}` there: "
+                   "docs/operations.md); its devices get no run")
+            node.set_service(NodeService.NO_AGENT, why)
+        elif found.problem:
+            why = found.problem
+            node.set_service(NodeService.SANDBOX, why)
+        else:
+            do_check_node_sandbox(node)
+            checks.append(PoolCheck.objects.create(
+                pool=pool, node=node, started_at=now, finished_at=now, outcome=CheckOutcome.OK,
+                detail="; ".join(filter(None, [f"agent live on {node.hostname}", found.warning]))))
+            gpu_types = list(GpuType.objects.filter(gpus__node=node, gpus__enabled=True).distinct().order_by("name"))
+            checks += _check_runs(pool, gpu_types, node, now)
+            continue
+        checks.append(PoolCheck.objects.create(pool=pool, node=node, started_at=now, finished_at=now,
+                                               outcome=CheckOutcome.FAILING, detail=why))
+    return checks
+
+
+def _remote_checks(pool: GpuPool, now) -> list[PoolCheck]:
+    """A remote pool is checked as a whole (its service picks the node): a run per GPU type, and its registered
+    nodes' memory containment."""
     checks = []
     failing, passing = [], []
-    if pool.is_local and (absent := agentless_nodes(pool)):
-        failing.append(f"no agent on {', '.join(absent)} (start `python -m runners.harness.node --pool {pool.name}` "
-                       "there: docs/operations.md); its devices get no run")
-    elif pool.is_local and (live := list(pool.nodes.filter(enabled=True).values_list("hostname", flat=True))):
-        passing.append(f"node agents are live on {', '.join(live)}")
     for node in node_containment(pool):
         if node.problem:
             failing.append(node.problem)
@@ -100,29 +148,24 @@ def _start_round(pool: GpuPool) -> list[PoolCheck]:
         checks.append(PoolCheck.objects.create(pool=pool, started_at=now, finished_at=now,
                                                outcome=CheckOutcome.FAILING, detail="no enabled device to check"))
     else:
-        request = actions.SubmissionRequest(check_leaderboard(gpu_types), gpu_types, SubmissionMode.TEST,
-                                            "submission.py", (CHECK_DIR / "submission.py").read_text())
-        submission = actions.do_submit(check_user(), request)  # its runs are dispatched after commit
-        Run.objects.filter(pk__in=[run.pk for run in submission.new_runs]).update(pool=pool, on_finish=CHECK_HOOK)
-        checks += [PoolCheck.objects.create(pool=pool, gpu_type=run.gpu_type, run_id=run.pk, started_at=now,
-                                            detail=f"run {run.pk} queued")
-                   for run in submission.new_runs]
-    _settle(pool)
+        checks += _check_runs(pool, gpu_types, None, now)
     return checks
 
 
 def do_finish_pool_checks(run_id: int | None = None, *, now=None) -> int:
     """Record the outcome of every running check (only run `run_id`'s: the check run's `on_finish` hook) whose run
-    finished, failed an attempt or ran past POOL_CHECK_TIMEOUT; settle each pool's health. Idempotent."""
+    finished, failed an attempt or ran past POOL_CHECK_TIMEOUT; a node's check puts it out of service or back;
+    settle each pool's health. Idempotent."""
     now = now or timezone.now()
     finished = 0
+    back = False
     pending = PoolCheck.objects.filter(outcome=CheckOutcome.PENDING)
     if run_id is not None:
         pending = pending.filter(run_id=run_id)
     for check_id in pending.values_list("pk", flat=True):
         with transaction.atomic():
-            check = PoolCheck.objects.select_for_update(of=("self",)).select_related("pool", "gpu_type").filter(
-                pk=check_id, outcome=CheckOutcome.PENDING).first()
+            check = PoolCheck.objects.select_for_update(of=("self",)).select_related("pool", "gpu_type", "node") \
+                .filter(pk=check_id, outcome=CheckOutcome.PENDING).first()
             if check is None:
                 continue
             outcome, detail = _verdict(check, now)
@@ -130,8 +173,14 @@ def do_finish_pool_checks(run_id: int | None = None, *, now=None) -> int:
                 continue
             check.outcome, check.detail, check.finished_at = outcome, detail, now
             check.save(update_fields=["outcome", "detail", "finished_at"])
-            _settle(GpuPool.objects.select_for_update().get(pk=check.pool_id))
+            if check.node is not None and outcome == CheckOutcome.FAILING:
+                check.node.set_service(NodeService.FAILED_CHECK, f"its health check failed: {detail}")
+            elif check.node is not None and check.node.service == NodeService.FAILED_CHECK:
+                back |= check.node.set_service(NodeService.IN_SERVICE)
+            back |= _settle(GpuPool.objects.select_for_update().get(pk=check.pool_id))
             finished += 1
+    if back:
+        lifecycle.do_resend_queued_runs()  # runs waiting for a node or pool of their type go now
     return finished
 
 
@@ -139,16 +188,19 @@ def _verdict(check: PoolCheck, now) -> tuple[str | None, str]:
     run = Run.objects.select_related("gpu_type").filter(pk=check.run_id).first()
     if run is None:
         return CheckOutcome.FAILING, "its run was deleted"
+    on = f" (node {check.node.hostname})" if check.node else ""
     if run.status == RunStatus.SUCCEEDED:
         device = str(run.system_info.get("device", ""))
         if mismatch := lifecycle.gpu_mismatch(run.gpu_type, run.system_info):
-            return CheckOutcome.FAILING, f"run {run.pk} passed, but {mismatch}"
+            return CheckOutcome.FAILING, f"run {run.pk}{on} passed, but {mismatch}"
         memory = (run.system_info.get("sandbox") or {}).get("memory") or {}
         uncontained = (f", with per-process memory limits only ({memory['per_process_only']})"
                        if isinstance(memory, dict) and memory.get("per_process_only") else "")
-        return CheckOutcome.OK, f"run {run.pk} passed on {device or 'the CPU'}{uncontained}"
+        return CheckOutcome.OK, f"run {run.pk}{on} passed on {device or 'the CPU'}{uncontained}"
     if run.is_terminal:
-        return CheckOutcome.FAILING, f"run {run.pk} ended {run.get_status_display()}: {run.error or run.verdict}"
+        last = run.attempts.exclude(reason="").order_by("-number").first()
+        why = last.reason if run.status == RunStatus.ERROR and last else run.error or run.verdict
+        return CheckOutcome.FAILING, f"run {run.pk}{on} ended {run.get_status_display()}: {why}"
     failed = RunAttempt.objects.filter(run=run, outcome="retried").order_by("number").first()
     timeout = settings.POOL_CHECK_TIMEOUT
     if failed is None and now - check.started_at < timedelta(seconds=timeout):
@@ -156,30 +208,41 @@ def _verdict(check: PoolCheck, now) -> tuple[str | None, str]:
     why = (f"attempt {failed.number} failed: {failed.reason}" if failed else
            f"no result within {timeout} s (the run was {run.get_status_display()})")
     lifecycle.do_cancel_run(run, f"pool health check failed: {why}")
-    return CheckOutcome.FAILING, f"run {run.pk}: {why}"
+    return CheckOutcome.FAILING, f"run {run.pk}{on}: {why}"
 
 
-def _settle(pool: GpuPool) -> None:
-    """The pool's health is its latest round's: failing when any check of it failed, OK when all passed, unchanged
-    while some still run. A pool that recovers gets the queued runs sent again at once."""
+def _settle(pool: GpuPool) -> bool:
+    """The pool's health is its latest round's: a remote pool's is failing when any check of it failed, OK when all
+    passed, unchanged while some still run. A node agents' pool is failing only while none of its nodes is in
+    service (its detail says why of each), else OK once the round is done (or at once when it was failing), with its
+    nodes out of service named. Returns whether it recovered (the queued runs are then sent again)."""
     started = pool.checks.aggregate(latest=Max("started_at"))["latest"]
     if started is None:
-        return
-    latest = list(pool.checks.filter(started_at=started).select_related("gpu_type"))
+        return False
+    latest = list(pool.checks.filter(started_at=started).select_related("gpu_type", "node"))
     failing = [c for c in latest if c.outcome == CheckOutcome.FAILING]
     done = [c.finished_at for c in latest if c.finished_at is not None]
-    if failing:
+    if pool.is_local:
+        if not done:
+            return False
+        health, pool.health_detail = local_pool_health(pool)
+        if health == PoolHealth.FAILING:
+            pool.health_detail = pool.health_detail or "; ".join(c.detail for c in failing)
+        elif len(done) < len(latest) and pool.health != PoolHealth.FAILING:
+            return False  # OK once the round is done (the nodes already decide where runs go)
+        else:
+            pool.last_ok_at = max(done)
+    elif failing:
         health = PoolHealth.FAILING
         pool.health_detail = "; ".join(f"{c.gpu_type or 'nodes'}: {c.detail}" for c in failing)
     elif all(c.outcome == CheckOutcome.OK for c in latest):
         health, pool.health_detail, pool.last_ok_at = PoolHealth.OK, "", max(done)
     else:
-        return
+        return False
     recovered = pool.health == PoolHealth.FAILING and health == PoolHealth.OK
     pool.health, pool.last_checked_at = health, max(done)
     pool.save(update_fields=["health", "health_detail", "last_checked_at", "last_ok_at"])
-    if recovered:
-        lifecycle.do_resend_queued_runs()
+    return recovered
 
 
 def do_prune_pool_checks(now=None) -> int:

@@ -15,10 +15,11 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Value
+from django.db.models import F, Q, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from runners.actions import do_fail_pool, do_node_back_in_service
 from runners.backends.base import (
     BackendUnavailable,
     Dispatch,
@@ -33,7 +34,7 @@ from runners.backends.base import (
 from runners.harness.probe import device_is
 from runners.harness.result import NEEDS_CUDA, NEEDS_CUDA_FLAG, PROBLEM_BROKEN, PROBLEM_ERROR_FLAG
 from runners.jobs import gpu_count, job_payload, run_limits, sandbox_uid, total_timeout
-from runners.models import Gpu, GpuPool, GpuType, Node, RunnerBackendName, agents_live_since
+from runners.models import Gpu, GpuPool, GpuType, Node, NodeService, RunnerBackendName, agents_live_since
 from runners.queue import enqueue_on_commit
 from runners.reservations import allocator
 
@@ -47,6 +48,12 @@ DISPATCH_TASK = "leaderboards.tasks.dispatch_run"
 CANCEL_TASK = "leaderboards.tasks.cancel_remote_job"
 POLL_TASK = "leaderboards.tasks.poll_attempt"
 FAILING_VERDICT_STATUS = {"timeout": RunStatus.TIMED_OUT, "hacked": RunStatus.HACKED}
+# what a competitor reads of an infrastructure failure; its detail is the attempt's reason (Admin → Runs)
+INFRA_RETRYING = "a runner failed while running it (not your code's fault); it is being run again"
+INFRA_GAVE_UP = ("the runners failed {failures} times while running it (not your code's fault); the organisers can see "
+                 "why")
+MISCONFIGURED = "its runners are misconfigured (not your code's fault); the organisers can see why"
+WAITS_FOR_FIX = "its runners are misconfigured (not your code's fault); it runs once they are fixed"
 
 
 def _locked_run(run_id: int) -> Run:
@@ -96,8 +103,11 @@ def dispatch_run(run_id: int) -> None:
         pool = pools[0]
         try:
             backend = backend_for(pool)
-        except BackendUnavailable as exc:  # configuration, not chance: retrying would not help
-            run.update_status(RunStatus.ERROR, error=str(exc))
+        except BackendUnavailable as exc:  # configuration, not chance: the pool's, which fails until a check passes
+            log.warning("pool %s is unusable: %s", pool.name, exc)
+            do_fail_pool(pool, f"its backend is unusable here: {exc}")
+            if run.pool_id:  # a check's (internal) run: its check fails, saying why; other runs wait for a pool
+                run.update_status(RunStatus.ERROR, error=str(exc))
             return
         deadline = queue_timeout(pool)
         run.update_status(RunStatus.DISPATCHED, attempt=run.attempt + 1, runner=str(pool)[:60],
@@ -114,6 +124,7 @@ def dispatch_run(run_id: int) -> None:
         external_id = backend.dispatch(job, reporter)
     except BackendUnavailable as exc:  # the service refused the pool's configuration: retrying would not help
         log.warning("dispatch of run %s attempt %s refused: %s", run_id, attempt, exc)
+        do_fail_pool(pool, f"{pool.get_backend_display()} refused the pool's configuration: {exc}")
         do_fail_configuration(run_id, attempt, str(exc))
         return
     except Exception as exc:
@@ -287,11 +298,15 @@ def do_claim_runs(node: Node, free: list[int]) -> list[dict]:
     """A node's agent asks for work for its `free` device indices (it is also the node's heartbeat). Each claim is
     the oldest run dispatched to the node's pool that a free device's type serves, with the devices it needs held
     (the allocator: never a held device, nor one a reservation is about to start on); the run is RUNNING from here,
-    its deadline moved by the agent's heartbeats. Returns what the agent needs to run each (the same per-attempt
-    routes and token as a remote agent)."""
+    its deadline moved by the agent's heartbeats. A node out of service takes only the health-check runs pinned to it
+    (none while its sandbox cannot hold a run); a run another node is pinned to, or one this node already failed while
+    another live node in service could take it, is left to the others. Returns what the agent needs to run each (the
+    same per-attempt routes and token as a remote agent)."""
     now = timezone.now()
     Node.objects.filter(pk=node.pk).exclude(agent_seen_at__gt=now - timedelta(seconds=1)).update(agent_seen_at=now)
-    if not node.enabled:
+    if node.service == NodeService.NO_AGENT and node.set_service(NodeService.IN_SERVICE):
+        node_back_in_service(node)
+    if not node.enabled or node.service == NodeService.SANDBOX:
         return []
     gpus = list(Gpu.objects.select_related("gpu_type", "node__pool").filter(node=node, enabled=True, index__in=free)
                 .order_by("index"))
@@ -306,6 +321,35 @@ def do_claim_runs(node: Node, free: list[int]) -> list[dict]:
     return claims
 
 
+def node_back_in_service(node: Node) -> None:
+    """Its pool says so, and runs waiting for a node of their type go now."""
+    do_node_back_in_service(node)
+    do_resend_queued_runs()
+
+
+def attempt_node(external_id: str) -> int | None:
+    """The node a node agent's attempt ran on, from its `external_id` (`agent_job_id`)."""
+    kind, _, rest = external_id.partition(":")
+    node_id = rest.partition(":")[0]
+    return int(node_id) if kind == "node" and node_id.isdigit() else None
+
+
+def _failed_elsewhere_first(node: Node, runs: list[Run], gpu_type: GpuType) -> set[int]:
+    """Of `runs`, those this node already failed that another live node in service of its pool, which has not
+    failed them, could take: a retry goes to another node when there is another."""
+    failed: dict[int, set[int]] = {}
+    retried = RunAttempt.objects.filter(run__in=runs, outcome="retried", external_id__startswith="node:")
+    for run_id, external_id in retried.values_list("run_id", "external_id"):
+        failed.setdefault(run_id, set()).add(attempt_node(external_id))
+    tried_here = [run_id for run_id, nodes in failed.items() if node.pk in nodes]
+    if not tried_here:
+        return set()
+    others = set(Node.objects.filter(pool_id=node.pool_id, enabled=True, service=NodeService.IN_SERVICE,
+                                     agent_seen_at__gte=agents_live_since(), gpus__enabled=True,
+                                     gpus__gpu_type=gpu_type).exclude(pk=node.pk).values_list("pk", flat=True))
+    return {run_id for run_id in tried_here if others - failed[run_id]}
+
+
 def _claim_one(node: Node, gpus: list[Gpu]) -> dict | None:
     gpu_type = gpus[0].gpu_type
     with transaction.atomic():
@@ -313,9 +357,14 @@ def _claim_one(node: Node, gpus: list[Gpu]) -> dict | None:
                    .select_related("submission__problem", "submission__leaderboard", "gpu_type")
                    .filter(status=RunStatus.DISPATCHED, gpu_type=gpu_type, attempts__number=F("attempt"),
                            attempts__pool_id=node.pool_id, attempts__external_id="")
+                   .filter(Q(node=node) if not node.in_service else Q(node__isnull=True) | Q(node=node))
                    .order_by("queued_at", "pk"))
+        candidates = list(waiting[:20])
+        avoid = _failed_elsewhere_first(node, candidates, gpu_type)
         on_node = None
-        for run in waiting[:20]:  # the oldest that fits the free devices (a multi-GPU run may not)
+        for run in candidates:  # the oldest that fits the free devices (a multi-GPU run may not)
+            if run.pk in avoid:
+                continue
             count = gpu_count(run)
             if count > len(gpus):
                 if on_node is None:
@@ -458,27 +507,35 @@ def do_report_failure(run_id: int, attempt: int, reason: str) -> bool:
 
 
 def do_fail_configuration(run_id: int, attempt: int, reason: str) -> bool:
-    """The pool's service refused the job as configured (bad credentials, unknown repository or app): the run ends
-    in ERROR with the service's message, not charged to the user and not retried into the same refusal."""
+    """The pool's service refused the job as configured (bad credentials, unknown host, repository or app): the pool's
+    failure, not the run's (never charged, not retried into the same refusal). The service's message is the
+    attempt's reason, for organisers; the run waits queued for a pool that takes runs (`dispatch_run`), unless it is
+    pinned to this pool (a health check's: it ends in ERROR, and the competitor would read MISCONFIGURED); the
+    competitor reads WAITS_FOR_FIX meanwhile."""
     reason = scrub(reason)
     with transaction.atomic():
         run = _locked_run(run_id)
         if run.attempt != attempt or run.is_terminal or run.status == RunStatus.QUEUED:
             return False
-        run.update_status(RunStatus.ERROR, error=reason, reason=reason)
+        if run.pool_id:
+            run.update_status(RunStatus.ERROR, error=MISCONFIGURED, reason=reason)
+        else:
+            run.update_status(RunStatus.QUEUED, error=WAITS_FOR_FIX, reason=reason)
+            enqueue_on_commit(DISPATCH_TASK, run.pk)
         return True
 
 
 def _infrastructure_failure(run: Run, reason: str, **fields) -> None:
+    """Not the submission's fault: retried up to RUN_MAX_ATTEMPTS. What broke (a runner's traceback, a server's paths)
+    is the attempt's reason, for organisers; the competitor reads a plain sentence."""
     failures = run.infra_failures + 1
     if failures < settings.RUN_MAX_ATTEMPTS:
         log.warning("run %s attempt %s failed on infrastructure (%s); retrying", run.pk, run.attempt, reason)
-        run.update_status(RunStatus.QUEUED, infra_failures=failures, error=f"retrying after: {reason}",
-                          reason=reason, **fields)
+        run.update_status(RunStatus.QUEUED, infra_failures=failures, error=INFRA_RETRYING, reason=reason, **fields)
         enqueue_on_commit(DISPATCH_TASK, run.pk)
     else:
         run.update_status(RunStatus.ERROR, infra_failures=failures, reason=reason,
-                          error=f"gave up after {failures} infrastructure failures; last: {reason}", **fields)
+                          error=INFRA_GAVE_UP.format(failures=failures), **fields)
 
 
 # --- polling and deadlines ---------------------------------------------------------------------------------------

@@ -346,6 +346,8 @@ class Run(models.Model):
                                  "run's id after commit whenever the run ends or an ended run is requeued.")
     pool = models.ForeignKey("runners.GpuPool", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
                              help_text="Run only on this pool (health checks); empty: any pool serving the GPU type.")
+    node = models.ForeignKey("runners.Node", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+                             help_text="Run only on this node of its pool (a node's health check), in service or not.")
 
     objects = RunQuerySet.as_manager()
 

@@ -178,7 +178,8 @@ def _node_endpoint(handler):
 @_node_endpoint
 def node_register(request: HttpRequest, pool: GpuPool, hostname: str, body: dict) -> HttpResponse:
     """The agent's probe of its machine becomes the node's device rows (`runners.actions.do_register_agent`); runs
-    an earlier agent there held are retried at once."""
+    an earlier agent there held are retried at once. A node whose sandbox cannot satisfy its mode is out of service
+    (`out_of_service` says why) and gets no run."""
     report, info = body.get("probe"), body.get("agent") or {}
     if not isinstance(report, dict) or not isinstance(report.get("devices", []), list) or not isinstance(info, dict):
         raise Refused(400, '"probe" must be the JSON object `python -m runners.harness.probe` prints')
@@ -189,16 +190,20 @@ def node_register(request: HttpRequest, pool: GpuPool, hostname: str, body: dict
     except (KeyError, TypeError, ValueError) as exc:
         raise Refused(400, f"the probe report is malformed: {type(exc).__name__}: {exc}") from exc
     retried = lifecycle.do_node_restarted(registration.node)
-    gpus = registration.node.gpus.select_related("gpu_type").order_by("index")
-    return JsonResponse({"node": registration.node.pk, "retried": retried, "devices": [
+    if registration.back_in_service:
+        lifecycle.node_back_in_service(registration.node)
+    node = registration.node
+    gpus = node.gpus.select_related("gpu_type").order_by("index")
+    return JsonResponse({"node": node.pk, "retried": retried, "out_of_service": node.service_detail, "devices": [
         {"index": g.index, "gpu_type": g.gpu_type.name, "enabled": g.enabled} for g in gpus]})
 
 
 @_node_endpoint
 def node_poll(request: HttpRequest, pool: GpuPool, hostname: str, body: dict) -> HttpResponse:
     """The node's heartbeat and its ask for work: runs for its free devices (`lifecycle.do_claim_runs`), which of
-    its devices reservations hold now (the agent sweeps the others' leftover processes), and their holders' SSH keys
-    (an agent started with --authorized-keys places them)."""
+    its devices reservations hold now and which reservation holds each (the agent sweeps the others' leftover
+    processes, and those of reservations no longer here), and their holders' SSH keys (an agent started with
+    --authorized-keys places them)."""
     free = body.get("free", [])
     if not isinstance(free, list) or len(free) > 256 or not all(
             isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 1024 for i in free):
@@ -207,7 +212,8 @@ def node_poll(request: HttpRequest, pool: GpuPool, hostname: str, body: dict) ->
     if node is None:
         raise Refused(404, f"{hostname} is not registered in pool {pool.name}: register first")
     return JsonResponse({"claims": lifecycle.do_claim_runs(node, sorted(set(free))),
-                         "reserved": allocator.reserved_indices(node.pk), "keys": keys.placed_on(node.pk)})
+                         "reserved": allocator.reserved_indices(node.pk),
+                         "reservations": allocator.reservations_on(node.pk), "keys": keys.placed_on(node.pk)})
 
 
 @cache

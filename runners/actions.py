@@ -16,8 +16,18 @@ from django.db import transaction
 from django.utils import timezone
 
 from .harness.probe import device_is, device_mismatch
-from .models import Gpu, GpuPool, GpuType, GpuVendor, Node, PoolHealth, RunnerBackendName, agents_live_since
-from .pools import Containment, containment
+from .models import (
+    Gpu,
+    GpuPool,
+    GpuType,
+    GpuVendor,
+    Node,
+    NodeService,
+    PoolHealth,
+    RunnerBackendName,
+    agents_live_since,
+)
+from .pools import Contained, Containment, containment
 
 
 class NodeRejected(Exception):
@@ -109,6 +119,42 @@ class Registration:
     created: list[Gpu]
     updated: list[Gpu]
     disabled: list[Gpu]
+    back_in_service: bool = False  # an agent's registration put the node back in service
+
+
+def do_check_node_sandbox(node: Node) -> bool:
+    """A node of a local pool whose sandbox cannot satisfy its mode (KERNELBOT_SANDBOX=require without a memory cgroup,
+    from its last probe) is out of service with the reason; one that can again, or whose agent is back, is in service
+    again (a failed health check stays until a check passes). True when it is back in service."""
+    found = containment(node.hostname, node.sandbox)
+    if found.state == Contained.REFUSED:
+        node.set_service(NodeService.SANDBOX, found.problem)
+        return False
+    if node.service in (NodeService.SANDBOX, NodeService.NO_AGENT):
+        return node.set_service(NodeService.IN_SERVICE)
+    return False
+
+
+def out_of_service_nodes(pool: GpuPool) -> list[Node]:
+    """The enabled nodes of a local pool with enabled devices that take no run (`service_detail`: why), by hostname."""
+    return list(pool.nodes.filter(enabled=True, gpus__enabled=True).exclude(service=NodeService.IN_SERVICE)
+                .distinct().order_by("hostname"))
+
+
+def local_pool_health(pool: GpuPool) -> tuple[str, str]:
+    """A node agents' pool's health from its nodes: failing only while none with an enabled device is in service;
+    the detail names each node out of service and why."""
+    why = "; ".join(f"{n.hostname} is out of service: {n.service_detail}" for n in out_of_service_nodes(pool))
+    serving = pool.nodes.filter(enabled=True, gpus__enabled=True, service=NodeService.IN_SERVICE).exists()
+    return (PoolHealth.OK if serving else PoolHealth.FAILING), why
+
+
+def do_node_back_in_service(node: Node) -> None:
+    """A node came back in service (its agent, its sandbox): a pool that failed for want of a node says so at once."""
+    pool = GpuPool.objects.get(pk=node.pool_id)
+    if pool.health == PoolHealth.FAILING:
+        health, why = local_pool_health(pool)
+        GpuPool.objects.filter(pk=pool.pk).update(health=health, health_detail=why)
 
 
 def do_register_node(pool: GpuPool, report: dict, *, hostname: str = "",
@@ -172,27 +218,56 @@ def do_register_agent(pool: GpuPool, hostname: str, report: dict, agent: dict) -
     with transaction.atomic():
         registration = do_register_node(pool, {**report, "hostname": hostname}, hostname=hostname)
         Node.objects.filter(pk=registration.node.pk).update(agent=agent, agent_seen_at=timezone.now())
-    return registration
+        node = Node.objects.get(pk=registration.node.pk)
+        back = do_check_node_sandbox(node)
+    return Registration(node, registration.created, registration.updated, registration.disabled, back)
+
+
+def do_fail_pool(pool: GpuPool, reason: str) -> None:
+    """The pool's service refused its configuration (a backend's BackendUnavailable, saying what to fix): the pool
+    fails, with the reason, until a health check passes; its runs wait for it or go to another pool."""
+    GpuPool.objects.filter(pk=pool.pk).update(health=PoolHealth.FAILING, health_detail=reason[:2000],
+                                              last_checked_at=timezone.now())
 
 
 def gpu_availability(gpu_type_ids) -> dict[int, str | None]:
-    """For each GPU type id: None when a pool takes its runs, else why not, as a user should read it. One query."""
+    """For each GPU type id: None when a pool takes its runs, else why not, as a user should read it (which node
+    failed and why is the organisers'): a pool not failing its health check takes them, a node agents' pool while one
+    of its nodes with a device of the type is in service. One query."""
     rows = (Gpu.objects.filter(gpu_type_id__in=list(gpu_type_ids), enabled=True, node__enabled=True,
                                node__pool__enabled=True)
-            .values_list("gpu_type_id", "node__pool__health", "node__pool__last_checked_at")
+            .values_list("gpu_type_id", "node__pool__health", "node__pool__last_checked_at", "node__pool__backend",
+                         "node__service")
             .distinct())
-    pools: dict[int, list[tuple[str, datetime | None]]] = defaultdict(list)
-    for type_id, health, checked in rows:
-        pools[type_id].append((health, checked))
+    pools: dict[int, list[tuple[bool, datetime | None]]] = defaultdict(list)
+    for type_id, health, checked, backend, service in rows:
+        in_service = backend != RunnerBackendName.LOCAL or service == NodeService.IN_SERVICE
+        pools[type_id].append((health != PoolHealth.FAILING and in_service, checked))
     answer: dict[int, str | None] = {}
     for type_id in gpu_type_ids:
         found = pools.get(type_id)
         if not found:
             answer[type_id] = "no runner currently serves it"
-        elif all(health == PoolHealth.FAILING for health, _ in found):
+        elif not any(serves for serves, _ in found):
             checked = max((c for _, c in found if c is not None), default=None)
             when = f" at {checked:%Y-%m-%d %H:%M} UTC" if checked else ""
             answer[type_id] = f"its runners failed their health check{when} and take no runs until they pass one"
         else:
             answer[type_id] = None
+    return answer
+
+
+def runner_health(staff: bool) -> dict:
+    """What `/api/v1/health/runners` says: each GPU type's availability (None, or why it takes no runs, as a user reads
+    it) and, for staff, every node out of service with its reason."""
+    types = dict(GpuType.objects.values_list("pk", "name"))
+    found = {types[pk]: why for pk, why in gpu_availability(types).items()}
+    answer: dict = {"gpu_types": found}
+    if staff:
+        answer["nodes_out_of_service"] = [
+            {"pool": pool, "hostname": hostname, "service": service, "reason": detail}
+            for pool, hostname, service, detail in Node.objects.filter(enabled=True, pool__enabled=True,
+                                                                       pool__backend=RunnerBackendName.LOCAL)
+            .exclude(service=NodeService.IN_SERVICE).order_by("pool__name", "hostname")
+            .values_list("pool__name", "hostname", "service", "service_detail")]
     return answer

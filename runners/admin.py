@@ -72,20 +72,34 @@ class GpuAdmin(admin.ModelAdmin):
 
 def agent_html(node: Node) -> SafeString:
     if node.agent_live():
-        return format_html('<span style="color:#2a7">✔ agent on {} (seen {} UTC)</span>', node.hostname,
-                           f"{node.agent_seen_at:%H:%M:%S}")
-    seen = f" (last seen {node.agent_seen_at:%Y-%m-%d %H:%M} UTC)" if node.agent_seen_at else ""
-    return format_html('<span style="color:#c33">✘ no agent on {}{}: its devices get no run</span>', node.hostname,
-                       seen)
+        agent = format_html('<span style="color:#2a7">✔ agent on {} (seen {} UTC)</span>', node.hostname,
+                            f"{node.agent_seen_at:%H:%M:%S}")
+    else:
+        seen = f" (last seen {node.agent_seen_at:%Y-%m-%d %H:%M} UTC)" if node.agent_seen_at else ""
+        agent = format_html('<span style="color:#c33">✘ no agent on {}{}: its devices get no run</span>', node.hostname,
+                            seen)
+    return format_html("{} {}", agent, service_html(node)) if not node.in_service else agent
+
+
+def service_html(node: Node) -> SafeString:
+    if node.in_service:
+        return mark_safe('<span style="color:#2a7">✔ in service</span>')
+    since = f" since {node.service_since:%Y-%m-%d %H:%M} UTC" if node.service_since else ""
+    return format_html('<span style="color:#c33">✖ out of service{}: {}</span>', since, node.service_detail)
 
 
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
-    list_display = ["hostname", "pool", "enabled", "devices", "agent_state", "memory_containment", "probed_at"]
+    list_display = ["hostname", "pool", "enabled", "devices", "agent_state", "service_state", "memory_containment",
+                    "probed_at"]
     list_editable = ["enabled"]
-    list_filter = ["pool", "enabled"]
+    list_filter = ["pool", "enabled", "service"]
     search_fields = ["hostname"]
-    readonly_fields = ["agent_state", "agent", "memory_containment", "probed_at", "sandbox"]
+    readonly_fields = ["agent_state", "service_state", "agent", "memory_containment", "probed_at", "sandbox"]
+
+    @admin.display(description="service", ordering="service")
+    def service_state(self, node: Node) -> str:
+        return service_html(node) if node.pool.is_local else "–"
 
     @admin.display(description="agent")
     def agent_state(self, node: Node) -> str:
@@ -119,7 +133,7 @@ class GpuPoolForm(forms.ModelForm):
 
     class Meta:
         model = GpuPool
-        fields = ["name", "backend", "enabled", "memory_limit_mib"]
+        fields = ["name", "backend", "enabled", "memory_limit_mib", "disk_limit_mib"]
         labels = {"backend": "Runs on"}
 
     def __init__(self, *args, **kwargs):
@@ -287,7 +301,7 @@ class GpuPoolAdmin(admin.ModelAdmin):
                 .with_failing_since().prefetch_related(nodes))
 
     def get_fieldsets(self, request: HttpRequest, obj: GpuPool | None = None):
-        fieldsets = [(None, {"fields": ["name", "backend", "enabled", "memory_limit_mib"]})]
+        fieldsets = [(None, {"fields": ["name", "backend", "enabled", "memory_limit_mib", "disk_limit_mib"]})]
         for choice in configurable_backends():
             names = [settings_field(choice.name, n) for n in choice.options.base_fields]
             fieldsets.append((f"{choice.label} settings", {
@@ -314,8 +328,10 @@ class GpuPoolAdmin(admin.ModelAdmin):
         failing = pool.health == PoolHealth.FAILING
         began = getattr(pool, "failing_since", None)  # get_queryset's: when the failure began, not the last check
         since = f" since {began:%Y-%m-%d %H:%M} UTC" if failing and began else ""
-        return format_html('<span style="color:{}" title="{}">{} {}{}</span>', colour,
-                           pool.health_detail if failing else "", mark, pool.get_health_display(), since)
+        out = [n.hostname for n in self.enabled(pool) if not n.in_service] if pool.pk and pool.is_local else []
+        note = f" ({', '.join(out)} out of service)" if out and not failing else ""
+        return format_html('<span style="color:{}" title="{}">{} {}{}{}</span>', colour,
+                           pool.health_detail if failing else "", mark, pool.get_health_display(), since, note)
 
     def containments(self, pool: GpuPool) -> list[Containment]:
         nodes = getattr(pool, "enabled_nodes", None)
@@ -339,7 +355,7 @@ class GpuPoolAdmin(admin.ModelAdmin):
 
     @admin.display(description="node agents")
     def agents(self, pool: GpuPool) -> str:
-        """A local pool's machines each run an agent; a node without a live one gets no run."""
+        """A local pool's machines each run an agent; a node without a live one, or out of service, gets no run."""
         if not pool.pk or not pool.is_local:
             return "–"
         nodes = self.enabled(pool)
@@ -442,7 +458,7 @@ class GpuPoolAdmin(admin.ModelAdmin):
 class PoolCheckAdmin(admin.ModelAdmin):
     list_display = ["started_at", "pool", "what", "outcome", "finished_at", "detail", "run"]
     list_filter = ["pool", "outcome"]
-    list_select_related = ["pool", "gpu_type"]
+    list_select_related = ["pool", "gpu_type", "node"]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -452,7 +468,10 @@ class PoolCheckAdmin(admin.ModelAdmin):
 
     @admin.display(description="checked")
     def what(self, check: PoolCheck) -> str:
-        return f"a {check.gpu_type} run" if check.gpu_type_id else "nodes" if check.run_id is None else "a run"
+        what = f"a {check.gpu_type} run" if check.gpu_type_id else "nodes" if check.run_id is None else "a run"
+        if check.node_id:
+            what = f"{what} on {check.node.hostname}" if check.run_id else f"node {check.node.hostname}"
+        return what
 
     @admin.display(description="run")
     def run(self, check: PoolCheck) -> str:

@@ -25,10 +25,12 @@ def sandbox_uid(gpu: Gpu) -> int:
 
 def pool_limits(pool: GpuPool | None) -> dict[str, int]:
     """The sandbox limits every node of `pool` applies: the pool's memory limit for the whole tree when it sets one,
-    else the harness gives the run its node's share (the node's spare memory split between its runs)."""
+    else the harness's default (`sandbox.tree_memory_limit`), and its disk limit for the run's workdir."""
     limits = dict(DEFAULT_LIMITS)
     if pool is not None and pool.memory_limit_mib:
         limits["tree_memory_bytes"] = pool.memory_limit_mib << 20
+    if pool is not None and pool.disk_limit_mib:
+        limits["disk_bytes"] = pool.disk_limit_mib << 20
     return limits
 
 

@@ -52,14 +52,28 @@ class PoolHealth(models.TextChoices):
     FAILING = "failing", "Failing"
 
 
+class NodeService(models.TextChoices):
+    """Whether a node of a local pool takes runs, and why not. Out of service, it takes only the health-check runs
+    pinned to it (how it proves itself again), none at all while its sandbox cannot hold a run."""
+
+    IN_SERVICE = "in_service", "In service"
+    NO_AGENT = "no_agent", "No live agent"
+    SANDBOX = "sandbox", "Cannot satisfy the pool's sandbox mode"
+    FAILED_CHECK = "failed_check", "Failed its health check"
+
+
 class GpuPoolQuerySet(models.QuerySet):
     def serving(self, gpu_type: GpuType) -> "GpuPoolQuerySet":
         return self.filter(enabled=True, nodes__enabled=True, nodes__gpus__enabled=True,
                            nodes__gpus__gpu_type=gpu_type).distinct()
 
     def taking_runs(self, gpu_type: GpuType) -> "GpuPoolQuerySet":
-        """Serving `gpu_type` and not failing its health check (a pool not checked yet takes runs)."""
-        return self.serving(gpu_type).exclude(health=PoolHealth.FAILING)
+        """Serving `gpu_type` and not failing its health check (a pool not checked yet takes runs); a node agents' pool
+        also needs one of its nodes with a device of the type in service (it fails its check only when none is)."""
+        in_service = Node.objects.filter(pool=models.OuterRef("pk"), enabled=True, service=NodeService.IN_SERVICE,
+                                         gpus__enabled=True, gpus__gpu_type=gpu_type)
+        return self.serving(gpu_type).exclude(health=PoolHealth.FAILING).filter(
+            ~models.Q(backend=RunnerBackendName.LOCAL) | models.Exists(in_service))
 
     def with_failing_since(self) -> "GpuPoolQuerySet":
         """`failing_since`: when the pool's current failure began, the end of the first check that failed after its
@@ -88,9 +102,15 @@ class GpuPool(models.Model):
         "memory limit (MiB)", null=True, blank=True,
         validators=[MinValueValidator(1024, "At least 1024 MiB: importing torch alone takes several hundred."),
                     MaxValueValidator(1 << 24, "At most 16 TiB (16777216 MiB).")],
-        help_text="Memory one run's whole process tree may use on a node of this pool (a memory cgroup). Empty: the "
-                  "node's share, its physical memory minus max(2 GiB, 20 %) divided by its enabled devices. A node "
-                  "never grants more than that total, whatever is set here.")
+        help_text="Memory one run's whole process tree may use on a node of this pool (a memory cgroup). Empty: "
+                  "min(8 GiB, 40 % of the node's memory, its share: physical memory minus max(2 GiB, 20 %) divided by "
+                  "its enabled devices). A node never grants more than that total, whatever is set here.")
+    disk_limit_mib = models.PositiveIntegerField(
+        "disk limit (MiB)", null=True, blank=True,
+        validators=[MinValueValidator(64, "At least 64 MiB: the run's own files and caches live there."),
+                    MaxValueValidator(1 << 24, "At most 16 TiB (16777216 MiB).")],
+        help_text="What one run's files in its working directory may take together (measured; the run is killed "
+                  "past it). Empty: 1024 MiB.")
 
     objects = GpuPoolQuerySet.as_manager()
 
@@ -128,6 +148,11 @@ class Node(models.Model):
     agent = models.JSONField(default=dict, blank=True, editable=False,
                              help_text="What its agent said when it registered: pid, python, harness version, the "
                                        "device indices it found, when it started.")
+    service = models.CharField(max_length=16, choices=NodeService.choices, default=NodeService.IN_SERVICE,
+                               editable=False, help_text="Out of service, a node of a local pool takes no run but "
+                               "its health check's; its pool takes runs while another node serves the GPU type.")
+    service_detail = models.TextField("out of service because", blank=True, editable=False)
+    service_since = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["pool", "hostname"], name="node_unique_per_pool")]
@@ -138,6 +163,21 @@ class Node(models.Model):
 
     def agent_live(self) -> bool:
         return self.agent_seen_at is not None and self.agent_seen_at >= agents_live_since()
+
+    @property
+    def in_service(self) -> bool:
+        return self.service == NodeService.IN_SERVICE
+
+    def set_service(self, service: str, detail: str = "") -> bool:
+        """Record whether the node is in service and why not (its row only); True when that changed."""
+        if (self.service, self.service_detail) == (service, detail):
+            return False
+        if service != self.service:
+            self.service_since = timezone.now()
+        self.service, self.service_detail = service, detail
+        Node.objects.filter(pk=self.pk).update(service=service, service_detail=detail,
+                                               service_since=self.service_since)
+        return True
 
 
 class Gpu(models.Model):
@@ -171,10 +211,12 @@ class CheckOutcome(models.TextChoices):
 
 
 class PoolCheck(models.Model):
-    """One health check of a pool: a device check of its nodes, or a tiny known run of one GPU type pinned to it.
-    Checks started together are one round; the pool's health is its latest round's outcome."""
+    """One health check of a pool: a device check of its nodes, or a tiny known run of one GPU type pinned to it
+    (on a node agents' pool, to one node). Checks started together are one round; the pool's health is its latest
+    round's outcome (a node agents' pool: failing only while none of its nodes is in service)."""
 
     pool = models.ForeignKey(GpuPool, on_delete=models.CASCADE, related_name="checks")
+    node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.CASCADE, related_name="checks")
     gpu_type = models.ForeignKey(GpuType, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     run_id = models.PositiveBigIntegerField(null=True, blank=True, unique=True,
                                             help_text="The check's run (an internal, hidden leaderboard's).")

@@ -37,12 +37,12 @@ def machine_probe() -> dict:
     return json.loads(done.stdout)
 
 
-def in_process_agent(node: Node, report: dict | None = None) -> NodeAgent:
+def in_process_agent(node: Node, report: dict | None = None, *, python: str = "") -> NodeAgent:
     """The node's agent calling the runner API through the test client, registered with `report` (default: this
     machine's probe) unless the node's agent is live already (then it goes on with the devices registered)."""
     agent = NodeAgent("http://testserver", node.pool.name, node.hostname,
                       node_token(settings.RUNNER_KEY, node.pool.name, node.hostname),
-                      python=settings.HARNESS_PYTHON or sys.executable, workroot=settings.RUNS_DIR,
+                      python=python or settings.HARNESS_PYTHON or sys.executable, workroot=settings.RUNS_DIR,
                       transport=client_transport)
     settings.RUNS_DIR.mkdir(parents=True, exist_ok=True)
     node.refresh_from_db()
@@ -73,11 +73,11 @@ def drain_local_pools() -> int:
     return sum(drain(pool) for pool in GpuPool.objects.filter(backend="local", enabled=True))
 
 
-def start_agent(platform_url: str, pool: str, hostname: str, *, env: dict | None = None,
+def start_agent(platform_url: str, pool: str, hostname: str, *, env: dict | None = None, args: tuple[str, ...] = (),
                 **popen) -> subprocess.Popen:
     """A real node agent process (`python -m runners.harness.node`) against a live platform."""
     return subprocess.Popen(
         [sys.executable, "-m", "runners.harness.node", "--platform", platform_url, "--pool", pool,
-         "--hostname", hostname, "--workdir", str(settings.RUNS_DIR), "--poll", "0.2"],
+         "--hostname", hostname, "--workdir", str(settings.RUNS_DIR), "--poll", "0.2", *args],
         cwd=REPO, env={**os.environ, "KERNELBOT_RUNNER_KEY": settings.RUNNER_KEY, **(env or {})},
         start_new_session=True, **popen)

@@ -163,7 +163,10 @@ class SlurmBackend(RunnerBackend):
         stdin = f"KERNELBOT_ATTEMPT_TOKEN={job.token}\n{self.batch_script(job, tag)}"
         out = self.call(argv, stdin)
         if out.returncode != 0:
-            raise RuntimeError(f"sbatch refused the job: {_tail(out.stderr or out.stdout)}")
+            said = _tail(out.stderr or out.stdout)
+            if fix := _fix(said, SBATCH_FIXES):
+                raise BackendUnavailable(f"sbatch refused the job: {said}. To fix: {fix}")
+            raise RuntimeError(f"sbatch refused the job: {said}")
         job_id = out.stdout.strip().splitlines()[-1].split(";")[0] if out.stdout.strip() else ""
         if not job_id.isdigit():
             raise RuntimeError(f"sbatch answered without a job id: {_tail(out.stdout)}")
@@ -322,7 +325,10 @@ finish "$code"
         except subprocess.TimeoutExpired as exc:
             raise RuntimeError(f"{argv[0]} did not answer within {CALL_TIMEOUT_S} s") from exc
         if ssh and out.returncode == 255:  # ssh's own failure, not the command's
-            raise RuntimeError(f"ssh to {ssh} failed: {_tail(out.stderr)}")
+            said = _tail(out.stderr)
+            if fix := _fix(said, SSH_FIXES):
+                raise BackendUnavailable(f"ssh to {ssh} failed: {said}. To fix: {fix}")
+            raise RuntimeError(f"ssh to {ssh} failed: {said}")  # unreachable for now: the next try may get through
         return out
 
 
@@ -349,6 +355,34 @@ def _sh_path(path: str) -> str:
     if path == "~" or path.startswith("~/"):
         return '"$HOME"' + (shlex.quote(path[1:]) if len(path) > 1 else "")
     return shlex.quote(path)
+
+
+# What sbatch or ssh say when the pool's configuration is wrong, and what to fix: the pool's failure (it fails until
+# a health check passes), never retried as the run's bad luck.
+SBATCH_FIXES = (
+    ("Could not establish a configuration source",
+     "sbatch on the workers' machine finds no Slurm configuration: give the workers SLURM_CONF (the cluster's "
+     "slurm.conf) and the cluster's munge key, or set the pool's ssh to a login node"),
+    ("Invalid partition name", "set the pool's partition to one the cluster has (`sinfo -s`)"),
+    ("Invalid account", "set the pool's account (and partition) to ones the cluster lets its Slurm user use"),
+    ("Invalid qos", "set the pool's qos to one the cluster has (`sacctmgr show qos`)"),
+    ("Invalid generic resource", "set the pool's gres to the cluster's names (`sinfo -o %G`)"),
+    ("Invalid feature specification", "fix the pool's extra args (--constraint names a feature no node has)"),
+    ("command not found", "install the Slurm client on the login node, on the login user's PATH"),
+    ("Munge encode failed", "start munged with the cluster's key on the machine that runs sbatch"),
+)
+SSH_FIXES = (
+    ("Could not resolve hostname", "set the pool's ssh to user@host of a login node the workers' machine can "
+                                   "resolve (or a Host entry of the pool's ssh config)"),
+    ("Permission denied", "give the workers' user a key the login node accepts without a passphrase (BatchMode)"),
+    ("Host key verification failed", "add the login node's host key to the workers' user's known_hosts"),
+    ("Bad configuration option", "fix the pool's ssh config file"),
+    ("Can't open user config file", "set the pool's ssh config to a file the workers' user can read"),
+)
+
+
+def _fix(said: str, fixes: tuple[tuple[str, str], ...]) -> str:
+    return next((fix for marker, fix in fixes if marker in said), "")
 
 
 def _unknown_job(stderr: str) -> bool:

@@ -35,9 +35,10 @@ MODE_PHASES = {"test": ("test",), "benchmark": ("benchmark",), "profile": ("benc
 # has been evaluated with so far (the platform always sent it; the harness's own 8 GiB only applied to hand-run
 # jobs): changing it would change verdicts of already-ranked code, and on GPU nodes host-side staging of large
 # inputs needs more than 8 GiB per process while the cgroup still protects the node.
+# disk_bytes: what the run's files in its workdir may take together (FSIZE bounds each file); a pool may set it.
 DEFAULT_LIMITS = {"memory_bytes": 16 << 30, "cpu_seconds": 3600, "processes": 256, "file_size_bytes": 256 << 20,
                   "open_files": 256, "output_bytes": 64 << 10, "shm_bytes": 256 << 20, "tree_memory_bytes": 0,
-                  "runs_per_node": 1}
+                  "runs_per_node": 1, "disk_bytes": 1 << 30}
 
 # Timing: stop at a 95 % CI within rel_ci of the mean, within sample and time budgets per case. The platform's
 # settings override these from the environment (KERNELBOT_REL_CI, ...).

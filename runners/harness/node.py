@@ -54,6 +54,7 @@ SWEEP_S = 2.0  # how often the devices nothing holds are checked for leftover pr
 KEY_LINE = re.compile(r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh\.com|"
                       r"sk-ecdsa-sha2-nistp256@openssh\.com) [A-Za-z0-9+/]+={0,2}")
 KEY_MARK = re.compile(r" kernelbot-node-agent-reservation-\d+$")
+RESERVATION_ENV = "KERNELBOT_RESERVATION"  # set by a holder's SSH login: every process it starts inherits it
 
 
 def key_lines(placed: list[dict]) -> list[str]:
@@ -62,8 +63,9 @@ def key_lines(placed: list[dict]) -> list[str]:
     lines = []
     for entry in placed:
         rid, gpus = int(entry["reservation"]), ",".join(str(int(i)) for i in entry["gpus"])
-        command = (f"export CUDA_VISIBLE_DEVICES={gpus}; if [ -n \\\"$SSH_ORIGINAL_COMMAND\\\" ]; then exec bash -c "
-                   f"\\\"$SSH_ORIGINAL_COMMAND\\\"; else exec bash -l; fi")
+        command = (f"export CUDA_VISIBLE_DEVICES={gpus} {RESERVATION_ENV}={rid}; "
+                   "if [ -n \\\"$SSH_ORIGINAL_COMMAND\\\" ]; then exec bash -c \\\"$SSH_ORIGINAL_COMMAND\\\"; "
+                   "else exec bash -l; fi")
         lines += [f'restrict,pty,command="{command}" {key} kernelbot-node-agent-reservation-{rid}'
                   for key in entry["keys"] if isinstance(key, str) and KEY_LINE.fullmatch(key)]
     return lines
@@ -124,6 +126,60 @@ def compute_processes() -> dict[int, list[int]] | None:
     return found
 
 
+def process_start(pid: int) -> int | None:
+    """When the process started (clock ticks since boot): a pid and its start name one process, reused pids aside."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def tagged_processes() -> dict[int, int]:
+    """pid → reservation id of every process whose environment carries RESERVATION_ENV (a holder's login and what it
+    started)."""
+    found = {}
+    mark = f"{RESERVATION_ENV}=".encode()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as f:
+                environ = f.read()
+        except OSError:
+            continue
+        for item in environ.split(b"\0"):
+            if item.startswith(mark) and item[len(mark):].isdigit():
+                found[int(entry.name)] = int(item[len(mark):])
+    return found
+
+
+def stale_run_dirs(workroot: Path) -> list[Path]:
+    """The run directories (`kernelbot-run-*`, holding a competitor's files) under `workroot` that no live process
+    uses as its working directory, its HOME (a harness parent's) or through an open file: a killed agent's."""
+    prefix = os.path.join(os.path.realpath(workroot), "kernelbot-run-")
+    dirs = [p for p in Path(workroot).glob("kernelbot-run-*") if p.is_dir() and not p.is_symlink()]
+    if not dirs:
+        return []
+    used: set[str] = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        base = f"/proc/{entry.name}"
+        paths = []
+        with contextlib.suppress(OSError):
+            paths.append(os.readlink(f"{base}/cwd"))
+        with contextlib.suppress(OSError), open(f"{base}/environ", "rb") as f:
+            paths += [item[5:].decode(errors="replace") for item in f.read().split(b"\0")
+                      if item.startswith(b"HOME=")]
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"{base}/fd"):
+                with contextlib.suppress(OSError):
+                    paths.append(os.readlink(f"{base}/fd/{fd}"))
+        used.update(path[len(prefix):].split("/", 1)[0] for path in paths if path.startswith(prefix))
+    return [p for p in dirs if p.name.removeprefix("kernelbot-run-") not in used]
+
+
 def descends_from(pid: int, ancestor: int) -> bool:
     while pid > 1:
         if pid == ancestor:
@@ -157,6 +213,7 @@ class NodeAgent:
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.authorized_keys: Path | None = None  # where reservations' keys go (--authorized-keys)
+        self.owned: dict[int, tuple[int, int | None]] = {}  # pid → (reservation, its start) seen under a reservation
 
     def _call(self, route: str, body: dict) -> dict:
         try:
@@ -171,6 +228,8 @@ class NodeAgent:
         answer = self._call("register", {"probe": report, "agent": {
             "version": VERSION, "pid": os.getpid(), "python": self.python, "started": time.time()}})
         self.devices = [int(d["index"]) for d in answer.get("devices", []) if d.get("enabled", True)]
+        if answer.get("out_of_service"):
+            print(f"node agent: {self.hostname} is out of service: {answer['out_of_service']}", file=sys.stderr)
         return answer
 
     def free(self) -> list[int]:
@@ -187,33 +246,68 @@ class NodeAgent:
         reserved = answer.get("reserved", [])
         if self.spares is not None:
             self.spares.reserve([str(i) for i in reserved])
-        self.sweep(reserved)
+        self.sweep(reserved, answer.get("reservations"))
         if self.authorized_keys is not None:
             place_keys(self.authorized_keys, key_lines(answer.get("keys", [])))
         return claims
 
-    def sweep(self, reserved: list[int]) -> list[int]:
-        """The pool's devices belong to the platform: a process left on one that neither a run of this agent nor a
-        reservation holds (a reservation's holder after its end, anyone else) is killed, at most every `sweep_s`.
-        Returns the pids killed. Needs nvidia-smi (no GPU, nothing to sweep)."""
+    def sweep(self, reserved: list[int], reservations: list[dict] | None = None) -> list[int]:
+        """The pool's devices belong to the platform, at most every `sweep_s`: a process left on one that neither a
+        run of this agent nor a reservation holds is killed; so is every process a reservation owns once that
+        reservation is no longer here (`reservations`: those holding devices now, `{"id", "gpus"}`), even when the
+        next one holds the same devices. A reservation owns the processes carrying its RESERVATION_ENV (its holders'
+        SSH logins and all they start) and those first seen on its devices while it held them. Returns the pids
+        killed. Device processes need nvidia-smi; tagged ones are found in /proc."""
         now = time.monotonic()
         if now - self.swept < self.sweep_s:
             return []
         self.swept = now
-        on_devices = compute_processes()
+        on_devices = compute_processes() or {}
+        active = {int(r["id"]): [int(i) for i in r["gpus"]] for r in reservations or []}
+        holder_of = {index: rid for rid, gpus in active.items() for index in gpus}
+        if reservations is not None:
+            for pid, rid in tagged_processes().items():
+                if not descends_from(pid, os.getpid()):  # never this agent, even started from a holder's login
+                    self.owned.setdefault(pid, (rid, process_start(pid)))
         with self.lock:
             idle = [i for i in self.devices if i not in self.busy and i not in reserved]
         killed = []
-        for index in idle:
-            for pid in (on_devices or {}).get(index, []):
-                if descends_from(pid, os.getpid()):
-                    continue  # a spare of this agent's (it holds no context until its run, but never kill it)
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
+        for index, pids in on_devices.items():
+            for pid in pids:
+                if pid in self.owned or descends_from(pid, os.getpid()):
+                    continue  # owned: decided below; a spare of this agent's holds no context, but never kill it
+                if index in holder_of:
+                    self.owned[pid] = (holder_of[index], process_start(pid))
+                elif index in idle and self.kill(pid):
                     killed.append(pid)
                     print(f"node agent: killed pid {pid}, left on device {index}, which nothing holds",
                           file=sys.stderr)
+        for pid, (rid, start) in list(self.owned.items()):
+            if process_start(pid) != start:
+                del self.owned[pid]  # gone (its pid may be another process's now)
+            elif reservations is not None and rid not in active:
+                del self.owned[pid]
+                if self.kill(pid):
+                    killed.append(pid)
+                    print(f"node agent: killed pid {pid} of reservation {rid}, which ended", file=sys.stderr)
         return killed
+
+    @staticmethod
+    def kill(pid: int) -> bool:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
+
+    def sweep_leftovers(self) -> None:
+        """What an agent killed outright left behind, swept when one starts: run directories no live process uses
+        (competitors' code) and reservations' SSH key lines (the first poll places those of reservations active now)."""
+        for path in stale_run_dirs(self.workroot):
+            shutil.rmtree(path, ignore_errors=True)
+            print(f"node agent: removed {path}, left by a run no process runs", file=sys.stderr)
+        if self.authorized_keys is not None:
+            place_keys(self.authorized_keys, [])
 
     def start(self, claim: dict, *, wait: bool = False) -> None:
         indices = [int(i) for i in claim["devices"]]
@@ -266,6 +360,7 @@ class NodeAgent:
         platform refuses or cannot answer is retried: it may be starting, or refuse this node until an organiser
         acts; a platform that forgot the node (404: deleted in the admin) gets a new registration."""
         registered = False
+        self.sweep_leftovers()
         while not self.stopping.is_set():
             try:
                 if not registered:

@@ -15,10 +15,15 @@ Backends, chosen per process by `KERNELBOT_SANDBOX` (read when a Sandbox is buil
   "none"            rlimits-only, no cgroup (development only).
 
 Memory of the whole tree (`cgroups.py`): every run gets its own memory cgroup, joined by the forked child
-before it execs anything, with `tree_memory_bytes` as its limit: by default what this node can spare
-(physical memory minus a margin of max(2 GiB, 20 %), divided by `runs_per_node`), and never more than that
-total, so no run can take the host below the margin. When the kernel's OOM killer acts in the group, the
+before it execs anything, with `tree_memory_bytes` as its limit: by default min(8 GiB, 40 % of physical memory,
+its share of what this node can spare: physical memory minus a margin of max(2 GiB, 20 %), divided by
+`runs_per_node`), a pool's own setting up to that total, and never more, so no run can take the host below the
+margin. When the kernel's OOM killer acts in the group, the
 whole tree is killed and the outcome says "memory limit exceeded" (`memory_exceeded`).
+
+Disk: the files in the workdir together may take `disk_bytes` (FSIZE bounds each file): their size is measured every
+DISK_POLL_S and the tree killed past it ("disk limit exceeded", `disk_exceeded`); a run can overshoot by what it
+writes in that time.
 
 bubblewrap as root: bwrap keeps root to build the mounts, then `setpriv` drops the child to a plain
 host uid (65534 by default) with no capabilities and no_new_privs, so RLIMIT_NPROC applies and host
@@ -47,9 +52,9 @@ double-forked, setsid'd descendants. The rlimits-only fallback can only kill the
 
 Known gaps: no seccomp filter (the full syscall surface, incl. unprivileged user namespaces when
 bwrap ran as root, is reachable); RLIMIT_NPROC is per host uid, so concurrent sandboxes sharing a
-uid share it (pass `uid=` per worker slot); total disk use in the workdir is unbounded (FSIZE is
-per file); without a usable memory cgroup (not root, no delegation) memory is limited per process only;
-the fallback hides nothing of the filesystem beyond file modes and leaves the network open.
+uid share it (pass `uid=` per worker slot); total disk use in the workdir is no kernel quota (FSIZE is per
+file) but measured, with some overshoot; without a usable memory cgroup (not root, no delegation) memory is limited
+per process only; the fallback hides nothing of the filesystem beyond file modes and leaves the network open.
 """
 
 from __future__ import annotations
@@ -74,8 +79,11 @@ from .contract import DEFAULT_LIMITS
 NOBODY = 65534
 _CHUNK = 1 << 16
 MEMORY_POLL_S = 0.1
+DISK_POLL_S = 0.25
 MIN_MARGIN_BYTES = 2 << 30
 MIN_TREE_BYTES = 512 << 20
+DEFAULT_TREE_BYTES = 8 << 30  # a run's default memory: min(this, DEFAULT_TREE_SHARE of the host, its node's share)
+DEFAULT_TREE_SHARE = 0.4
 
 
 class SandboxUnavailable(RuntimeError):
@@ -95,6 +103,7 @@ class Limits:
     # memory cgroup limit of the whole tree; 0: this node's share (tree_memory_limit)
     tree_memory_bytes: int = DEFAULT_LIMITS["tree_memory_bytes"]
     runs_per_node: int = DEFAULT_LIMITS["runs_per_node"]  # runs this node may hold at once: its spare memory is split
+    disk_bytes: int = DEFAULT_LIMITS["disk_bytes"]  # the workdir's files together (measured); 0: unbounded
 
 
 @dataclasses.dataclass
@@ -108,6 +117,7 @@ class Outcome:
     stderr_truncated: bool = False
     elapsed: float = 0.0  # wall seconds from start to exit, as seen by the parent
     memory_exceeded: bool = False  # the tree hit its memory cgroup limit and was killed
+    disk_exceeded: bool = False  # its workdir's files passed disk_bytes and the tree was killed
 
 
 def node_memory() -> tuple[int, int]:
@@ -116,11 +126,26 @@ def node_memory() -> tuple[int, int]:
     return total, total - max(MIN_MARGIN_BYTES, total // 5)
 
 
-def tree_memory_limit(limits: Limits) -> int:
-    """The tree's limit: the configured one or this node's share, never above what the node can spare."""
-    usable = node_memory()[1]
-    wanted = limits.tree_memory_bytes or usable // max(1, limits.runs_per_node)
-    return max(MIN_TREE_BYTES, min(wanted, usable))
+def tree_memory_limit(limits: Limits, memory: tuple[int, int] | None = None) -> int:
+    """The tree's limit: the configured one, else min(DEFAULT_TREE_BYTES, DEFAULT_TREE_SHARE of the host, this
+    node's share), never above what the node can spare. `memory`: `node_memory()`'s answer."""
+    total, usable = memory or node_memory()
+    default = min(DEFAULT_TREE_BYTES, int(total * DEFAULT_TREE_SHARE), usable // max(1, limits.runs_per_node))
+    return max(MIN_TREE_BYTES, min(limits.tree_memory_bytes or default, usable))
+
+
+def disk_usage(path: str) -> int:
+    """Bytes the files under `path` take on disk (not following links); what vanishes meanwhile is skipped."""
+    used, stack = 0, [path]
+    while stack:
+        with contextlib.suppress(OSError), os.scandir(stack.pop()) as entries:
+            for entry in entries:
+                with contextlib.suppress(OSError):
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                    else:
+                        used += entry.stat(follow_symlinks=False).st_blocks * 512
+    return used
 
 
 def _mode() -> str:
@@ -281,6 +306,7 @@ class Sandbox:
             "tree_kill": "pid namespace" if bw else ("cgroup" if self.cgroup else "process group only"),
             "memory": {"cgroup": self.cgroup.version, "tree_limit_bytes": self.tree_memory} if self.cgroup else
             {"cgroup": None, "tree_limit_bytes": None, "per_process_only": self.cgroup_error},
+            "disk_limit_bytes": self.limits.disk_bytes or None,
             "devices": self._device_nodes() if bw else [],
             "mode": self.mode,
             **({"fallback_reason": self.fallback_reason} if not bw else {}),
@@ -430,7 +456,8 @@ class Sandbox:
                 os.close(fd)
             if procs_fd is not None:
                 os.close(procs_fd)
-        return SandboxedProcess(proc, self.limits, started, bwrap=self.bwrap is not None, group=group, clock=clock)
+        return SandboxedProcess(proc, self.limits, started, bwrap=self.bwrap is not None, group=group, clock=clock,
+                                workdir=self.workdir)
 
 
 class _Capture(threading.Thread):
@@ -470,10 +497,10 @@ _SIGNAL_REASONS = {
 
 class SandboxedProcess:
     def __init__(self, proc: subprocess.Popen, limits: Limits, started: float | None = None, *, bwrap: bool = False,
-                 group: MemoryGroup | None = None, clock: bool = True):
-        self.proc, self.limits, self.bwrap, self.group = proc, limits, bwrap, group
+                 group: MemoryGroup | None = None, clock: bool = True, workdir: str | None = None):
+        self.proc, self.limits, self.bwrap, self.group, self.workdir = proc, limits, bwrap, group, workdir
         self.started = time.monotonic() if started is None else started
-        self.timed_out, self.killed, self.memory_exceeded = False, False, False
+        self.timed_out, self.killed, self.memory_exceeded, self.disk_exceeded = False, False, False, False
         self._exited = threading.Event()
         self._lock = threading.Lock()
         self._out = _Capture(proc.stdout, limits.output_bytes)
@@ -485,6 +512,8 @@ class SandboxedProcess:
             self._arm(max(0.0, self.started + limits.wall_seconds - time.monotonic()))
         if group is not None:
             threading.Thread(target=self._watch_memory, daemon=True).start()
+        if workdir is not None:
+            threading.Thread(target=self._watch_disk, daemon=True).start()
         self._outcome: Outcome | None = None
 
     @property
@@ -516,6 +545,17 @@ class SandboxedProcess:
             if self.group.oom_kills():
                 with self._lock:
                     self.memory_exceeded = True
+                    if self.proc.poll() is None:
+                        self._kill()
+                return
+
+    def _watch_disk(self) -> None:
+        """The workdir's files together may take `disk_bytes` (a spare's limits are its run's from restart_clock)."""
+        assert self.workdir is not None
+        while not self._exited.wait(DISK_POLL_S):
+            if self.limits.disk_bytes and disk_usage(self.workdir) > self.limits.disk_bytes:
+                with self._lock:
+                    self.disk_exceeded = True
                     if self.proc.poll() is None:
                         self._kill()
                 return
@@ -558,6 +598,9 @@ class SandboxedProcess:
             assert self.group is not None
             reason = (f"memory limit exceeded: the run's processes together reached its {self.group.limit >> 20} MiB "
                       "limit and were killed")
+        elif self.disk_exceeded:
+            reason = (f"disk limit exceeded: the run's files in its working directory passed its "
+                      f"{self.limits.disk_bytes >> 20} MiB limit and its processes were killed")
         elif self.timed_out:
             reason = f"wall time exceeded ({self.limits.wall_seconds:g} s)"
         elif self.killed:
@@ -577,6 +620,7 @@ class SandboxedProcess:
             self._err.truncated,
             elapsed,
             self.memory_exceeded,
+            self.disk_exceeded,
         )
         return self._outcome
 

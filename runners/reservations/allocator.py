@@ -30,6 +30,17 @@ def reserved_indices(node_id: int) -> list[int]:
                   .values_list("gpu__index", flat=True).distinct())
 
 
+def reservations_on(node_id: int) -> list[dict]:
+    """The reservations holding devices of the node now, `{"id", "gpus"}` each: its agent kills the processes of a
+    reservation once it is no longer here, also when the next one holds the same devices."""
+    held: dict[int, list[int]] = {}
+    for rid, index in DeviceHold.objects.held().filter(kind=HoldKind.RESERVATION, gpu__node_id=node_id,
+                                                       reservation__isnull=False).values_list("reservation_id",
+                                                                                              "gpu__index"):
+        held.setdefault(rid, []).append(index)
+    return [{"id": rid, "gpus": sorted(gpus)} for rid, gpus in sorted(held.items())]
+
+
 def run_lease_seconds() -> float:
     """A run's hold lapses as fast as its heartbeat deadline, so a dead worker's device is back when its run is."""
     return float(settings.RUN_HEARTBEAT_DEADLINE)

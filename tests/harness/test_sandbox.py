@@ -72,7 +72,8 @@ def test_describe_reports_bubblewrap():
     assert d["uid"] == (sb.NOBODY if os.geteuid() == 0 else os.getuid())
     assert {"cpu", "as", "nproc", "fsize", "nofile", "core"} <= set(d["rlimits"])
     if not _cgroup_error():
-        assert d["memory"]["cgroup"] in ("v1", "v2") and d["memory"]["tree_limit_bytes"] == sb.node_memory()[1]
+        assert d["memory"]["cgroup"] in ("v1", "v2")
+        assert d["memory"]["tree_limit_bytes"] == sb.tree_memory_limit(Limits())
 
 
 @needs_bwrap
@@ -239,14 +240,48 @@ def test_memory_limit_and_tree_kill_without_bubblewrap(tmp_path: Path, monkeypat
     assert _groups_left() == []
 
 
-def test_tree_memory_defaults_to_the_nodes_share():
+def test_tree_memory_defaults_to_a_share_a_small_host_survives():
     total, usable = sb.node_memory()
     assert usable == total - max(2 << 30, total // 5)
-    assert sb.tree_memory_limit(Limits()) == usable
-    assert sb.tree_memory_limit(Limits(runs_per_node=3)) == usable // 3
-    assert sb.tree_memory_limit(Limits(tree_memory_bytes=1 << 30)) == 1 << 30  # a pool's own setting
+    assert sb.tree_memory_limit(Limits()) == min(8 << 30, int(total * 0.4), usable)
+    gib = 1 << 30
+    host = (24 * gib, 24 * gib - max(2 * gib, 24 * gib // 5))  # the 24 GiB, 2-core host one run once took 12 GiB of
+    assert sb.tree_memory_limit(Limits(), host) == 8 * gib  # was 19.2 GiB: the node's whole spare memory
+    assert sb.tree_memory_limit(Limits(runs_per_node=3), host) == host[1] // 3
+    small = (8 * gib, 6 * gib)
+    assert sb.tree_memory_limit(Limits(), small) == int(8 * gib * 0.4)
+    assert sb.tree_memory_limit(Limits(tree_memory_bytes=12 * gib), host) == 12 * gib  # a pool's own setting
     assert sb.tree_memory_limit(Limits(tree_memory_bytes=total * 2)) == usable  # never past the margin
     assert sb.tree_memory_limit(Limits(tree_memory_bytes=1)) == sb.MIN_TREE_BYTES
+
+
+DISK_HOG = """
+    import os
+    block = b"x" * (16 << 20)
+    for i in range(128):  # 2 GiB, 16 MiB a file (each under the file size limit)
+        with open(f"hog-{i}", "wb") as f:
+            f.write(block)
+            f.flush()
+            os.fsync(f.fileno())
+    print("wrote it all", flush=True)
+"""
+
+
+@needs_bwrap
+def test_the_workdirs_files_together_are_held_to_the_disk_limit(tmp_path: Path):
+    """FSIZE bounds one file; many files are measured together and the tree killed past `disk_bytes`."""
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    tmp_path.chmod(0o755)
+    o = run(tmp_path / "a", DISK_HOG, Limits(wall_seconds=120, disk_bytes=64 << 20))
+    assert o.disk_exceeded and "wrote it all" not in o.stdout, o
+    assert o.reason == ("disk limit exceeded: the run's files in its working directory passed its 64 MiB limit and "
+                        "its processes were killed")
+    assert sb.disk_usage(str(tmp_path / "a")) < 1 << 30  # stopped long before the 2 GiB
+    small = DISK_HOG.replace("range(128)", "range(2)")  # 32 MiB: within the limit, untouched
+    o = run(tmp_path / "b", small, Limits(wall_seconds=120, disk_bytes=64 << 20))
+    assert (o.returncode, o.disk_exceeded, o.reason) == (0, False, ""), o
+    assert "wrote it all" in o.stdout
 
 
 @needs_bwrap  # else the sandbox refuses for want of bubblewrap before it looks for a cgroup

@@ -422,16 +422,19 @@ def test_a_run_no_runner_picks_up_is_retried_after_the_queue_deadline(
 
 
 @pytest.mark.django_db
-def test_a_dispatch_github_refuses_ends_the_run_with_its_message(
+def test_a_dispatch_github_refuses_fails_the_pool_with_its_message(
         fake, demo_task, cpu, sync_queue, django_capture_on_commit_callbacks):
     remote_pool(RunnerBackendName.GITHUB, cpu, name="github", settings=pool_settings(fake))
     fake.dispatch_status = 404
     board = LeaderboardFactory(problem=problem_from(demo_task), gpu_types=[cpu])
     run = submit(board, "correct", "test", django_capture_on_commit_callbacks).runs.get()
     run.refresh_from_db()
-    assert run.status == RunStatus.ERROR and run.infra_failures == 0, run.error
-    assert f"GitHub refused to dispatch kernelbot-run.yml on {REPO}@main (404: fake refusal 404)" in run.error
+    assert run.status == RunStatus.QUEUED and run.infra_failures == 0, run.error  # it waits for a pool to take it
+    reason = run.attempts.get().reason  # the organisers'; the competitor reads that the runners are misconfigured
+    assert f"GitHub refused to dispatch kernelbot-run.yml on {REPO}@main (404: fake refusal 404)" in reason
+    assert REPO not in run.error
     assert run.attempts.count() == 1 and fake.runs == {}
+    assert reason in GpuPool.objects.get(name="github").health_detail  # the pool fails, saying what is wrong
 
 
 @pytest.mark.django_db

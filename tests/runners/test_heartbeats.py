@@ -13,7 +13,7 @@ from leaderboards import lifecycle
 from leaderboards.lifecycle import dispatch_run
 from leaderboards.models import Run, RunAttempt, RunStatus
 from runners.backends.base import BACKENDS
-from runners.models import GpuPool
+from runners.models import GpuPool, PoolHealth
 
 from ..conftest import REPO
 from ..factories import ranked_result, submission
@@ -72,13 +72,19 @@ def test_the_last_attempt_keeps_the_reason_it_failed_with(leaderboard, settings)
     assert list(RunAttempt.objects.filter(run=run).values_list("outcome", "reason")) == [("error", "node lost")]
 
 
-def test_a_pool_whose_backend_is_missing_fails_the_run_at_once(leaderboard, cpu_pool, monkeypatch):
+def test_a_pool_whose_backend_is_missing_fails_the_pool_and_its_runs_wait(leaderboard, cpu_pool, monkeypatch):
     monkeypatch.setitem(BACKENDS, "slurm", "runners.backends.not_installed.SlurmBackend")
     GpuPool.objects.filter(pk=cpu_pool.pk).update(backend="slurm")
     run = submission(leaderboard, mode="test").runs.get()
     dispatch_run(run.pk)
     run.refresh_from_db()
-    assert run.status == RunStatus.ERROR and "does not provide" in run.error and not run.attempts.exists()
+    assert run.status == RunStatus.QUEUED and not run.attempts.exists()  # not the run's fault: it waits, uncharged
+    cpu_pool.refresh_from_db()
+    assert cpu_pool.health == PoolHealth.FAILING and "does not provide" in cpu_pool.health_detail
+    Run.objects.filter(pk=run.pk).update(pool=cpu_pool)  # a health check's run: its check fails with the reason
+    dispatch_run(run.pk)
+    run.refresh_from_db()
+    assert run.status == RunStatus.ERROR and "does not provide" in run.error
 
 
 @pytest.mark.postgres

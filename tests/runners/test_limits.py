@@ -100,6 +100,32 @@ def test_pool_memory_limit_stops_a_memory_bomb_end_to_end(cpu_pool, demo_task, s
 
 
 @pytest.mark.slow
+def test_pool_disk_limit_stops_a_run_filling_its_workdir_and_memory_defaults_to_a_share_end_to_end(
+        cpu_pool, demo_task, sync_queue, django_capture_on_commit_callbacks):
+    """A run that writes 2 GiB into its working directory, in files each under the file size limit, is killed at the
+    pool's 64 MiB; a run's memory cgroup by default is min(8 GiB, 40 %) of this host, not its whole spare memory."""
+    cpu_pool.disk_limit_mib = 64
+    cpu_pool.save()
+    leaderboard = LeaderboardFactory(problem=problem_from(demo_task), gpu_types=[cpu_pool.cpu])
+    hog = b"import os\n\ndef custom_kernel(data):\n    a, b = data\n    block = b'x' * (16 << 20)\n" \
+          b"    for i in range(128):\n        with open(f'hog-{i}', 'wb') as f:\n            f.write(block)\n" \
+          b"            os.fsync(f.fileno())\n    return a + b\n"
+    user = UserFactory()
+    request = check_submission(user, leaderboard.name, ["CPU"], "test", "hog.py", hog)
+    with django_capture_on_commit_callbacks(execute=True):
+        submission = do_submit(user, request)
+    run = submission.runs.get()
+    assert (run.status, run.verdict) == (RunStatus.FAILED, "crash"), run.error
+    assert "disk limit exceeded: the run's files in its working directory passed its 64 MiB limit" in run.error
+    sandbox = run.system_info["sandbox"]
+    assert sandbox["disk_limit_bytes"] == 64 << 20
+    if sandbox["memory"]["cgroup"]:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        usable = total - max(2 << 30, total // 5)
+        assert sandbox["memory"]["tree_limit_bytes"] == min(8 << 30, int(total * 0.4), usable) < usable
+
+
+@pytest.mark.slow
 def test_problem_needing_cuda_on_a_cpu_runner_is_not_the_users_fault(cpu_pool, demo_task, sync_queue, settings,
                                                                       django_capture_on_commit_callbacks):
     """The harness answers status error: retried a bounded number of times, then ERROR with the clear message."""

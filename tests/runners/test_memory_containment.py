@@ -11,14 +11,27 @@ import os
 import pytest
 from django.core.management import call_command
 
+from leaderboards import lifecycle
 from leaderboards.health import do_start_pool_check
+from leaderboards.models import RunStatus
 from runners.actions import probe_this_machine
 from runners.harness import cgroups
 from runners.harness.probe import probe, sandbox_facts
-from runners.models import CheckOutcome, GpuPool, GpuType, GpuVendor, Node, PoolCheck, PoolHealth, RunnerBackendName
+from runners.models import (
+    CheckOutcome,
+    GpuPool,
+    GpuType,
+    GpuVendor,
+    Node,
+    NodeService,
+    PoolCheck,
+    PoolHealth,
+    RunnerBackendName,
+)
 from runners.pools import MEMORY_FIX_DOC, Contained, containment
 from tests.agents import in_process_agent
 from tests.conftest import require_tool
+from tests.factories import submission
 
 pytestmark = pytest.mark.django_db
 FIX = f"delegate the memory controller to the runner's service ({MEMORY_FIX_DOC})"
@@ -33,7 +46,7 @@ def undelegated(tmp_path, monkeypatch) -> str:
 
 
 def node_check(pool: GpuPool) -> PoolCheck:
-    return PoolCheck.objects.get(pool=pool, run_id__isnull=True)
+    return PoolCheck.objects.get(pool=pool, node__isnull=False, run_id__isnull=True)
 
 
 def test_the_probe_says_why_no_memory_cgroup_is_usable(undelegated, monkeypatch):
@@ -69,20 +82,32 @@ def test_a_nodes_containment_from_its_facts(facts, state, says):
     assert bool(found.warning) == (state == Contained.PER_PROCESS)
 
 
-def test_under_require_a_node_without_a_memory_cgroup_fails_its_pool_with_the_reason(
-        cpu_pool, undelegated, monkeypatch, settings, admin_client, django_capture_on_commit_callbacks):
+def test_under_require_a_node_without_a_memory_cgroup_is_out_of_service_and_never_takes_a_run(
+        cpu_pool, leaderboard, undelegated, monkeypatch, settings, admin_client, django_capture_on_commit_callbacks):
+    sent = submission(leaderboard, mode="test").runs.get()
+    lifecycle.dispatch_run(sent.pk)  # sent to the pool before the node's agent registered
     monkeypatch.setenv("KERNELBOT_SANDBOX", "require")
-    in_process_agent(cpu_pool.nodes.get(), probe_this_machine())  # its agent's probe, for real
-    with django_capture_on_commit_callbacks(execute=False):  # the check's run never starts
-        do_start_pool_check(cpu_pool)
-    cpu_pool.refresh_from_db()
+    agent = in_process_agent(cpu_pool.nodes.get(), probe_this_machine())  # its agent's probe, for real
     reason = (f"node localhost cannot contain memory: {undelegated}; {FIX}. Under KERNELBOT_SANDBOX=require it "
               "refuses every run until it can")
-    assert cpu_pool.health == PoolHealth.FAILING and cpu_pool.health_detail == f"nodes: {reason}"
-    assert node_check(cpu_pool).outcome == CheckOutcome.FAILING
-    assert not GpuPool.objects.taking_runs(cpu_pool.cpu).exists()
     node = Node.objects.get(pool=cpu_pool)
+    assert (node.service, node.service_detail) == (NodeService.SANDBOX, reason)  # from its registration on
     assert node.sandbox["mode"] == "require" and node.sandbox["memory_cgroup_error"] == undelegated and node.probed_at
+    assert agent.drain() == 0  # it takes no run
+    sent.refresh_from_db()
+    assert sent.status == RunStatus.DISPATCHED and not sent.attempts.exclude(external_id="").exists()
+    waiting = submission(leaderboard, mode="test").runs.get()
+    lifecycle.dispatch_run(waiting.pk)
+    waiting.refresh_from_db()
+    assert waiting.status == RunStatus.QUEUED  # no node of its type is in service: it waits
+
+    with django_capture_on_commit_callbacks(execute=False):
+        do_start_pool_check(cpu_pool)
+    cpu_pool.refresh_from_db()
+    assert cpu_pool.health == PoolHealth.FAILING and cpu_pool.health_detail == f"localhost is out of service: {reason}"
+    assert PoolCheck.objects.get(pool=cpu_pool, node=node).outcome == CheckOutcome.FAILING
+    assert not PoolCheck.objects.filter(pool=cpu_pool, run_id__isnull=False).exists()  # no check run for it either
+    assert not GpuPool.objects.taking_runs(cpu_pool.cpu).exists()
 
     page = admin_client.get(f"/admin/runners/gpupool/{cpu_pool.pk}/change/").content.decode()
     assert "Memory containment (per node):" in page and "✖</span> node localhost cannot contain memory: " in page
@@ -92,7 +117,13 @@ def test_under_require_a_node_without_a_memory_cgroup_fails_its_pool_with_the_re
     assert (f'<a href="https://example.org/kernelbot/docs/operations.md#delegating-the-memory-controller-to-the-'
             f'runner">{MEMORY_FIX_DOC}</a>') in page
     assert "✖ refused on localhost" in admin_client.get("/admin/runners/gpupool/").content.decode()
-    assert "node localhost cannot contain memory" in admin_client.get("/admin/runners/node/").content.decode()
+    nodes = admin_client.get("/admin/runners/node/").content.decode()
+    assert "node localhost cannot contain memory" in nodes and "✖ out of service since" in nodes
+
+    monkeypatch.setattr(cgroups, "memory_parent", lambda: cgroups.MemoryParent("v2", DELEGATED))
+    in_process_agent(node, probe())  # delegated, its agent registers again: back in service
+    node.refresh_from_db()
+    assert node.in_service and node.service_detail == ""
 
 
 @pytest.mark.slow
@@ -107,7 +138,7 @@ def test_otherwise_the_pool_passes_and_the_admin_warns_of_per_process_limits(
     warning = f"runs on node localhost have per-process memory limits only: {undelegated}; {FIX}"
     check = node_check(cpu_pool)
     assert check.outcome == CheckOutcome.OK
-    assert check.detail == f"node agents are live on localhost; {warning}, then set KERNELBOT_SANDBOX=require"
+    assert check.detail == f"agent live on localhost; {warning}, then set KERNELBOT_SANDBOX=require"
     run_check = PoolCheck.objects.get(pool=cpu_pool, run_id__isnull=False)
     assert f"with per-process memory limits only ({undelegated})" in run_check.detail
 
@@ -127,7 +158,7 @@ def test_a_node_with_a_delegated_memory_cgroup_passes_its_check(cpu_pool, monkey
         do_start_pool_check(cpu_pool)
     cpu_pool.refresh_from_db()
     check = node_check(cpu_pool)
-    assert (check.outcome, check.detail) == (CheckOutcome.OK, "node agents are live on localhost")
+    assert (check.outcome, check.detail) == (CheckOutcome.OK, "agent live on localhost")
     assert cpu_pool.health != PoolHealth.FAILING and GpuPool.objects.taking_runs(cpu_pool.cpu).exists()
     page = admin_client.get(f"/admin/runners/gpupool/{cpu_pool.pk}/change/").content.decode()
     assert f"✔</span> localhost: each run&#x27;s memory is contained by a cgroup in v2 {DELEGATED}" in page

@@ -15,6 +15,8 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.conf import settings
+from django.db import transaction
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -25,7 +27,8 @@ from leaderboards.models import Run, RunStatus, SubmissionMode
 from runners.actions import agentless_nodes
 from runners.harness.node import node_token
 from runners.models import Gpu, GpuPool, GpuType, Node
-from runners.reservations.models import DeviceHold, HoldKind
+from runners.reservations import keys
+from runners.reservations.models import DeviceHold, HoldKind, Reservation
 from taskspec.loader import load_task
 
 from .. import factories
@@ -123,7 +126,8 @@ def test_a_restarted_agent_gets_its_dead_predecessors_runs_retried_at_once(leade
     assert run.status == RunStatus.RUNNING
     answer = in_process_agent(cpu_pool.nodes.get(), machine_probe())  # the new agent registers holding nothing
     run.refresh_from_db()
-    assert run.status == RunStatus.QUEUED and "restarted" in run.error and run.infra_failures == 1
+    assert run.status == RunStatus.QUEUED and run.infra_failures == 1
+    assert "restarted" in run.attempts.get().reason
     assert answer.devices == [0]
     assert DeviceHold.objects.get(run_id=run.pk).ended is not None
 
@@ -281,5 +285,132 @@ def test_a_process_left_on_a_device_nothing_holds_is_killed_but_a_reservations_i
 def alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def reservation_hold(node: Node, user, index: int = 0) -> DeviceHold:
+    gpu = node.gpus.get(index=index)
+    now = timezone.now()
+    reservation = Reservation.objects.create(
+        user=user, project="p", pool=node.pool, gpu_type=gpu.gpu_type, gpu_count=1, minutes=30, status="active",
+        node=node, started_at=now, ends_at=now + timedelta(minutes=30), planned_gpus=[gpu.pk])
+    return DeviceHold.objects.create(gpu=gpu, node=node, pool=node.pool, gpu_type=gpu.gpu_type,
+                                     reservation=reservation, kind=HoldKind.RESERVATION, user=user, started=now,
+                                     ends=reservation.ends_at)
+
+
+def login(line: str, command: str) -> int:
+    """What sshd does with a holder's authorized_keys line: its forced command, run with the ssh command given in
+    SSH_ORIGINAL_COMMAND; detached (no child of this process, which the in-process agent would take for its own)."""
+    forced = line.split('command="', 1)[1].split('" ssh-', 1)[0].replace('\\"', '"')
+    done = subprocess.run(["sh", "-c", 'bash -c "$FORCED" >/dev/null 2>&1 & echo $!'], capture_output=True,
+                          text=True, check=True, env={**os.environ, "FORCED": forced, "SSH_ORIGINAL_COMMAND": command})
+    return int(done.stdout)
+
+
+@pytest.mark.django_db
+def test_a_reservations_processes_die_at_its_end_even_when_the_next_one_takes_its_devices_at_once(
+        cpu_pool, tmp_path, monkeypatch):
+    """Processes belong to the reservation, not to the device: the first holder's login (and what it started, on the
+    device or not, and one seen on the device under it) dies when its reservation ends, although the next
+    reservation holds the same device from that very moment; the next holder's lives."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(FAKE_NVIDIA_SMI)
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    node = cpu_pool.nodes.get()
+    first, second = UserFactory(), UserFactory()
+    for user in (first, second):
+        new_key(user, tmp_path)
+    hold = reservation_hold(node, first)
+    agent = in_process_agent(node)
+    agent.sweep_s = 0
+    agent.authorized_keys = tmp_path / "authorized_keys"
+    pids = []
+    try:
+        agent.poll()
+        (line,) = agent.authorized_keys.read_text().splitlines()
+        on_device = login(line, "sleep 600")  # the first holder's kernel, on the device
+        beside = login(line, "sleep 600")  # and something of theirs that never touches it
+        untagged = int(subprocess.run(["sh", "-c", "env -u KERNELBOT_RESERVATION sleep 600 >/dev/null 2>&1 & echo $!"],
+                                      capture_output=True, text=True, check=True).stdout)  # seen on its device only
+        pids = [on_device, beside, untagged]
+        (tmp_path / "pids").write_text(f"{on_device}\n{untagged}\n")
+        agent.poll()
+        assert all(alive(pid) for pid in pids)  # its reservation holds the device
+        with transaction.atomic():  # the next reservation takes the device the moment the first ends
+            DeviceHold.objects.filter(pk=hold.pk).update(ended=timezone.now())
+            Reservation.objects.filter(pk=hold.reservation_id).update(status="ended")
+            reservation_hold(node, second)
+        agent.poll()
+        (line,) = agent.authorized_keys.read_text().splitlines()
+        assert f"KERNELBOT_RESERVATION={hold.reservation_id};" not in line
+        theirs = login(line, "sleep 600")
+        pids.append(theirs)
+        (tmp_path / "pids").write_text(f"{on_device}\n{untagged}\n{theirs}\n")
+        agent.poll()
+        wait_for(lambda: not any(alive(pid) for pid in pids[:3]), 10, "the first holder's processes to die")
+        agent.poll()
+        assert alive(theirs)  # the next holder's, on the same device, lives
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def new_key(user, directory: Path) -> None:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(directory / f"key{user.pk}")], check=True)
+    keys.do_add_key(user, (directory / f"key{user.pk}.pub").read_text())
+
+
+@pytest.mark.slow
+def test_an_agent_killed_outright_leaves_nothing_that_the_next_one_does_not_sweep_when_it_starts(
+        live_pool, runner_platform, tmp_path):
+    """A SIGKILLed agent leaves its run's directory (the competitor's submission.py) and its reservations' SSH key
+    lines; the next agent on the machine removes both when it starts, before it has even reached the platform."""
+    task = load_task(REPO / "problems" / "demo" / "vectoradd_py")
+    leaderboard = factories.LeaderboardFactory(problem=factories.problem_from(task), gpu_types=[live_pool.cpu])
+    node = live_pool.nodes.get()
+    Gpu.objects.create(node=node, gpu_type=live_pool.cpu, index=1)  # what the reservation holds, not the runs' device
+    holder = UserFactory()
+    new_key(holder, tmp_path)
+    reservation_hold(node, holder, index=1)
+    authorized = tmp_path / "authorized_keys"
+    authorized.write_text("ssh-ed25519 AAAA someone else\n")
+    args = ("--authorized-keys", str(authorized))
+    agent = start_agent(runner_platform.url, live_pool.name, "localhost", args=args)
+    successor = None
+    try:
+        wait_for(lambda: "kernelbot-node-agent-reservation-" in authorized.read_text(), 120, "the holder's key line")
+        slow = CODE + b"\nimport time as _t\n_orig = custom_kernel\ndef custom_kernel(data):\n    _t.sleep(60)\n" \
+                      b"    return _orig(data)\n"
+        run = submit(leaderboard, code=slow).runs.get()
+        dispatch_all()
+        wait_for(lambda: Run.objects.filter(pk=run.pk, status=RunStatus.RUNNING).exists(), 60, "the slow run")
+        code = wait_for(lambda: [p for p in settings.RUNS_DIR.glob("kernelbot-run-*/**/submission.py")
+                                 if b"_t.sleep(60)" in p.read_bytes()], 60, "the run's submission.py")
+        left = code[0].relative_to(settings.RUNS_DIR).parts[0]
+        os.killpg(agent.pid, signal.SIGKILL)
+        agent.wait()
+        wait_for(lambda: not [p for p in Path("/proc").glob("[0-9]*") if _home_in(p, settings.RUNS_DIR / left)], 30,
+                 "the killed agent's harness to go")
+        assert (settings.RUNS_DIR / left).exists() and "kernelbot-node-agent-reservation-" in authorized.read_text()
+
+        # the next agent cannot even reach the platform: it sweeps anyway, first thing
+        successor = start_agent("http://127.0.0.1:9", live_pool.name, "localhost", args=args)
+        wait_for(lambda: not (settings.RUNS_DIR / left).exists(), 60, "the run directory to be removed")
+        wait_for(lambda: authorized.read_text() == "ssh-ed25519 AAAA someone else\n", 30, "the key lines to go")
+    finally:
+        for proc in (agent, successor):
+            if proc is not None:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                reap_group(proc.pid)
+
+
+def _home_in(proc: Path, directory: Path) -> bool:
+    try:
+        return f"HOME={directory}".encode() in (proc / "environ").read_bytes()
     except OSError:
         return False

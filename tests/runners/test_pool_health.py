@@ -34,15 +34,16 @@ def test_a_pool_passes_fails_and_recovers_and_queued_runs_go_once_it_does(
     assert devices.outcome == run_check.outcome == CheckOutcome.OK and devices.run_id is None
     run = Run.objects.get(pk=run_check.run_id)
     assert run.status == RunStatus.SUCCEEDED and run.runner == f"{pool.name} / localhost"
-    assert "passed on cpu" in run_check.detail
+    assert "(node localhost) passed on cpu" in run_check.detail
     assert run.submission.leaderboard.internal and run.submission.mode == "test"
     assert run.pool == pool and run.on_finish == CHECK_HOOK and run.attempts.get().pool == pool
 
     settings.HARNESS_PYTHON = "/bin/false"  # the machine's Python is broken: no probe, no harness
     first_ok = pool.last_ok_at
     pool = check(pool, django_capture_on_commit_callbacks)
-    assert pool.health == PoolHealth.FAILING and pool.last_ok_at == first_ok
-    assert "CPU: run " in pool.health_detail and "infrastructure failure" in pool.health_detail
+    assert pool.health == PoolHealth.FAILING and pool.last_ok_at == first_ok  # its one node is out of service
+    assert pool.health_detail.startswith("localhost is out of service: its health check failed: run ")
+    assert "ended Error: remote runner: node localhost: RuntimeError: the harness template" in pool.health_detail
     failed_run = Run.objects.get(pk=PoolCheck.objects.filter(pool=pool, run_id__isnull=False).first().run_id)
     assert failed_run.is_terminal  # cancelled by the check, or given up: never left running
     listing = admin_client.get("/admin/runners/gpupool/").content.decode()

@@ -16,7 +16,7 @@ from leaderboards import lifecycle
 from leaderboards.access.actions import do_create_token
 from leaderboards.actions import check_submission
 from leaderboards.errors import SubmissionRejected
-from leaderboards.lifecycle import candidate_pools, dispatch_run
+from leaderboards.lifecycle import MISCONFIGURED, candidate_pools, dispatch_run
 from leaderboards.models import Run, RunStatus
 from runners.admin import GpuPoolForm
 from runners.backends.base import BACKENDS, backend_class, backend_for, validated_settings
@@ -81,24 +81,41 @@ def test_nodes_and_results_are_checked_by_one_rule(type_name, vendor, device, fi
     assert (device_mismatch(type_name, vendor, 0, node) is None) is fits
 
 
-def test_a_dispatch_the_service_refuses_as_misconfigured_ends_the_run_at_once(leaderboard, cpu_pool, backends):
-    """BackendUnavailable from `dispatch` (bad credentials, unknown repository or app) is not chance: ERROR with its
-    message, no retry, not counted as an infrastructure failure."""
-    GpuPool.objects.filter(pk=cpu_pool.pk).update(enabled=False)
+def test_a_dispatch_the_service_refuses_is_the_pools_failure_and_the_run_goes_elsewhere_or_waits(
+        leaderboard, cpu_pool, backends):
+    """BackendUnavailable from `dispatch` (bad credentials, unknown host, repository or app) is not chance: the pool
+    fails with the service's message (what to fix) until a check passes; the run is neither retried into the same
+    refusal nor charged: it goes to another pool, or waits for one. A run pinned to the pool (a check's) ends."""
     refusing = remote_pool(RunnerBackendName.SLURM, cpu_pool.cpu, name="refusing",
                            settings={"partition": "gpu", "time_limit_min": 30, "key_env": "K"})
+    GpuPool.objects.filter(pk=cpu_pool.pk).update(enabled=False)
     run = submission(leaderboard, mode="test").runs.get()
     ClusterBackend.refuse = "the cluster refused the account 'nobody'"
     try:
         dispatch_run(run.pk)
+        run.refresh_from_db()
+        assert (run.status, run.infra_failures, run.error) == (RunStatus.QUEUED, 0, lifecycle.WAITS_FOR_FIX)
+        assert list(run.attempts.values_list("pool", "outcome", "reason")) == [
+            (refusing.pk, "retried", "the cluster refused the account 'nobody'")]  # the organisers'
+        refusing.refresh_from_db()
+        assert refusing.health == PoolHealth.FAILING
+        assert refusing.health_detail == ("Slurm refused the pool's configuration: the cluster refused the account "
+                                          "'nobody'")
+        dispatch_run(run.pk)  # no pool takes runs: it waits, not sent into the same refusal
+        run.refresh_from_db()
+        assert run.status == RunStatus.QUEUED and run.attempts.count() == 1
+        GpuPool.objects.filter(pk=cpu_pool.pk).update(enabled=True)
+        dispatch_run(run.pk)  # another pool serves its type: it goes there
+        run.refresh_from_db()
+        assert run.status == RunStatus.DISPATCHED and run.attempts.get(number=2).pool_id == cpu_pool.pk
+
+        check = submission(leaderboard, mode="test").runs.get()
+        Run.objects.filter(pk=check.pk).update(pool=refusing)
+        dispatch_run(check.pk)
+        check.refresh_from_db()
+        assert (check.status, check.error) == (RunStatus.ERROR, MISCONFIGURED)  # a check's run: its check fails
     finally:
         ClusterBackend.refuse = ""
-    run.refresh_from_db()
-    assert run.status == RunStatus.ERROR and run.infra_failures == 0
-    assert run.error == "the cluster refused the account 'nobody'"
-    assert list(run.attempts.values_list("pool", "outcome")) == [(refusing.pk, RunStatus.ERROR)]
-    dispatch_run(run.pk)  # idempotent: an ended run is left alone
-    assert run.attempts.count() == 1
 
 
 def test_the_probe_reads_nvidia_smi(fake_smi):

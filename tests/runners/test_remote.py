@@ -323,7 +323,7 @@ def test_a_pinned_run_goes_only_to_its_pool_and_a_failed_dispatch_is_not_charged
     lifecycle.dispatch_run(run.pk)
     run.refresh_from_db()
     assert run.attempts.get().pool == pinned and run.status == RunStatus.ERROR
-    assert "422 workflow not found" in run.error and run.passed is None
+    assert "422 workflow not found" in run.attempts.get().reason and run.passed is None
 
 
 @pytest.mark.django_db
@@ -424,7 +424,8 @@ def test_a_service_that_finished_without_a_result_is_an_infrastructure_failure(l
     ScriptedBackend.polls = [Poll(RemoteState.FINISHED, "exit code 0")]
     lifecycle.poll_remote_runs(now=timezone.now() + timedelta(minutes=1))
     run.refresh_from_db()
-    assert run.status == RunStatus.ERROR and "finished without reporting a result (exit code 0)" in run.error
+    assert run.status == RunStatus.ERROR
+    assert "finished without reporting a result (exit code 0)" in run.attempts.get().reason
 
 
 @pytest.mark.django_db

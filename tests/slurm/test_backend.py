@@ -16,9 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from leaderboards.actions import check_submission, do_submit
+from leaderboards.health import do_start_pool_check
+from leaderboards.models import RunStatus
 from runners.backends.base import BackendUnavailable, Dispatch, Poll, RemoteState
 from runners.backends.slurm import SlurmBackend, SlurmOptions
-from runners.models import GpuPool, GpuType, GpuVendor
+from runners.models import CheckOutcome, GpuPool, GpuType, GpuVendor, PoolCheck, PoolHealth
+from tests.factories import LeaderboardFactory, UserFactory, problem_from, remote_pool
 
 KEY = "slurm-test-key-'quoted' $HOME; x"
 FAKE_AGENT = """
@@ -243,8 +247,8 @@ def test_refused_and_unknown_jobs(harness, settings):
     settings.RUNNER_KEY = KEY
     with pytest.raises(RuntimeError, match="sbatch refused the job: .*"):
         backend.dispatch(job(51, gpu_count=3), None)  # the node has two
-    with pytest.raises(RuntimeError, match="sbatch refused"):
-        SlurmBackend(harness.pool(partition="nosuch")).dispatch(job(52), None)
+    with pytest.raises(BackendUnavailable, match="Invalid partition name.*To fix: set the pool's partition"):
+        SlurmBackend(harness.pool(partition="nosuch")).dispatch(job(52), None)  # the pool's, not the job's
     assert backend.poll("999999:abcd") == backend.poll("999999:abcd")
     assert backend.poll("999999:abcd").state == RemoteState.LOST
     backend.cancel("999999:abcd")  # Slurm forgot it: nothing to do
@@ -291,6 +295,41 @@ def test_ssh_login_node(harness, ssh_login, monkeypatch):
         down.dispatch(job(62), None)
     with pytest.raises(RuntimeError, match="ssh to kernelbot-login failed"):
         down.poll(external_id)  # not LOST: the login node being away says nothing about the job
+
+
+def test_configuration_errors_are_the_pools_and_say_what_to_fix(harness, monkeypatch):
+    """Not chance, so not retried: the dispatch refuses with the tool's own words and the fix (BackendUnavailable)."""
+    with pytest.raises(BackendUnavailable, match="ssh to kernelbot@nosuchhost.invalid failed: .*Could not resolve "
+                                                 "hostname.*To fix: set the pool's ssh to user@host"):
+        SlurmBackend(harness.pool(ssh="kernelbot@nosuchhost.invalid")).dispatch(job(63), None)
+    monkeypatch.delenv("SLURM_CONF")  # a submit host without the cluster's configuration
+    with pytest.raises(BackendUnavailable, match="Could not establish a configuration source.*To fix: .*SLURM_CONF"):
+        SlurmBackend(harness.pool()).dispatch(job(64), None)
+
+
+@pytest.mark.django_db
+def test_a_misconfigured_pool_fails_its_check_with_the_fix_and_its_run_is_tried_once(
+        harness, monkeypatch, sync_queue, django_capture_on_commit_callbacks, demo_task):
+    monkeypatch.delenv("SLURM_CONF")
+    cpu, _ = GpuType.objects.get_or_create(name="CPU", defaults={"vendor": GpuVendor.CPU})
+    pool = remote_pool("slurm", cpu, name="slurm", settings=harness.pool().settings)
+    board = LeaderboardFactory(problem=problem_from(demo_task), gpu_types=[cpu])
+    user = UserFactory()
+    request = check_submission(user, board.name, ["CPU"], "test", "k.py", b"def custom_kernel(d): ...")
+    with django_capture_on_commit_callbacks(execute=True):
+        run = do_submit(user, request).runs.get()
+    run.refresh_from_db()
+    assert (run.status, run.attempt, run.infra_failures) == (RunStatus.QUEUED, 1, 0)  # one try, then it waits
+    assert "SLURM_CONF" in run.attempts.get().reason and "SLURM_CONF" not in run.error
+    pool.refresh_from_db()
+    assert pool.health == PoolHealth.FAILING and "To fix: sbatch on the workers' machine finds no Slurm " \
+                                                  "configuration: give the workers SLURM_CONF" in pool.health_detail
+    with django_capture_on_commit_callbacks(execute=True):
+        do_start_pool_check(pool)
+    (check,) = PoolCheck.objects.filter(pool=pool, run_id__isnull=False)
+    assert check.outcome == CheckOutcome.FAILING and "To fix: " in check.detail and "SLURM_CONF" in check.detail
+    run.refresh_from_db()
+    assert (run.status, run.attempt) == (RunStatus.QUEUED, 1)  # never sent into the same refusal again
 
 
 @pytest.mark.parametrize(("pool_settings", "error"), [
