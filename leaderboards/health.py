@@ -23,6 +23,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from runners.actions import do_check_node_sandbox, local_pool_health, node_containment
+from runners.harness.device import BUSY_PREFIX
 from runners.models import CheckOutcome, GpuPool, GpuType, Node, NodeService, PoolCheck, PoolHealth
 from runners.pools import containment
 from taskspec.loader import load_task
@@ -119,13 +120,28 @@ def _node_checks(pool: GpuPool, now) -> list[PoolCheck]:
             do_check_node_sandbox(node)
             checks.append(PoolCheck.objects.create(
                 pool=pool, node=node, started_at=now, finished_at=now, outcome=CheckOutcome.OK,
-                detail="; ".join(filter(None, [f"agent live on {node.hostname}", found.warning]))))
+                detail="; ".join(filter(None, [f"agent live on {node.hostname}", found.warning,
+                                               device_full(pool, node, now)]))))
             gpu_types = list(GpuType.objects.filter(gpus__node=node, gpus__enabled=True).distinct().order_by("name"))
             checks += _check_runs(pool, gpu_types, node, now)
             continue
         checks.append(PoolCheck.objects.create(pool=pool, node=node, started_at=now, finished_at=now,
                                                outcome=CheckOutcome.FAILING, detail=why))
     return checks
+
+
+def device_full(pool: GpuPool, node: Node, now) -> str:
+    """A warning when runs on `node` ran out of device memory that other processes held since its last check (the
+    runs were retried; the attempts' reasons name the holders)."""
+    since = PoolCheck.objects.filter(pool=pool, node=node, started_at__lt=now).aggregate(last=Max("started_at"))[
+        "last"] or now - timedelta(days=1)
+    busy = RunAttempt.objects.filter(external_id__startswith=f"node:{node.pk}:", finished_at__gte=since,
+                                     reason__startswith=BUSY_PREFIX).order_by("-finished_at")
+    if not (count := busy.count()):
+        return ""
+    latest = busy.first().reason.removeprefix(BUSY_PREFIX).split(". Not the", 1)[0].strip()
+    return (f"warning: {count} run(s) on {node.hostname} ran out of device memory that other processes held since "
+            f"{since:%Y-%m-%d %H:%M} UTC (retried; latest: {latest})")
 
 
 def _remote_checks(pool: GpuPool, now) -> list[PoolCheck]:

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 
 DEVICE_BUSY_FLAG = "device-busy"  # status "error": another process held the device's memory; the platform retries
+BUSY_PREFIX = "the device ran out of memory while other processes held"  # how its error (the attempt's reason) starts
 OOM = re.compile(r"OutOfMemoryError|CUDA out of memory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation"
                  r"|out of memory(?: on device| while)|HIP out of memory")
 _SIZE = r"([0-9.]+) ?([KMGT]i?B)"
@@ -134,5 +135,5 @@ def holders(devices: list[str], own: int | None = None) -> list[Holder]:
 def busy_message(found: list[Holder], said: str) -> str:
     listed = "; ".join(f"pid {h.pid} ({h.user}, {mib(h.memory)} on device {h.device})" for h in found[:8])
     total = sum(h.memory for h in found)
-    return (f"the device ran out of memory while other processes held {mib(total)} of it: {listed}. Not the "
+    return (f"{BUSY_PREFIX} {mib(total)} of it: {listed}. Not the "
             f"submission's fault nor the problem's; retried on a device with room. ({said.strip()[-300:]})")

@@ -134,3 +134,24 @@ def test_a_broken_node_fails_its_own_check_a_retry_avoids_it_and_only_no_node_at
     a.poll()  # nodea's agent is back: the pool takes runs again at once
     pool.refresh_from_db()
     assert pool.health == PoolHealth.OK and gpu_availability([cpu_pool.cpu.pk]) == {cpu_pool.cpu.pk: None}
+
+
+def test_a_nodes_next_health_report_says_its_device_was_full_of_other_processes_memory(
+        cpu_pool, leaderboard, django_capture_on_commit_callbacks):
+    """Issue 34: a run that ran out of device memory other processes held was retried as the runner's failure; the
+    node's next check says so, naming the holders, and the node stays in service."""
+    from leaderboards.models import RunAttempt
+    from runners.harness.device import Holder, busy_message
+
+    node = cpu_pool.nodes.get()
+    agent = in_process_agent(node, machine_probe())
+    run = submission(leaderboard, mode="test").runs.get()
+    said = busy_message([Holder(4242, "alice", 70000 << 20, "0")], "CUDA out of memory")
+    RunAttempt.objects.create(run=run, number=99, runner=str(cpu_pool), external_id=lifecycle.agent_job_id(node, [0]),
+                              dispatched_at=timezone.now(), finished_at=timezone.now(), outcome="retried", reason=said)
+    round_(cpu_pool, django_capture_on_commit_callbacks, agent)
+    node.refresh_from_db()
+    detail = node.checks.order_by("pk").first().detail
+    assert node.in_service
+    assert (f"warning: 1 run(s) on {node.hostname} ran out of device memory that other processes held since" in detail
+            and "latest: 70,000 MiB of it: pid 4242 (alice, 70,000 MiB on device 0))" in detail), detail
