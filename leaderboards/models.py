@@ -63,8 +63,13 @@ class RankingRule(models.TextChoices):
 
 
 class Problem(models.Model):
-    """One immutable version of a task definition; a changed definition is a new row."""
+    """One immutable version of a task definition; a changed definition is a new row. A problem is its collection
+    and name: collections reuse directory names (demo/matmul_py, pmpp_v2/matmul_py), and a version only ever follows
+    an earlier one of the same collection."""
 
+    collection = models.CharField(max_length=120, blank=True, help_text=(
+        "Where it came from: the competition file's name, or the folder a single task was imported from; empty: an "
+        "uploaded archive."))
     name = models.CharField(max_length=100)
     version = models.PositiveIntegerField(default=1)
     content_hash = models.CharField(max_length=64)
@@ -82,11 +87,17 @@ class Problem(models.Model):
                                    help_text="The latest run that found it failing.")
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["name", "version"], name="problem_unique_version")]
-        ordering = ["name", "-version"]
+        constraints = [models.UniqueConstraint(fields=["collection", "name", "version"],
+                                               name="problem_unique_collection_version")]
+        ordering = ["name", "collection", "-version"]
 
     def __str__(self) -> str:
         return f"{self.name} v{self.version}"
+
+    @property
+    def label(self) -> str:
+        """`str()` with where it came from, for lists where same-named problems of two collections meet."""
+        return f"{self} ({self.collection or 'uploaded'})"
 
 
 class Visibility(models.TextChoices):
