@@ -155,7 +155,7 @@ class ProblemAdmin(ObjectActionsMixin, NoAddAdmin):  # problems come from "Impor
 
     @admin.display(description="came from", ordering="collection")
     def origin(self, problem: Problem) -> str:
-        return problem.collection or "uploaded"
+        return problem.collection or "– (an upload, or older than collections)"
 
     @admin.display(description="content hash")
     def short_hash(self, problem: Problem) -> str:

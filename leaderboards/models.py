@@ -69,7 +69,7 @@ class Problem(models.Model):
 
     collection = models.CharField(max_length=120, blank=True, help_text=(
         "Where it came from: the competition file's name, or the folder a single task was imported from; empty: an "
-        "uploaded archive."))
+        "uploaded archive, or a standalone import from before collections."))
     name = models.CharField(max_length=100)
     version = models.PositiveIntegerField(default=1)
     content_hash = models.CharField(max_length=64)
@@ -97,7 +97,7 @@ class Problem(models.Model):
     @property
     def label(self) -> str:
         """`str()` with where it came from, for lists where same-named problems of two collections meet."""
-        return f"{self} ({self.collection or 'uploaded'})"
+        return f"{self} ({self.collection or 'no collection'})"
 
 
 class Visibility(models.TextChoices):

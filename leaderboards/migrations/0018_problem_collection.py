@@ -46,7 +46,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='problem',
             name='collection',
-            field=models.CharField(blank=True, help_text='Where it came from: the competition file\'s name, or the folder a single task was imported from; empty: an uploaded archive.', max_length=120),
+            field=models.CharField(blank=True, help_text='Where it came from: the competition file\'s name, or the folder a single task was imported from; empty: an uploaded archive, or a standalone import from before collections.', max_length=120),
         ),
         migrations.AlterModelOptions(name='problem', options={'ordering': ['name', 'collection', '-version']}),
         migrations.RunPython(backfill, migrations.RunPython.noop),

@@ -80,7 +80,7 @@ def test_an_upload_onto_a_board_is_a_version_of_the_boards_problem(cpu, tmp_path
     assert report.changes["vectoradd"] == ["problem vectoradd_py v1 → vectoradd_py v2"]
     assert versions("vectoradd_py") == [("CPU demo", 1), ("CPU demo", 2), ("PMPP v2", 1)]
     do_import_task(changed, leaderboard="fresh", deadline=timezone.now() + timedelta(days=1), gpus=["CPU"])
-    assert Leaderboard.objects.get(name="fresh").problem.label == "vectoradd_py v1 (uploaded)"
+    assert Leaderboard.objects.get(name="fresh").problem.label == "vectoradd_py v1 (no collection)"
 
 
 def test_the_admin_says_where_each_version_came_from(admin_client, cpu, tmp_path):
