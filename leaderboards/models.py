@@ -546,15 +546,17 @@ class BoardEntry(models.Model):
 
 
 class Record(models.Model):
-    """A ranked submission that beat every earlier one of its user on a board (submission order, time in seconds):
-    the user's progression; `board_best` when it beat every earlier submission on the board, the board's record
-    progression. Appended as results arrive (ranks.do_rank_result), rebuilt with the board's ranks."""
+    """A ranked submission that beat every earlier one of its user on a board (submission order, on what the board
+    ranks on: `score`): the user's progression; `board_best` when it beat every earlier submission on the board, the
+    board's record progression, whose lowest point is rank 1. Appended as results arrive (ranks.do_rank_result),
+    rebuilt with the board's ranks."""
 
     leaderboard = models.ForeignKey(Leaderboard, on_delete=models.CASCADE, related_name="records")
     gpu_type = models.ForeignKey(GpuType, on_delete=models.CASCADE, related_name="records")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="records")
     submission = models.ForeignKey(Submission, on_delete=models.CASCADE, related_name="records")
-    score = models.FloatField(help_text="Seconds; lower is better.")
+    score = models.FloatField(help_text="What the board ranks on (Board.ranks_on_ratio): the ratio to the reference, "
+                              "else seconds; lower is better.")
     submitted_at = models.DateTimeField()
     board_best = models.BooleanField(default=False, help_text="Beat every earlier submission on the board.")
 

@@ -4,6 +4,8 @@ Screenshots land in $KERNELBOT_SCREENSHOTS_DIR (default: the temp dir's kernelbo
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 from django.test import Client
 
@@ -11,10 +13,11 @@ from leaderboards.models import Run
 from leaderboards.ranks import do_recompute_ranks
 
 from ..factories import LeaderboardFactory, UserFactory, local_cpu_pool, problem_from, submission
-from ..leaderboards.test_lifecycle import finish
-from .test_browser import browser, shot  # noqa: F401 - fixtures
+from ..leaderboards.test_ranks import with_ratio
+from .test_browser import SHOTS, browser, shot  # noqa: F401 - fixtures
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+START = datetime(2026, 11, 1, tzinfo=UTC)
 
 # What passes the viewport's right edge outside a box that scrolls it (overflow-x auto or scroll), and whether the
 # document itself is wider than the viewport. Clipped (overflow hidden) content counts: it is cut off.
@@ -78,10 +81,11 @@ def site(live_server, demo_task, monkeypatch):
     board = LeaderboardFactory(name="vectoradd-with-a-rather-long-name", problem=problem_from(demo_task),
                                gpu_types=[pool.cpu])
     ada = UserFactory(username="ada-lovelace-the-analytical", is_staff=True, is_superuser=True)
-    for i, mean in enumerate([1200.0, 1500.0, 2500.0, 9100.0]):
-        finish(submission(board, UserFactory(username=f"competitor-with-long-name-{i}")), [mean, mean * 2])
+    for i, (mean, ratio) in enumerate([(1200.0, 0.8), (1500.0, 0.6), (2500.0, 1.3), (9100.0, 2.0)]):
+        with_ratio(submission(board, UserFactory(username=f"competitor-with-long-name-{i}"), created=START
+                              + timedelta(hours=i)), mean, ratio)
     mine = submission(board, ada)
-    finish(mine, [1000.0, 3000.0])
+    with_ratio(mine, 3000.0, 0.7)
     submission(board, ada, mode="test")  # still queued: its steps show where it stands
     do_recompute_ranks(board.pk, pool.cpu.pk)  # no cluster here to run the task it queued
     client = Client()
@@ -114,6 +118,13 @@ def test_every_page_fits_a_phone(site, browser):  # noqa: F811 - the site first:
         page.wait_for_load_state("networkidle")
         shot(page, f"narrow-{name}")
         found = page.evaluate(OVERFLOW) + page.evaluate(OVERLAP, OVERLAPPING) + page.evaluate(BUTTON_OVER_TEXT)
+        if name in ("board", "user"):  # the chart's time axis: two different, readable moments
+            start, end = (page.text_content(f"#chart .x-{edge}") for edge in ("start", "end"))
+            assert start and end == "now" and start != end, (start, end)
+        if name == "board":  # the board ranks on the ratio to the reference, and so does its chart
+            assert page.text_content("#chart .y-title") == "× reference, lower is better"
+            assert page.text_content("#chart .y-bottom") == "0.600×"
+            page.locator("#chart").screenshot(path=str(SHOTS / "narrow-board-chart.png"))
         if found:
             problems[path] = found[:8]
     assert not problems, "\n".join(f"{path}:\n  " + "\n  ".join(found) for path, found in problems.items())
