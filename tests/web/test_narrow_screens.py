@@ -112,9 +112,13 @@ def test_every_page_fits_a_phone(site, browser):  # noqa: F811 - the site first:
     context.add_cookies([{"name": "sessionid", "value": session, "url": base}])
     page = context.new_page()
     problems = {}
-    for name, path in pages(board, mine):
+    for name, path in pages(board, mine) + [("new-token", "/tokens/")]:
         response = page.goto(base + path)
         assert response.status == 200, path
+        if name == "new-token":  # the page that shows a created token and the commands that use it
+            page.click("#create-token button[type=submit]")
+            page.wait_for_selector("#new-token")
+            path += " (a token created)"
         page.wait_for_load_state("networkidle")
         shot(page, f"narrow-{name}")
         found = page.evaluate(OVERFLOW) + page.evaluate(OVERLAP, OVERLAPPING) + page.evaluate(BUTTON_OVER_TEXT)
