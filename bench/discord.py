@@ -83,8 +83,8 @@ def main() -> None:
         for i in range(args.submissions):
             code = CODE + f"\n# {i}\n".encode()
             interactions.append(fake.command("leaderboard submit ranked", 800_000_000_000_000_000 + i % 50,
-                                             script=Attachment(f"k{i}.py", code), leaderboard=board.name,
-                                             gpus="CPU"))
+                                             script=Attachment(f"k{i}.py", code), leaderboard_name=board.name,
+                                             gpu="CPU"))
             time.sleep(max(0.0, started + args.spread * (i + 1) / args.submissions - time.monotonic()))
         fake.wait_for(lambda: all(i in fake.answered for i in interactions), 120, "every answer")
         fake.wait_for(lambda: StatusMessage.objects.count() == args.submissions, 60, "every status row")

@@ -32,7 +32,7 @@ from redis.exceptions import RedisError
 from leaderboards import live
 from leaderboards.models import TERMINAL_STATUSES
 
-from . import announce, gpus, render, service
+from . import announce, gpus, render, service, verify
 from .service import BotError, Member
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,8 @@ MAX_FILE = 8 * 1024 * 1024
 GPU_CHOICE_SECONDS = 120.0  # how long a submission naming no GPU type waits for its author's choice
 UPLOAD_LIMIT = 10 * 1024 * 1024 - 64 * 1024  # what any server accepts in one message (its boosts may allow more)
 RETRY_AFTER = (1.0, 2.0, 5.0, 10.0, 15.0)  # s, after Discord, the network or a service failed past their own retries
+VERIFY_POLL_SECONDS = 2.0  # how often /verify-task looks whether its runs have ended
+VERIFY_WAIT_SECONDS = 13 * 60.0  # then it reports what has not ended (the interaction's token lives 15 minutes)
 GIVE_UP_AFTER = 3600.0  # s of failing edits after which a status message is left as it is (the site has the result)
 # Failures that pass: Discord answering 5xx (or 4xx we did not expect), the network, Redis (the channel layer, the
 # cache), the database. What they interrupt is done again later; anything else is a bug and is logged as one.
@@ -478,20 +480,27 @@ async def leaderboard_autocomplete(interaction: discord.Interaction, current: st
 
 
 async def gpu_autocomplete(interaction: discord.Interaction, current: str) -> list[app_commands.Choice]:
-    board = getattr(interaction.namespace, "leaderboard", None)
+    board = getattr(interaction.namespace, "leaderboard_name", None)
     names = await in_thread(service.gpu_names, member_of(interaction), board, current)
+    return [app_commands.Choice(name=n, value=n) for n in names]
+
+
+async def lang_autocomplete(interaction: discord.Interaction, current: str) -> list[app_commands.Choice]:
+    """The chosen board's template languages (a fixed list of choices could not follow the board)."""
+    board = getattr(interaction.namespace, "leaderboard_name", None)
+    names = await in_thread(service.template_langs, member_of(interaction), board, current)
     return [app_commands.Choice(name=n, value=n) for n in names]
 
 
 def submit_command(mode: str, description: str) -> app_commands.Command:
     @app_commands.command(name=mode, description=description)
     @app_commands.describe(script="Your kernel (a .py or .cu file)",
-                           leaderboard="Default: the file's #!POPCORN leaderboard line",
-                           gpus="One or more GPU types, comma-separated (default: the file's #!POPCORN gpu line)")
-    @app_commands.autocomplete(leaderboard=leaderboard_autocomplete, gpus=gpu_autocomplete)
+                           leaderboard_name="Default: the file's #!POPCORN leaderboard line",
+                           gpu="One or more GPU types, comma-separated (default: the file's #!POPCORN gpu line)")
+    @app_commands.autocomplete(leaderboard_name=leaderboard_autocomplete, gpu=gpu_autocomplete)
     async def command(interaction: discord.Interaction, script: discord.Attachment | None = None,
-                      leaderboard: str | None = None, gpus: str | None = None) -> None:
-        await interaction.client.submit(interaction, mode, script, leaderboard, gpus)
+                      leaderboard_name: str | None = None, gpu: str | None = None) -> None:
+        await interaction.client.submit(interaction, mode, script, leaderboard_name, gpu)
 
     return command
 
@@ -512,23 +521,24 @@ async def list_command(interaction: discord.Interaction) -> None:
 
 
 @leaderboard_group.command(name="show", description="A leaderboard's ranking on one GPU type")
-@app_commands.autocomplete(leaderboard=leaderboard_autocomplete, gpu=gpu_autocomplete)
-async def show_command(interaction: discord.Interaction, leaderboard: str, gpu: str | None = None,
+@app_commands.autocomplete(leaderboard_name=leaderboard_autocomplete, gpu=gpu_autocomplete)
+async def show_command(interaction: discord.Interaction, leaderboard_name: str, gpu: str | None = None,
                        page: app_commands.Range[int, 1, 10**6] = 1) -> None:
-    await answer(interaction, service.show, leaderboard, gpu, page)
+    await answer(interaction, service.show, leaderboard_name, gpu, page)
 
 
 @leaderboard_group.command(name="show-personal", description="Your submissions on a leaderboard")
-@app_commands.autocomplete(leaderboard=leaderboard_autocomplete)
-async def show_personal_command(interaction: discord.Interaction, leaderboard: str) -> None:
-    await answer(interaction, service.show_personal, leaderboard)
+@app_commands.autocomplete(leaderboard_name=leaderboard_autocomplete)
+async def show_personal_command(interaction: discord.Interaction, leaderboard_name: str,
+                                page: app_commands.Range[int, 1, 10**6] = 1) -> None:
+    await answer(interaction, service.show_personal, leaderboard_name, page)
 
 
 @leaderboard_group.command(name="task", description="A leaderboard's task and its public files")
-@app_commands.autocomplete(leaderboard=leaderboard_autocomplete)
-async def task_command(interaction: discord.Interaction, leaderboard: str) -> None:
+@app_commands.autocomplete(leaderboard_name=leaderboard_autocomplete)
+async def task_command(interaction: discord.Interaction, leaderboard_name: str) -> None:
     try:
-        text, files = await in_thread(service.task, member_of(interaction), leaderboard)
+        text, files = await in_thread(service.task, member_of(interaction), leaderboard_name)
     except BotError as exc:
         return await refuse(interaction, str(exc))
     await interaction.response.send_message(text, files=[text_file(n, t) for n, t in sorted(files.items())][:10],
@@ -536,13 +546,14 @@ async def task_command(interaction: discord.Interaction, leaderboard: str) -> No
 
 
 @leaderboard_group.command(name="template", description="A starting point for a submission")
-@app_commands.autocomplete(leaderboard=leaderboard_autocomplete)
-async def template_command(interaction: discord.Interaction, leaderboard: str, lang: str | None = None) -> None:
+@app_commands.describe(lang="The language of the template (the board's own list)")
+@app_commands.autocomplete(leaderboard_name=leaderboard_autocomplete, lang=lang_autocomplete)
+async def template_command(interaction: discord.Interaction, leaderboard_name: str, lang: str | None = None) -> None:
     try:
-        name, text = await in_thread(service.template, member_of(interaction), leaderboard, lang)
+        name, text = await in_thread(service.template, member_of(interaction), leaderboard_name, lang)
     except BotError as exc:
         return await refuse(interaction, str(exc))
-    await interaction.response.send_message(f"Template for {leaderboard}:", file=text_file(name, text),
+    await interaction.response.send_message(f"Template for {leaderboard_name}:", file=text_file(name, text),
                                             ephemeral=True)
 
 
@@ -628,16 +639,16 @@ async def cancel_command(interaction: discord.Interaction, run_id: int) -> None:
 
 
 @admin_group.command(name="rescore", description="Recompute a leaderboard's scores with its current rule")
-@app_commands.autocomplete(leaderboard=leaderboard_autocomplete)
-async def rescore_command(interaction: discord.Interaction, leaderboard: str) -> None:
-    await answer(interaction, service.rescore, leaderboard)
+@app_commands.autocomplete(leaderboard_name=leaderboard_autocomplete)
+async def rescore_command(interaction: discord.Interaction, leaderboard_name: str) -> None:
+    await answer(interaction, service.rescore, leaderboard_name)
 
 
 @admin_group.command(name="stats", description="Submissions, runs per runner, pass rate, queue delay, GPU time")
-@app_commands.autocomplete(leaderboard=leaderboard_autocomplete)
+@app_commands.autocomplete(leaderboard_name=leaderboard_autocomplete)
 async def stats_command(interaction: discord.Interaction, days: app_commands.Range[int, 1, 3650] = 1,
-                        leaderboard: str | None = None) -> None:
-    await answer(interaction, service.statistics, days, leaderboard)
+                        leaderboard_name: str | None = None) -> None:
+    await answer(interaction, service.statistics, days, leaderboard_name)
 
 
 @admin_group.command(name="show-stats", description="KernelBot's statistics: all time, or the last day only")
@@ -649,16 +660,16 @@ async def show_stats_command(interaction: discord.Interaction, last_day_only: bo
 
 @admin_group.command(name="ban", description="Stop a Discord user from submitting (to one leaderboard or all)")
 @app_commands.describe(user_id="Discord user id (Developer Mode → right-click → Copy User ID)")
-@app_commands.autocomplete(leaderboard=leaderboard_autocomplete)
-async def ban_command(interaction: discord.Interaction, user_id: str, leaderboard: str | None = None,
+@app_commands.autocomplete(leaderboard_name=leaderboard_autocomplete)
+async def ban_command(interaction: discord.Interaction, user_id: str, leaderboard_name: str | None = None,
                       reason: str = "") -> None:
-    await answer(interaction, service.ban, user_id, leaderboard, reason)
+    await answer(interaction, service.ban, user_id, leaderboard_name, reason)
 
 
 @admin_group.command(name="unban", description="Let a banned Discord user submit again")
-@app_commands.autocomplete(leaderboard=leaderboard_autocomplete)
-async def unban_command(interaction: discord.Interaction, user_id: str, leaderboard: str | None = None) -> None:
-    await answer(interaction, service.unban, user_id, leaderboard)
+@app_commands.autocomplete(leaderboard_name=leaderboard_autocomplete)
+async def unban_command(interaction: discord.Interaction, user_id: str, leaderboard_name: str | None = None) -> None:
+    await answer(interaction, service.unban, user_id, leaderboard_name)
 
 
 @admin_group.command(name="get-user-names", description="Discord id → shown name of everyone who submitted (JSON)")
@@ -684,31 +695,35 @@ async def update_user_names_command(interaction: discord.Interaction, attachment
 
 
 @admin_group.command(name="update-problems", description="Import the problem sets of a repository's branch")
-@app_commands.describe(repository="owner/name (default: the configured one)", problem_set="problems/<set>.yaml "
+@app_commands.describe(repository_name="owner/name (default: the configured one)", problem_set="problems/<set>.yaml "
                        "(default: every set)", branch="The branch (no slashes)", force="Let leaderboards with "
                        "submissions change (with one problem set)")
-async def update_problems_command(interaction: discord.Interaction, repository: str | None = None,
+async def update_problems_command(interaction: discord.Interaction, repository_name: str | None = None,
                                   problem_set: str | None = None, branch: str = "main", force: bool = False) -> None:
     member = member_of(interaction)
     try:
         await in_thread(service.require_organiser, member)
         await interaction.response.defer(ephemeral=True, thinking=True)  # a download takes longer than 3 s
-        text = await in_thread(service.update_problems, member, repository, problem_set, branch, force)
+        text = await in_thread(service.update_problems, member, repository_name, problem_set, branch, force)
     except BotError as exc:
         return await refuse(interaction, str(exc))
     await send(interaction, text)
 
 
 @admin_group.command(name="export-hf", description="Push the submissions dataset to a Hugging Face dataset repository")
-@app_commands.describe(repository="owner/name on the Hub", leaderboard="One closed board (default: every closed board "
-                       "whose code is public)")
-@app_commands.autocomplete(leaderboard=leaderboard_autocomplete)
-async def export_hf_command(interaction: discord.Interaction, repository: str, leaderboard: str | None = None) -> None:
+@app_commands.describe(leaderboard_name="One closed board (default: every closed board whose code is public)",
+                       filename="Parquet file name in the repository (default: <leaderboard_name>.parquet)",
+                       private="Keep a repository this creates private (default: true)",
+                       repository="owner/name on the Hub (default: HF_PRIVATE_DATASET, or HF_PUBLIC_DATASET when "
+                       "private is false)")
+@app_commands.autocomplete(leaderboard_name=leaderboard_autocomplete)
+async def export_hf_command(interaction: discord.Interaction, leaderboard_name: str | None = None,
+                            filename: str | None = None, private: bool = True, repository: str | None = None) -> None:
     member = member_of(interaction)
     try:
         await in_thread(service.require_organiser, member)
         await interaction.response.defer(ephemeral=True, thinking=True)  # an export and an upload take a while
-        text = await in_thread(service.export_hf, member, repository, leaderboard)
+        text = await in_thread(service.export_hf, member, repository, leaderboard_name, filename, private)
     except BotError as exc:
         return await refuse(interaction, str(exc))
     await send(interaction, text)
@@ -719,6 +734,63 @@ async def verify_runs_command(interaction: discord.Interaction) -> None:
     await answer(interaction, service.verify_runs)
 
 
+@admin_group.command(name="resync", description="Sync the slash commands to this server again")
+async def resync_command(interaction: discord.Interaction) -> None:
+    """KernelBot's resync: this guild's commands are replaced by the bot's current ones (after an upgrade, or when
+    Discord shows stale options)."""
+    try:
+        await in_thread(service.require_organiser, member_of(interaction))
+    except BotError as exc:
+        return await refuse(interaction, str(exc))
+    await interaction.response.defer(ephemeral=True, thinking=True)
+    tree, guild = interaction.client.tree, discord.Object(interaction.guild_id)
+    tree.clear_commands(guild=guild)
+    tree.copy_global_to(guild=guild)
+    synced = await tree.sync(guild=guild)
+    await send(interaction, "Resynced commands:\n" + "\n".join(f"- /{c.name}" for c in synced))
+
+
+@admin_group.command(name="set-forum-ids", description="KernelBot's forum threads: nothing to set here")
+async def set_forum_ids_command(interaction: discord.Interaction) -> None:
+    await answer(interaction, service.set_forum_ids)
+
+
+async def task_dir_autocomplete(interaction: discord.Interaction, current: str) -> list[app_commands.Choice]:
+    names = await in_thread(verify.task_dirs, current)
+    return [app_commands.Choice(name=n, value=n) for n in names]
+
+
+@app_commands.command(name="verify-task", description="Check a task directory: it imports, and its solutions pass "
+                      "(wrong… ones fail)")
+@app_commands.guild_only()
+@app_commands.describe(task="A task directory under the problems directory, e.g. demo/vectoradd_py",
+                       mode="What to run each solution as (default: leaderboard)",
+                       gpu="GPU type(s), comma-separated (default: the task's gpus)")
+@app_commands.choices(mode=[app_commands.Choice(name=n, value=n) for n in verify.MODES])
+@app_commands.autocomplete(task=task_dir_autocomplete)
+async def verify_task_command(interaction: discord.Interaction, task: str,
+                              mode: app_commands.Choice[str] | None = None, gpu: str | None = None) -> None:
+    member = member_of(interaction)
+    try:
+        await in_thread(service.require_organiser, member)
+        await interaction.response.defer(ephemeral=True, thinking=True)  # loading and previewing take a while
+        started = await in_thread(verify.start, member, task, mode.value if mode else "leaderboard", gpu)
+    except BotError as exc:
+        return await refuse(interaction, str(exc))
+    await send(interaction, started.text)
+    if started.checks:
+        interaction.client.keep(verify_report(interaction, started.checks))
+
+
+async def verify_report(interaction: discord.Interaction, checks: list[verify.Check]) -> None:
+    """Follows up with the report once every run has ended, or with what has not when the interaction's token is
+    about to expire."""
+    until = time.monotonic() + VERIFY_WAIT_SECONDS
+    while (text := await in_thread(verify.report, checks, time.monotonic() >= until)) is None:
+        await asyncio.sleep(VERIFY_POLL_SECONDS)
+    await send(interaction, text)
+
+
 @app_commands.command(name="ping", description="Is the bot alive?")
 async def ping_command(interaction: discord.Interaction) -> None:
     await answer(interaction, service.ping)
@@ -726,7 +798,7 @@ async def ping_command(interaction: discord.Interaction) -> None:
 
 @admin_group.command(name="import", description="Import a problem from a zip (task.yml and its files)")
 async def import_command(interaction: discord.Interaction, archive: discord.Attachment,
-                         leaderboard: str | None = None, deadline: str | None = None, gpus: str | None = None,
+                         leaderboard_name: str | None = None, deadline: str | None = None, gpus: str | None = None,
                          force: bool = False) -> None:
     member = member_of(interaction)
     try:
@@ -735,7 +807,7 @@ async def import_command(interaction: discord.Interaction, archive: discord.Atta
             raise BotError(f"'{archive.filename}' is {archive.size} bytes; the limit is {MAX_FILE} bytes.")
         await interaction.response.defer(ephemeral=True, thinking=True)  # an import can take longer than 3 s
         data = await archive.read()
-        text = await in_thread(service.import_problem, member, data, leaderboard, deadline, gpus, force)
+        text = await in_thread(service.import_problem, member, data, leaderboard_name, deadline, gpus, force)
     except BotError as exc:
         return await refuse(interaction, str(exc))
     await interaction.followup.send(text, ephemeral=True)
@@ -770,24 +842,25 @@ class ConfirmDelete(discord.ui.View):
 
 
 @admin_group.command(name="delete-leaderboard", description="Delete a leaderboard (asks for confirmation)")
-@app_commands.autocomplete(leaderboard=leaderboard_autocomplete)
-async def delete_leaderboard_command(interaction: discord.Interaction, leaderboard: str, force: bool = False) -> None:
+@app_commands.autocomplete(leaderboard_name=leaderboard_autocomplete)
+async def delete_leaderboard_command(interaction: discord.Interaction, leaderboard_name: str,
+                                     force: bool = False) -> None:
     try:
-        text = await in_thread(service.describe_leaderboard_delete, member_of(interaction), leaderboard, force)
+        text = await in_thread(service.describe_leaderboard_delete, member_of(interaction), leaderboard_name, force)
     except BotError as exc:
         return await refuse(interaction, str(exc))
-    await respond(interaction, text, view=ConfirmDelete(interaction.user.id, f"Leaderboard '{leaderboard}'",
-                                                        service.delete_leaderboard, leaderboard, force))
+    await respond(interaction, text, view=ConfirmDelete(interaction.user.id, f"Leaderboard '{leaderboard_name}'",
+                                                        service.delete_leaderboard, leaderboard_name, force))
 
 
 @admin_group.command(name="delete-submission", description="Delete a submission (asks for confirmation)")
-async def delete_command(interaction: discord.Interaction, submission_id: int) -> None:
+async def delete_command(interaction: discord.Interaction, submission: int) -> None:
     try:
-        text = await in_thread(service.describe_for_delete, member_of(interaction), submission_id)
+        text = await in_thread(service.describe_for_delete, member_of(interaction), submission)
     except BotError as exc:
         return await refuse(interaction, str(exc))
-    await respond(interaction, text, view=ConfirmDelete(interaction.user.id, f"Submission #{submission_id}",
-                                                        service.delete_submission, submission_id))
+    await respond(interaction, text, view=ConfirmDelete(interaction.user.id, f"Submission #{submission}",
+                                                        service.delete_submission, submission))
 
 
 # --- the client ----------------------------------------------------------------------------------------------------
@@ -805,9 +878,17 @@ class KernelBot(discord.Client):
         intents.guilds = True  # roles for the organiser check; slash commands need no privileged intent
         super().__init__(intents=intents, **options)
         self.tree = CommandTree(self)
-        for command in (leaderboard_group, submission_group, gpus_group, admin_group, ping_command):
+        for command in (leaderboard_group, submission_group, gpus_group, admin_group, ping_command,
+                        verify_task_command):
             self.tree.add_command(command)
         self.live = Live(self)
+        self._kept: set[asyncio.Task] = set()
+
+    def keep(self, coro) -> None:
+        """Run `coro` in the background, holding a reference until it ends (asyncio keeps only a weak one)."""
+        task = asyncio.create_task(coro)
+        self._kept.add(task)
+        task.add_done_callback(self._kept.discard)
 
     async def setup_hook(self) -> None:
         service.forget_guilds()

@@ -153,7 +153,7 @@ def submit(member: Member, command_mode: str, file_name: str, content: bytes, le
     found = parse_directives(text)
     name = (leaderboard_name or found.get("leaderboard") or "").strip()
     if not name:
-        raise BotError("Name a leaderboard (the `leaderboard` option or a `#!POPCORN leaderboard <name>` line).")
+        raise BotError("Name a leaderboard (the `leaderboard_name` option or a `#!POPCORN leaderboard <name>` line).")
     if leaderboard_name and found.get("leaderboard") and found["leaderboard"].lower() != leaderboard_name.lower():
         raise BotError(f"The file's #!POPCORN leaderboard is '{found['leaderboard']}' but you submitted to "
                        f"'{leaderboard_name}'; change one of them.")
@@ -297,20 +297,28 @@ def show(member: Member, leaderboard_name: str, gpu: str | None, page: int) -> s
     return render.ranking(board, gpu_type, rows, page, pages, [g.name for g in gpu_types])
 
 
-def show_personal(member: Member, leaderboard_name: str) -> str:
+def show_personal(member: Member, leaderboard_name: str, page: int = 1) -> str:
     actor = actor_for(member)
     board = _leaderboard(actor, leaderboard_name)
-    subs = list(Submission.objects.made_by(actor.user).filter(leaderboard=board)
-                .prefetch_related("runs__gpu_type", "runs__submission")[:20])
-    if not subs:
+    mine = Submission.objects.made_by(actor.user).filter(leaderboard=board).order_by("-created", "-pk")
+    count = mine.count()
+    if not count:
         return f"You have no submissions on '{board.name}'."
-    lines = [f"Your submissions on **{board.name}** (newest first):"]
+    pages = -(-count // PAGE_SIZE)
+    if not 1 <= page <= pages:
+        raise BotError(f"Page {page} does not exist; your {count} submissions on '{board.name}' fill {pages} page(s).")
+    subs = list(mine.prefetch_related("runs__gpu_type", "runs__submission")[(page - 1) * PAGE_SIZE:page * PAGE_SIZE])
+    first = (page - 1) * PAGE_SIZE + 1
+    lines = [f"Your submissions on **{board.name}**: {count} in all; {first}–{first + len(subs) - 1} (newest first)"
+             + (f", page {page} of {pages}" if pages > 1 else "") + ":"]
     for s in subs:
         runs = list(s.runs.all())
         _, state, _ = job_state(runs, run_view(actor.user, s))
         scores = submission_scores(s.mode, runs)
         shown = ", ".join(f"{gpu} {render.seconds(v)}" for gpu, v in scores.items()) or "-"
         lines.append(f"#{s.pk} `{s.file_name}` {s.mode} {state} {shown} ({render.when(s.created)})")
+    if page < pages:
+        lines.append(f"Older ones: `/leaderboard show-personal leaderboard_name:{board.name} page:{page + 1}`")
     return "\n".join(lines)
 
 
@@ -320,6 +328,17 @@ def task(member: Member, leaderboard_name: str) -> tuple[str, dict[str, str]]:
     files = {name: text for name, text in (definition.get("files") or {}).items()
              if name in public_task(board)["files"]}
     return render.task(board), files
+
+
+def template_langs(member: Member, leaderboard_name: str | None, current: str) -> list[str]:
+    if not leaderboard_name:
+        return []
+    try:
+        board = _leaderboard(actor_for(member), leaderboard_name)
+    except BotError:
+        return []
+    langs = board.problem.definition.get("templates") or {}
+    return [lang for lang in langs if current.strip().lower() in lang.lower()][:25]
 
 
 def template(member: Member, leaderboard_name: str, lang: str | None) -> tuple[str, str]:
@@ -581,10 +600,21 @@ def update_problems(member: Member, repository: str | None, problem_set: str | N
     return "\n".join(lines)
 
 
-def export_hf(member: Member, repository: str, leaderboard: str | None = None) -> str:
+def export_hf(member: Member, repository: str | None, leaderboard: str | None = None, filename: str | None = None,
+              private: bool = True) -> str:
     """KernelBot's export-hf: the submissions dataset (leaderboards.dataset) of one closed board, or of every closed
-    board whose code is public, pushed to a Hugging Face dataset repository (HF_TOKEN)."""
+    board whose code is public, pushed to a Hugging Face dataset repository (HF_TOKEN): `repository`, else
+    HF_PRIVATE_DATASET (HF_PUBLIC_DATASET when not `private`), as `filename` (.parquet added)."""
     actor = require_organiser(member)
+    repository = (repository or (settings.HF_PRIVATE_DATASET if private else settings.HF_PUBLIC_DATASET)).strip()
+    if not repository:
+        raise BotError(f"Name the repository (repository:owner/name), or set "
+                       f"{'HF_PRIVATE_DATASET' if private else 'HF_PUBLIC_DATASET'}.")
+    filename = (filename or "").strip()
+    if filename and not filename.endswith(".parquet"):
+        filename += ".parquet"
+    if filename and (filename.startswith("/") or ".." in PurePosixPath(filename).parts):
+        raise BotError(f"'{filename}' is not a file name inside the repository.")
     try:
         if leaderboard:
             boards = [_leaderboard(actor, leaderboard)]
@@ -594,10 +624,19 @@ def export_hf(member: Member, repository: str, leaderboard: str | None = None) -
             if not boards:
                 raise BotError("No closed leaderboard has public code; name the leaderboard to export.")
         data = dataset.parquet_bytes(boards)
-        url = dataset.push_to_hub(data, repository, dataset.file_name(boards))
+        filename = filename or dataset.file_name(boards)
+        url = dataset.push_to_hub(data, repository, filename, private=private)
     except Refused as exc:
         raise BotError(exc.message) from exc
-    return f"Pushed {dataset.file_name(boards)} ({', '.join(b.name for b in boards)}) to {url}"
+    return f"Pushed {filename} ({', '.join(b.name for b in boards)}) to {url}"
+
+
+def set_forum_ids(member: Member) -> str:
+    """KernelBot matched each leaderboard to a thread of its forum channel; this bot keeps no forum threads."""
+    require_organiser(member)
+    return ("Nothing to set: KernelBot kept a forum thread per leaderboard, this bot keeps none. It posts a guild's "
+            "announcements and reports to the channels an organiser sets in the site's admin (Discord → Guilds: "
+            "announcement channel, report channel), and each leaderboard's page is its place on the site.")
 
 
 def verify_runs(member: Member) -> str:

@@ -262,6 +262,9 @@ KERNELGUARD_PROFILE = os.environ.get("KERNELBOT_KERNELGUARD_PROFILE", "")  # a b
 # The submissions dataset's push (leaderboards/dataset.py): the Hugging Face Hub (tests: a loopback fake); the token
 # is read from HF_TOKEN when pushing.
 HF_ENDPOINT = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+# Where Discord's /admin export-hf pushes when no repository is named (KernelBot's names): private, or public.
+HF_PRIVATE_DATASET = os.environ.get("HF_PRIVATE_DATASET", "")
+HF_PUBLIC_DATASET = os.environ.get("HF_PUBLIC_DATASET", "")
 # Users' SSH keys imported from GitHub (runners/reservations/keys.py) come from <this>/<login>.keys (tests: a loopback
 # fake), fetched with this timeout in seconds.
 GITHUB_WEB_URL = os.environ.get("GITHUB_WEB_URL", "https://github.com").rstrip("/")

@@ -125,10 +125,10 @@ def broken_note(problem: Problem) -> str:
 
 @admin.register(Problem)
 class ProblemAdmin(ObjectActionsMixin, NoAddAdmin):  # problems come from "Import problem (zip)" or import_problems
-    list_display = ["name", "version", "lang", "harness", "short_hash", "created", "broken"]
-    list_filter = ["lang", "harness", ("broken_since", admin.EmptyFieldListFilter)]
-    search_fields = ["name"]
-    readonly_fields = ["name", "version", "content_hash", "lang", "definition_text", "created", "broken",
+    list_display = ["name", "version", "origin", "lang", "harness", "short_hash", "created", "broken"]
+    list_filter = ["collection", "lang", "harness", ("broken_since", admin.EmptyFieldListFilter)]
+    search_fields = ["name", "collection"]
+    readonly_fields = ["collection", "name", "version", "content_hash", "lang", "definition_text", "created", "broken",
                        "broken_error_text", "broken_run_link"]
     exclude = ["broken_since", "broken_error", "broken_run", "definition"]
     change_list_template = "admin/leaderboards/problem/change_list.html"
@@ -152,6 +152,10 @@ class ProblemAdmin(ObjectActionsMixin, NoAddAdmin):  # problems come from "Impor
     @admin.display(description="latest broken run")
     def broken_run_link(self, problem: Problem) -> str:
         return admin_link(problem.broken_run) if problem.broken_run_id else "–"
+
+    @admin.display(description="came from", ordering="collection")
+    def origin(self, problem: Problem) -> str:
+        return problem.collection or "– (an upload, or older than collections)"
 
     @admin.display(description="content hash")
     def short_hash(self, problem: Problem) -> str:
@@ -275,7 +279,7 @@ RESCORE_CONSEQUENCE = ("Every passing ranked run's score is recomputed from its 
 
 @admin.register(Leaderboard)
 class LeaderboardAdmin(ObjectActionsMixin, admin.ModelAdmin):
-    list_display = ["name", "problem", "problem_state", "deadline", "ranking_by", "visibility", "gpus",
+    list_display = ["name", "problem_label", "problem_state", "deadline", "ranking_by", "visibility", "gpus",
                     "public_link"]
     list_filter = ["visibility", "ranking_by", "competition"]
     readonly_fields = ["problem_state"]
@@ -294,6 +298,10 @@ class LeaderboardAdmin(ObjectActionsMixin, admin.ModelAdmin):
     )
     public_link = public_link
 
+    @admin.display(description="problem", ordering="problem__name")
+    def problem_label(self, leaderboard: Leaderboard) -> str:
+        return leaderboard.problem.label
+
     def change_view(self, request, object_id, form_url="", extra_context=None):
         leaderboard = self.get_object(request, object_id) if request.method == "GET" else None
         if leaderboard is not None and leaderboard.cuda_warning:
@@ -311,6 +319,8 @@ class LeaderboardAdmin(ObjectActionsMixin, admin.ModelAdmin):
 
     def formfield_for_dbfield(self, db_field, request, **kwargs):
         field = super().formfield_for_dbfield(db_field, request, **kwargs)
+        if db_field.name == "problem" and field is not None:
+            field.label_from_instance = lambda problem: problem.label  # two collections' matmul_py v1 tell apart
         if db_field.name == "ranking_by" and request.resolver_match and \
                 request.resolver_match.url_name.endswith("_add"):
             field.choices = [("", "The problem's own rule (its task.yml ranking_by)"), *RankingRule.choices]

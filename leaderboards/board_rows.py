@@ -84,24 +84,29 @@ def row_html(e: BoardEntry) -> SafeString:
         f'<time datetime="{submitted.isoformat()}">{submitted:%Y-%m-%d %H:%M}</time></td><td>{breakdown}</td></tr>')
 
 
-def record_html(record: list) -> str:
-    stamp, score, _ = record
-    return f"<li>{escape(stamp[:16])} · {seconds(score)}</li>"
+def figure_text(figure: float, on_ratio: bool) -> str:
+    """What a board ranks on, as it shows it: the ratio to the reference, or the time."""
+    return f"{_ratio(figure)}× the reference" if on_ratio else seconds(figure)
 
 
-def records_html(records: list[list]) -> SafeString:
+def record_html(record: list, on_ratio: bool = False) -> str:
+    stamp, figure, _ = record
+    return f"<li>{escape(stamp[:16].replace('T', ' '))} UTC · {figure_text(figure, on_ratio)}</li>"
+
+
+def records_html(records: list[list], on_ratio: bool = False) -> SafeString:
     """The board's record progression as a list (what the chart draws, for readers without it)."""
     return mark_safe(  # noqa: S308 - built by record_html
         f'<details id="records"><summary class="muted">Records ({len(records)})</summary>\n'
-        f'  <ul>{"".join(map(record_html, records))}</ul>\n</details>')
+        f'  <ul>{"".join(record_html(r, on_ratio) for r in records)}</ul>\n</details>')
 
 
 def live_board(leaderboard_id: int, gpu_type_id: int, gpu_name: str, ranks: dict[int, int], *, entrants: bool = True,
-               records: bool = True, record_added: list | None = None) -> dict[str, Any]:
+               records: bool = True, record_added: list | None = None, on_ratio: bool = False) -> dict[str, Any]:
     """What a delta carries besides the ranks: the changed rows' HTML (with the delta's `ranks` by user, so a row
     sorts where the delta says) and, when they may have changed, the pager (`entrants`) and the records, as page 1
-    of a reload renders them; a record appended to the progression (`record_added`: [iso time, seconds, user id])
-    travels alone, since the list only grows at its end."""
+    of a reload renders them; a record appended to the progression (`record_added`: [iso time, figure, user id])
+    travels alone, since the list only grows at its end. `on_ratio`: the figures are ratios to the reference."""
     entries = list(BoardEntry.objects.filter(leaderboard_id=leaderboard_id, gpu_type_id=gpu_type_id,
                                              user_id__in=list(ranks)).select_related("user__profile").with_breakdown())
     for entry in entries:
@@ -117,9 +122,11 @@ def live_board(leaderboard_id: int, gpu_type_id: int, gpu_name: str, ranks: dict
     if records:
         history = board_history(leaderboard_id, gpu_type_id, [])
         out["records"], out["record_names"] = history["records"], {str(k): v for k, v in history["names"].items()}
-        out["records_html"] = records_html(history["records"])
+        out["records_html"] = records_html(history["records"], on_ratio)
+        out["records_on_ratio"] = on_ratio
     elif record_added:
         holder = str(record_added[2])
         name = names.get(holder) or next(iter(user_names([record_added[2]]).values()), holder)
-        out.update(record_added=record_added, record_names={holder: name}, record_html=record_html(record_added))
+        out.update(record_added=record_added, record_names={holder: name},
+                   record_html=record_html(record_added, on_ratio), records_on_ratio=on_ratio)
     return out

@@ -143,9 +143,10 @@ def parquet_bytes(leaderboards: Iterable[Leaderboard]) -> bytes:
 
 
 def push_to_hub(data: bytes, repo_id: str, path_in_repo: str, *, token: str | None = None,
-                endpoint: str | None = None) -> str:
-    """Uploads `data` as `path_in_repo` to the Hugging Face dataset repository `repo_id` (created if missing) in one
-    commit; returns the commit's URL. The token comes from HF_TOKEN unless given; the Hub from HF_ENDPOINT."""
+                endpoint: str | None = None, private: bool | None = None) -> str:
+    """Uploads `data` as `path_in_repo` to the Hugging Face dataset repository `repo_id` (created if missing: private
+    or public as `private` says, None the Hub's default) in one commit; returns the commit's URL. The token comes from
+    HF_TOKEN unless given; the Hub from HF_ENDPOINT."""
     from huggingface_hub import HfApi  # noqa: PLC0415 - only the push needs it
     from huggingface_hub.errors import HfHubHTTPError  # noqa: PLC0415
 
@@ -156,7 +157,7 @@ def push_to_hub(data: bytes, repo_id: str, path_in_repo: str, *, token: str | No
         raise Refused(f"'{repo_id}' is not a Hugging Face repository id (owner/name).")
     api = HfApi(endpoint=endpoint or settings.HF_ENDPOINT, token=token)
     try:
-        api.create_repo(repo_id, repo_type="dataset", exist_ok=True)
+        api.create_repo(repo_id, repo_type="dataset", exist_ok=True, private=private)
         commit = api.upload_file(path_or_fileobj=data, path_in_repo=path_in_repo, repo_id=repo_id,
                                  repo_type="dataset", commit_message=f"KernelBot submissions: {path_in_repo}")
     except HfHubHTTPError as exc:

@@ -77,16 +77,18 @@ def run_changed(run) -> None:
 
 def board_changed(leaderboard_id: int, gpu_type_id: int, version: int, entries: list[dict],
                   removed: list[int] | None = None, shift: list | None = None, *, entrants: bool = True,
-                  records: bool = True, record_added: list | None = None, gpu_name: str | None = None) -> None:
+                  records: bool = True, record_added: list | None = None, gpu_name: str | None = None,
+                  on_ratio: bool = False) -> None:
     """A delta: the entries that were added or changed and the users who left, with display names. `shift`
     [first, last, by] (last null: to the end): every other entry ranked first..last moved by `by` (an entry moved
     up past them, or one above them left), so a client applies it to the rows it holds instead of receiving each.
     The pager (`entrants`) and the records are rendered only when they may have changed, and a record appended to
-    the progression travels alone (`record_added`); clients keep theirs."""
+    the progression travels alone (`record_added`); clients keep theirs. `on_ratio`: what the records' figures are
+    (the board ranks on the ratio to the reference, else on time)."""
     send(f"leaderboard.{leaderboard_id}", "leaderboard.ranks", {
         "gpu_type": gpu_type_id, "version": version, "entries": entries, "removed": removed or [], "shift": shift,
         **_rendered(leaderboard_id, gpu_type_id, gpu_name, {e["user"]: e["rank"] for e in entries}, entrants=entrants,
-                    records=records, record_added=record_added),
+                    records=records, record_added=record_added, on_ratio=on_ratio),
     })
 
 

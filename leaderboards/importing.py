@@ -110,12 +110,12 @@ def check_reference_interface(task: TaskDefinition, own_evaluator: bool) -> None
                           f"reference.py, which does not define {', '.join(missing)}; {hint}"])
 
 
-def store_problem(task: TaskDefinition, harness: str = "auto") -> tuple[Problem, bool]:
-    """The version of `task.name` with this content and protocol if there is one, else a new version.
-    (Collections reuse directory names, e.g. pmpp/conv2d_py and pmpp_v2/conv2d_py: re-importing either
-    finds its own version again instead of adding one.)"""
+def store_problem(task: TaskDefinition, harness: str = "auto", collection: str = "") -> tuple[Problem, bool]:
+    """The version of `task.name` in `collection` with this content and protocol if there is one, else a new version
+    of that collection's problem. Collections reuse directory names (demo/matmul_py, pmpp_v2/matmul_py): importing
+    one never adds a version to another's problem."""
     protocol = resolve_harness(task, harness)
-    versions = Problem.objects.filter(name=task.name).order_by("-version")
+    versions = Problem.objects.filter(collection=collection, name=task.name).order_by("-version")
     same = versions.filter(content_hash=task.content_hash, harness=protocol).first()
     if same:
         if same.description != task.description or same.definition != task.to_json():
@@ -124,8 +124,9 @@ def store_problem(task: TaskDefinition, harness: str = "auto") -> tuple[Problem,
         return same, False
     latest = versions.first()
     problem = Problem.objects.create(
-        name=task.name, version=(latest.version + 1) if latest else 1, content_hash=task.content_hash,
-        lang=task.lang, description=task.description, definition=task.to_json(), harness=protocol)
+        collection=collection, name=task.name, version=(latest.version + 1) if latest else 1,
+        content_hash=task.content_hash, lang=task.lang, description=task.description, definition=task.to_json(),
+        harness=protocol)
     return problem, True
 
 
@@ -162,14 +163,15 @@ def _changes(existing: Leaderboard, values: dict, gpu_types: list[GpuType]) -> l
 
 
 def upsert_leaderboard(name: str, task: TaskDefinition, deadline: datetime | None, gpu_names: list[str] | None, *,
-                       harness: str = "auto", competition: Competition | None = None, force: bool = False,
-                       force_hint: str = FORCE_HINT, report: ImportReport) -> Leaderboard:
+                       harness: str = "auto", competition: Competition | None = None, collection: str = "",
+                       force: bool = False, force_hint: str = FORCE_HINT, report: ImportReport) -> Leaderboard:
     """Create or update leaderboard `name`. What the organiser set stays unless this import names it: `deadline`
     None keeps an existing board's deadline (a new one opens for a year), `gpu_names` None its GPU types (a new one
     takes the task's), and a ranking rule changed in the admin stays (one still equal to its problem's follows the
     task, and a changed rule rescores the board). No board is ever left without a GPU type. A standalone import (no
     `competition`) keeps the board's competition; a competition import refuses a board another competition owns
-    unless forced."""
+    unless forced. The problem is stored in the competition's collection; a standalone import onto a board whose
+    problem has the task's name adds a version of that problem, else it is stored in `collection`."""
     if message := leaderboard_name_error(name):
         raise ImportRejected([f"leaderboard {name[:120]}: {message}"])
     existing = Leaderboard.objects.select_related("problem", "competition").filter(name=name).first()
@@ -196,7 +198,11 @@ def upsert_leaderboard(name: str, task: TaskDefinition, deadline: datetime | Non
                               f"its GPU types ({', '.join(lacking)}) have none, so every run would fail: choose a GPU "
                               "type with CUDA (--gpu, or the GPU types field), or make that code fall back to the CPU "
                               f"(behind torch.cuda.is_available()); {force_hint} to import it anyway"])
-    problem, _ = store_problem(task, protocol)
+    if competition:
+        collection = competition.name
+    elif existing and existing.problem.name == task.name:
+        collection = existing.problem.collection
+    problem, _ = store_problem(task, protocol, collection)
     note = ""
     if deadline is None:
         deadline = existing.deadline if existing else timezone.now() + timedelta(days=DEFAULT_OPEN_DAYS)
@@ -280,15 +286,16 @@ def do_import_competition(definition: CompetitionDefinition, *, force: bool = Fa
 
 def do_import_task(task: TaskDefinition, *, leaderboard: str | None = None, deadline: datetime | None = None,
                    gpus: list[str] | None = None, harness: str = "auto", force: bool = False,
-                   force_hint: str = FORCE_HINT) -> ImportReport:
-    """`gpus` None (or empty): a new leaderboard takes the task's GPU types, an existing one keeps its own."""
+                   force_hint: str = FORCE_HINT, collection: str = "") -> ImportReport:
+    """`gpus` None (or empty): a new leaderboard takes the task's GPU types, an existing one keeps its own.
+    `collection`: the folder the task was read from ("" for an uploaded archive); see upsert_leaderboard."""
     report = ImportReport()
     with transaction.atomic():
         if leaderboard:
-            upsert_leaderboard(leaderboard, task, deadline, gpus or None, harness=harness, force=force,
-                               force_hint=force_hint, report=report)
+            upsert_leaderboard(leaderboard, task, deadline, gpus or None, harness=harness, collection=collection,
+                               force=force, force_hint=force_hint, report=report)
         else:
-            problem, created = store_problem(task, harness)
+            problem, created = store_problem(task, harness, collection)
             report.add(report.created if created else report.unchanged, str(problem),
                        f"problem {problem}: {describe_harness(problem)} (no leaderboard)")
     return report

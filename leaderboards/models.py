@@ -63,8 +63,13 @@ class RankingRule(models.TextChoices):
 
 
 class Problem(models.Model):
-    """One immutable version of a task definition; a changed definition is a new row."""
+    """One immutable version of a task definition; a changed definition is a new row. A problem is its collection
+    and name: collections reuse directory names (demo/matmul_py, pmpp_v2/matmul_py), and a version only ever follows
+    an earlier one of the same collection."""
 
+    collection = models.CharField(max_length=120, blank=True, help_text=(
+        "Where it came from: the competition file's name, or the folder a single task was imported from; empty: an "
+        "uploaded archive, or a standalone import from before collections."))
     name = models.CharField(max_length=100)
     version = models.PositiveIntegerField(default=1)
     content_hash = models.CharField(max_length=64)
@@ -82,11 +87,17 @@ class Problem(models.Model):
                                    help_text="The latest run that found it failing.")
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["name", "version"], name="problem_unique_version")]
-        ordering = ["name", "-version"]
+        constraints = [models.UniqueConstraint(fields=["collection", "name", "version"],
+                                               name="problem_unique_collection_version")]
+        ordering = ["name", "collection", "-version"]
 
     def __str__(self) -> str:
         return f"{self.name} v{self.version}"
+
+    @property
+    def label(self) -> str:
+        """`str()` with where it came from, for lists where same-named problems of two collections meet."""
+        return f"{self} ({self.collection or 'no collection'})"
 
 
 class Visibility(models.TextChoices):
@@ -537,15 +548,17 @@ class BoardEntry(models.Model):
 
 
 class Record(models.Model):
-    """A ranked submission that beat every earlier one of its user on a board (submission order, time in seconds):
-    the user's progression; `board_best` when it beat every earlier submission on the board, the board's record
-    progression. Appended as results arrive (ranks.do_rank_result), rebuilt with the board's ranks."""
+    """A ranked submission that beat every earlier one of its user on a board (submission order, on what the board
+    ranks on: `score`): the user's progression; `board_best` when it beat every earlier submission on the board, the
+    board's record progression, whose lowest point is rank 1. Appended as results arrive (ranks.do_rank_result),
+    rebuilt with the board's ranks."""
 
     leaderboard = models.ForeignKey(Leaderboard, on_delete=models.CASCADE, related_name="records")
     gpu_type = models.ForeignKey(GpuType, on_delete=models.CASCADE, related_name="records")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="records")
     submission = models.ForeignKey(Submission, on_delete=models.CASCADE, related_name="records")
-    score = models.FloatField(help_text="Seconds; lower is better.")
+    score = models.FloatField(help_text="What the board ranks on (Board.ranks_on_ratio): the ratio to the reference, "
+                              "else seconds; lower is better.")
     submitted_at = models.DateTimeField()
     board_best = models.BooleanField(default=False, help_text="Beat every earlier submission on the board.")
 

@@ -128,8 +128,8 @@ def rank(candidates: Iterable[Candidate]) -> list[Ranked]:
 
 @dataclass(frozen=True)
 class Step:
-    """A submission that beat every earlier one of its user on the board (in submission order, on time);
-    `board_best` when it also beat every earlier submission on the board: a record."""
+    """A submission that beat every earlier one of its user on the board (in submission order, on what the board
+    ranks on: `score` is that figure); `board_best` when it also beat every earlier submission on the board."""
 
     user_id: int
     submission_id: int
@@ -139,16 +139,20 @@ class Step:
 
 
 def progression(candidates: Iterable[Candidate]) -> list[Step]:
-    """Each user's improving steps and the board's records, in submission order (ties: lower id first); a score
-    equal to the best so far is no step."""
+    """Each user's improving steps and the board's records, in submission order (ties: lower id first), on what the
+    board ranks on (`ranking_key`: the ratio, or the time), so the lowest record is rank 1; a figure equal to the
+    best so far is no step."""
+    candidates = list(candidates)
+    key = ranking_key(candidates)
     steps: list[Step] = []
     mine: dict[int, float] = {}
     best = math.inf
     for c in sorted(candidates, key=lambda c: (c.submitted_at, c.submission_id)):
-        if c.score < mine.get(c.user_id, math.inf):
-            mine[c.user_id] = c.score
-            steps.append(Step(c.user_id, c.submission_id, c.score, c.submitted_at, c.score < best))
-            best = min(best, c.score)
+        figure = key(c)
+        if figure < mine.get(c.user_id, math.inf):
+            mine[c.user_id] = figure
+            steps.append(Step(c.user_id, c.submission_id, figure, c.submitted_at, figure < best))
+            best = min(best, figure)
     return steps
 
 

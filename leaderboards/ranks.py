@@ -134,16 +134,17 @@ def _publish(board: Board, delta: list[dict], removed: list[int], shift: list | 
              entrants: bool = True, records: bool | list = True) -> None:
     """Bump the board's version and send the delta after commit; `entrants`/`records`: whether the number of
     entries or the board's records may have changed (the event then carries them rendered); `records` a record
-    ([iso time, seconds, user id]): the one record appended to the progression."""
+    ([iso time, figure, user id]): the one record appended to the progression."""
     board.version += 1
     with connection.cursor() as cursor:
         cursor.execute(f"UPDATE {Board._meta.db_table} SET version = %s, ranks_on_ratio = %s, updated = %s "
                        "WHERE id = %s", [board.version, board.ranks_on_ratio, _db_now(), board.pk])
     leaderboard_id, gpu_type_id, version = board.leaderboard_id, board.gpu_type_id, board.version
     gpu_name, added = board.gpu_type.name, records if isinstance(records, list) else None
+    on_ratio = bool(board.ranks_on_ratio)
     transaction.on_commit(lambda: events.board_changed(leaderboard_id, gpu_type_id, version, delta, removed, shift,
                                                        entrants=entrants, records=records is True,
-                                                       record_added=added, gpu_name=gpu_name))
+                                                       record_added=added, gpu_name=gpu_name, on_ratio=on_ratio))
 
 
 # --- the full rebuild -------------------------------------------------------------------------------
@@ -379,30 +380,32 @@ def _add_record(board: Board, c: Candidate) -> bool | list:
     later records it beats stop being steps and records (a result can arrive after later submissions'). Returns
     whether the board's records changed (only a new record changes them: a later record it beats, the user's own
     included, is beaten by a record): the record, [iso time, seconds, user id], when it was appended to the
-    progression (no record after it), else True. What it needs to know is read in one statement."""
+    progression (no record after it), else True. Steps and records are on what the board ranks on (the ratio when it
+    ranks on it, else the time). What it needs to know is read in one statement."""
+    figure = c.ratio.value if board.ranks_on_ratio and c.ratio else c.score
     board_key, place = [board.leaderboard_id, board.gpu_type_id], [_db_time(c.submitted_at), c.submission_id]
     with connection.cursor() as cursor:
         cursor.execute(RECORD_SQL, [*board_key, c.submission_id, *board_key, c.user_id, *place, *board_key, *place,
-                                    *board_key, c.user_id, *place, c.score, *board_key, *place, c.score,
+                                    *board_key, c.user_id, *place, figure, *board_key, *place, figure,
                                     *board_key, *place])
         held, mine, record, beats_mine, beats_records, records_after = cursor.fetchone()
-    if held or (mine is not None and c.score >= mine):
+    if held or (mine is not None and figure >= mine):
         return False
-    board_best = record is None or c.score < record
+    board_best = record is None or figure < record
     with connection.cursor() as cursor:
         cursor.execute(f"INSERT INTO {RECORDS} (leaderboard_id, gpu_type_id, user_id, submission_id, score, "
                        "submitted_at, board_best) VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                       [*board_key, c.user_id, c.submission_id, c.score, place[0], board_best])
+                       [*board_key, c.user_id, c.submission_id, figure, place[0], board_best])
     if beats_mine or (board_best and beats_records):
         later = Q(submitted_at__gt=c.submitted_at) | Q(submitted_at=c.submitted_at, submission_id__gt=c.submission_id)
         beaten = Record.objects.filter(later, leaderboard_id=board.leaderboard_id, gpu_type_id=board.gpu_type_id,
-                                       score__gte=c.score)
+                                       score__gte=figure)
         if beats_mine:
             beaten.filter(user_id=c.user_id).delete()
         if board_best and beats_records:
             beaten.filter(board_best=True).update(board_best=False)
     if board_best and not records_after:
-        return [stamp(c.submitted_at), c.score, c.user_id]
+        return [stamp(c.submitted_at), figure, c.user_id]
     return board_best
 
 

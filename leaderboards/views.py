@@ -67,13 +67,15 @@ def leaderboard(request: HttpRequest, name: str) -> HttpResponse:
     if not gpu_types:
         raise Http404("This leaderboard has no GPU types yet.")
     gpu = next((g for g in gpu_types if g.name.lower() == request.GET.get("gpu", "").lower()), gpu_types[0])
-    version = Board.objects.filter(leaderboard=lb, gpu_type=gpu).values_list("version", flat=True).first() or 0
+    version, on_ratio = Board.objects.filter(leaderboard=lb, gpu_type=gpu).values_list(
+        "version", "ranks_on_ratio").first() or (0, False)
     page = Paginator(BoardEntry.objects.for_board(lb, gpu).select_related("user__profile").with_breakdown(),
                      PAGE_ROWS).get_page(request.GET.get("page"))
     entries = number_rows(list(page.object_list), page.start_index() - 1)
     attach_breakdown(entries)
     history = board_history(lb.pk, gpu.pk, [e.user_id for e in entries])
-    chart = {"records": history["records"], "names": {str(k): v for k, v in history["names"].items()},
+    chart = {"records": history["records"], "onRatio": bool(on_ratio),
+             "names": {str(k): v for k, v in history["names"].items()},
              "users": {str(e.user_id): history["users"].get(e.user_id, []) for e in entries},
              "userNames": {str(e.user_id): name_of(e.user) for e in entries}}
     definition = lb.problem.definition
@@ -84,7 +86,8 @@ def leaderboard(request: HttpRequest, name: str) -> HttpResponse:
     return render(request, "leaderboards/leaderboard.html", {
         "standings": standings, "final_rows": final_rows, "dataset": dataset.public_to_everyone(lb),
         "lb": lb, "gpu": gpu, "gpu_types": gpu_types, "page": page, "entries": entries,
-        "rows": [row_html(e) for e in entries], "records_html": records_html(history["records"]), "version": version,
+        "rows": [row_html(e) for e in entries], "version": version,
+        "records_html": records_html(history["records"], bool(on_ratio)),
         "chart": chart, "templates": sorted((definition.get("templates") or {}).keys()),
         "files": sorted((definition.get("files") or {}).keys()), "live": page.number == 1,
     })

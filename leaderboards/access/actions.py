@@ -128,8 +128,14 @@ def do_start_cli_login(provider: str | None, address: str = "") -> str:
     check_cli_login_rate(address)
     PendingLogin.objects.filter(token__isnull=True, created__lt=timezone.now() - timedelta(days=1)).delete()
     raw = new_secret()
-    PendingLogin.objects.create(digest=digest(raw), provider=provider or KERNELBOT_CLI)
+    PendingLogin.objects.create(digest=digest(raw), provider=provider or KERNELBOT_CLI, address=address[:64])
     return raw
+
+
+def pending_cli_login(raw: str) -> PendingLogin | None:
+    """The unlinked CLI login of a pending id, or None (unknown, expired or linked already)."""
+    raw = (raw or "").strip()
+    return PendingLogin.objects.filter(digest=digest(raw), token__isnull=True).first() if raw else None
 
 
 def do_bind_cli_login(user, raw: str) -> ApiToken:

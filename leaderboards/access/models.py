@@ -59,6 +59,8 @@ class PendingLogin(models.Model):
 
     digest = models.CharField(max_length=64, unique=True)
     provider = models.CharField(max_length=20)
+    address = models.CharField(max_length=64, blank=True, help_text="Where the CLI asked from (its client address), "
+                               "named on the link page so a user can tell their own CLI from someone else's.")
     created = models.DateTimeField(auto_now_add=True)
     token = models.OneToOneField(ApiToken, null=True, blank=True, on_delete=models.CASCADE)
 

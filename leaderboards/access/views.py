@@ -29,8 +29,14 @@ def link_cli(request):
             provider = token.pendinglogin.provider
             messages.success(request, f"Your CLI is linked: {actions.cli_name(provider)} can submit as you now.")
             return redirect("access:tokens")
-    return render(request, "leaderboards/access/link_cli.html", {"cli_id": request.GET.get("state", "")},
-                  status=status)
+    state = request.GET.get("state", "") if request.method == "GET" else ""
+    asking = actions.pending_cli_login(state) if state else None
+    if state and asking is None:
+        messages.error(request, "The CLI id in this link is unknown, expired or linked already: nothing is filled in. "
+                                "Run `kernelbot login` (or `popcorn-cli register`) again.")
+    return render(request, "leaderboards/access/link_cli.html", {
+        "cli_id": state if asking else "", "asking": asking, "cli": actions.cli_name(asking.provider) if asking else "",
+        "your_address": request.META.get("REMOTE_ADDR", "")}, status=status)
 
 
 @login_required

@@ -291,7 +291,7 @@ def admin_create_leaderboard(request, body: CreateLeaderboardIn):
             raise HttpError(400, f"deadline {deadline:%Y-%m-%d %H:%M} UTC is in the past: the leaderboard would be "
                             "closed at once. Correct it, or send past_deadline=true.")
         report = do_import_task(task, leaderboard=body.name or target.name.replace("_", "-"), deadline=deadline,
-                                gpus=body.gpus, force=body.force)
+                                gpus=body.gpus, force=body.force, collection=target.parent.name)
     except TaskFileError as exc:
         raise HttpError(400, str(exc)) from exc
     except ImportRejected as exc:
@@ -344,7 +344,7 @@ def _tree_sources(root: Path):
     if (root / "task.yml").exists():
         within = settings.PROBLEMS_DIR
         return [(root.name, lambda force, p=root: do_import_task(
-            load_task(p, root=collection_root(p, within=within)), force=force))]
+            load_task(p, root=collection_root(p, within=within)), force=force, collection=p.parent.name))]
     return [(p.stem, lambda force, p=p: do_import_competition(load_competition(p), force=force)) for p in files]
 
 

@@ -103,12 +103,12 @@
       rows.forEach((tr, i) => (i < 50 ? tbody.appendChild(tr) : tr.remove()));
       swapOuter("#pager", msg.pager);
       swapOuter("#records", msg.records_html);
-      if (window.kbChartRecords) window.kbChartRecords(msg.records, msg.record_names);
+      if (window.kbChartRecords) window.kbChartRecords(msg.records, msg.record_names, msg.records_on_ratio);
       const list = $("#records ul");
       if (msg.record_added && list) { // one record appended to the progression
         list.insertAdjacentHTML("beforeend", msg.record_html);
         $("#records summary").textContent = `Records (${$$("li", list).length})`;
-        if (window.kbChartRecordAdded) window.kbChartRecordAdded(msg.record_added, msg.record_names);
+        if (window.kbChartRecordAdded) window.kbChartRecordAdded(msg.record_added, msg.record_names, msg.records_on_ratio);
       }
     };
     // the final standings started, moved on, or were published: the banner and the table as a reload shows them
@@ -194,24 +194,32 @@
     });
   }
 
-  // Step charts as inline SVG: x = time, y = score (log scale).
-  function chart(el, series, onHover) {
+  // Step charts as inline SVG: x = time, y = the figure (log scale): the time, or with onRatio the ratio to the
+  // reference a board ranks on, so the lowest record is rank 1.
+  const when = (t, withTime) => new Date(t).toLocaleString(undefined, withTime
+    ? { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" } : { year: "numeric", month: "short", day: "numeric" });
+  function chart(el, series, onRatio) {
     const W = el.clientWidth || 800, H = 260, P = 48;
+    const fig = (v) => onRatio ? `${v.toFixed(v < 10 ? 3 : 1)}×` : formatNs(v * 1e9);
     const pts = series.flatMap((s) => s.points);
     if (!pts.length) { el.innerHTML = "<p class='muted'>No passing ranked submissions yet.</p>"; return; }
     const xs = pts.map((p) => +new Date(p[0])), ys = pts.map((p) => Math.log(p[1]));
     const x0 = Math.min(...xs), x1 = Math.max(...xs, x0 + 1, Date.now()), y0 = Math.min(...ys), y1 = Math.max(...ys, y0 + 1e-9);
     const X = (t) => P + ((t - x0) / (x1 - x0)) * (W - P - 10), Y = (v) => 10 + (1 - (Math.log(v) - y0) / (y1 - y0 || 1)) * (H - 40);
-    let svg = `<svg viewBox="0 0 ${W} ${H}" role="img" aria-label="score over time"><line class="axis" x1="${P}" y1="${H - 30}" x2="${W}" y2="${H - 30}"/>`;
-    // the slowest time at the top, the fastest at the bottom, as Y places them
-    svg += `<text x="2" y="14" class="y-top">${formatNs(Math.exp(y1) * 1e9)}</text><text x="2" y="${H - 32}" class="y-bottom">${formatNs(Math.exp(y0) * 1e9)}</text>`;
-    svg += `<text x="${P}" y="${H - 12}">${new Date(x0).toLocaleDateString()}</text><text x="${W - 90}" y="${H - 12}">${new Date(x1).toLocaleDateString()}</text>`;
+    const what = onRatio ? "ratio to the reference (what the board ranks on)" : "time";
+    let svg = `<svg viewBox="0 0 ${W} ${H}" role="img" aria-label="${what} over time, lower is better"><line class="axis" x1="${P}" y1="${H - 30}" x2="${W}" y2="${H - 30}"/>`;
+    // the slowest at the top, the fastest at the bottom, as Y places them
+    svg += `<text x="2" y="14" class="y-top">${fig(Math.exp(y1))}</text><text x="2" y="${H - 32}" class="y-bottom">${fig(Math.exp(y0))}</text>`;
+    svg += `<text x="${W - 4}" y="14" text-anchor="end" class="y-title">${onRatio ? "× reference" : "time"}, lower is better</text>`;
+    // the first point's moment and "now" (the right edge): a span under two days shows the hour
+    const short = x1 - x0 < 2 * 86400e3;
+    svg += `<text x="${P}" y="${H - 12}" class="x-start">${when(x0, short)}</text><text x="${W - 4}" y="${H - 12}" text-anchor="end" class="x-end">${x1 >= Date.now() - 60e3 ? "now" : when(x1, short)}</text>`;
     for (const s of series) {
       let d = "", last = null;
       for (const p of s.points) { const x = X(+new Date(p[0])), y = Y(p[1]); d += last === null ? `M${x},${y}` : `H${x}V${y}`; last = y; }
       d += `H${X(x1)}`;
       svg += `<path class="${s.cls}" d="${d}"><title>${esc(s.label)}</title></path>`;
-      for (const p of s.points) svg += `<circle cx="${X(+new Date(p[0]))}" cy="${Y(p[1])}" r="3" class="${s.cls}"><title>${esc(s.label)}: ${formatNs(p[1] * 1e9)} at ${new Date(p[0]).toLocaleString()}${p[2] !== undefined && s.names ? " by " + esc(s.names[p[2]] || "") : ""}</title></circle>`;
+      for (const p of s.points) svg += `<circle cx="${X(+new Date(p[0]))}" cy="${Y(p[1])}" r="3" class="${s.cls}"><title>${esc(s.label)}: ${fig(p[1])} at ${new Date(p[0]).toLocaleString()}${p[2] !== undefined && s.names ? " by " + esc(s.names[p[2]] || "") : ""}</title></circle>`;
     }
     el.innerHTML = svg + "</svg>";
   }
@@ -221,12 +229,13 @@
     const el = $("#chart");
     const draw = (uid) => {
       const base = { label: "record", cls: "record", points: data.records, names: data.names };
-      chart(el, uid && data.users[uid] ? [base, { label: data.userNames[uid], cls: "user", points: data.users[uid] }] : [base]);
+      chart(el, uid && data.users[uid] ? [base, { label: data.userNames[uid], cls: "user", points: data.users[uid] }] : [base],
+            data.onRatio);
     };
     draw(null);
     // live deltas carry the record progression as the server computes it for a reload
-    window.kbChartRecords = (records, names) => { if (records) { data.records = records; Object.assign(data.names, names || {}); draw(pinned); } };
-    window.kbChartRecordAdded = (record, names) => { data.records.push(record); Object.assign(data.names, names); draw(pinned); };
+    window.kbChartRecords = (records, names, onRatio) => { if (records) { data.records = records; data.onRatio = !!onRatio; Object.assign(data.names, names || {}); draw(pinned); } };
+    window.kbChartRecordAdded = (record, names, onRatio) => { data.records.push(record); data.onRatio = !!onRatio; Object.assign(data.names, names); draw(pinned); };
     window.kbChartReload = () => { data = JSON.parse($("#chart-data").textContent); draw(pinned); };
     const ranking = $("#ranking"), rowOf = (e) => e.target.closest("tr[data-user]");
     ranking.addEventListener("mouseover", (e) => { const tr = rowOf(e); if (tr) draw(pinned || tr.dataset.user); });

@@ -50,16 +50,16 @@ def submit(fake, user=ALICE, mode="test", code=CORRECT, name="kernel.py", **opti
 
 
 @pytest.mark.parametrize(("options", "expected"), [
-    ({"leaderboard": "nope", "gpus": "CPU"}, "Unknown leaderboard 'nope'."),
-    ({"gpus": "H100"}, "does not run on GPU 'H100'; available: CPU."),
+    ({"leaderboard_name": "nope", "gpu": "CPU"}, "Unknown leaderboard 'nope'."),
+    ({"gpu": "H100"}, "does not run on GPU 'H100'; available: CPU."),
     ({"name": "kernel.cu"}, "takes .py files"),
     ({"code": b""}, "'kernel.py' is empty."),
-    ({"code": b"\xff\xfe" * 10, "gpus": "CPU"}, "is not UTF-8 text"),
+    ({"code": b"\xff\xfe" * 10, "gpu": "CPU"}, "is not UTF-8 text"),
     ({"code": b"x" * (1024 * 1024 + 1)}, "the limit is 1048576 bytes"),
-    ({"gpus": "CPU", "leaderboard": None}, "Name a leaderboard"),
+    ({"gpu": "CPU", "leaderboard_name": None}, "Name a leaderboard"),
 ])
 def test_bad_submissions_get_a_precise_ephemeral_message_and_change_nothing(bot, leaderboard, options, expected):
-    options.setdefault("leaderboard", leaderboard.name)
+    options.setdefault("leaderboard_name", leaderboard.name)
     code, name = options.pop("code", CORRECT), options.pop("name", "kernel.py")
     text = refused(bot.fake, submit(bot.fake, code=code, name=name, **options))
     assert expected in text
@@ -69,29 +69,29 @@ def test_bad_submissions_get_a_precise_ephemeral_message_and_change_nothing(bot,
 def test_missing_attachment_closed_board_ban_paused_and_wrong_channel(bot, leaderboard):
     fake = bot.fake
     assert "Attach your kernel" in refused(fake, fake.command("leaderboard submit test", ALICE,
-                                                              leaderboard=leaderboard.name))
+                                                              leaderboard_name=leaderboard.name))
     closed = LeaderboardFactory(problem=leaderboard.problem, gpu_types=list(leaderboard.gpu_types.all()),
                                 deadline=leaderboard.deadline.replace(year=2000))
-    assert "no longer accepts submissions" in refused(fake, submit(fake, leaderboard=closed.name, gpus="CPU"))
+    assert "no longer accepts submissions" in refused(fake, submit(fake, leaderboard_name=closed.name, gpu="CPU"))
     assert "Submit in <#" in refused(fake, fake.command("leaderboard submit test", ALICE, channel_id=CHANNEL_ID + 99,
                                                         script=Attachment("k.py", CORRECT)))
     user = SocialAccount.objects.get(uid=str(ALICE)).user
     do_ban(user, None, "cheating")
     assert "banned from submitting to all leaderboards: cheating" in refused(
-        fake, submit(fake, leaderboard=leaderboard.name, gpus="CPU"))
+        fake, submit(fake, leaderboard_name=leaderboard.name, gpu="CPU"))
     assert "for organisers" in refused(fake, fake.command("admin stop", BOB, reason="x"))
     assert accepting_jobs().accepting
     text, ephemeral = reply(fake, fake.command("admin stop", ORG, roles=[ORGANISER_ROLE_ID], reason="maintenance"))
     assert "paused" in text and not ephemeral
     assert "paused by the organisers: maintenance" in refused(
-        fake, submit(fake, BOB, leaderboard=leaderboard.name, gpus="CPU"))
+        fake, submit(fake, BOB, leaderboard_name=leaderboard.name, gpu="CPU"))
     reply(fake, fake.command("admin start", ORG, roles=[ORGANISER_ROLE_ID]))
     assert not Submission.objects.exists()
 
 
 def test_a_refused_ranked_submission_leaves_no_public_trace(bot, leaderboard):
     fake = bot.fake
-    interaction = submit(fake, mode="ranked", leaderboard=leaderboard.name, gpus="H100")
+    interaction = submit(fake, mode="ranked", leaderboard_name=leaderboard.name, gpu="H100")
     body = fake.answer(interaction)
     assert body["type"] == 5 and not (body.get("data") or {}).get("flags")  # acknowledged in public: ranked
     assert "does not run on GPU 'H100'" in refused(fake, interaction)
@@ -114,35 +114,35 @@ def test_test_submission_is_private_directives_pick_the_board_and_one_account_pe
 def test_autocomplete_list_show_task_template_and_status(bot, leaderboard):
     fake = bot.fake
     interaction = fake.command("leaderboard submit ranked", ALICE, autocomplete=True,
-                               leaderboard=("focused", leaderboard.name[:4]))
+                               leaderboard_name=("focused", leaderboard.name[:4]))
     assert {c["value"] for c in fake.answer(interaction)["data"]["choices"]} == {leaderboard.name}
-    interaction = fake.command("leaderboard submit ranked", ALICE, autocomplete=True, leaderboard=leaderboard.name,
-                               gpus=("focused", "c"))
+    interaction = fake.command("leaderboard submit ranked", ALICE, autocomplete=True, leaderboard_name=leaderboard.name,
+                               gpu=("focused", "c"))
     assert [c["value"] for c in fake.answer(interaction)["data"]["choices"]] == ["CPU"]
     assert leaderboard.name in reply(fake, fake.command("leaderboard list", ALICE))[0]
     assert "No ranked submission yet" in reply(fake, fake.command("leaderboard show", ALICE,
-                                                                    leaderboard=leaderboard.name))[0]
+                                                                    leaderboard_name=leaderboard.name))[0]
     assert "does not run on GPU 'H100'" in refused(fake, fake.command("leaderboard show", ALICE,
-                                                                       leaderboard=leaderboard.name, gpu="H100"))
+                                                                       leaderboard_name=leaderboard.name, gpu="H100"))
     assert "Page 3 does not exist" in refused(fake, fake.command("leaderboard show", ALICE,
-                                                                  leaderboard=leaderboard.name, page=3))
-    task = fake.command("leaderboard task", ALICE, leaderboard=leaderboard.name)
+                                                                  leaderboard_name=leaderboard.name, page=3))
+    task = fake.command("leaderboard task", ALICE, leaderboard_name=leaderboard.name)
     assert leaderboard.name in reply(fake, task)[0]
-    template = fake.command("leaderboard template", ALICE, leaderboard=leaderboard.name)
+    template = fake.command("leaderboard template", ALICE, leaderboard_name=leaderboard.name)
     reply(fake, template)
     assert fake.original(template).files and b"def custom_kernel" in fake.original(template).files[0][1]
 
-    reply(fake, submit(fake, mode="ranked", leaderboard=leaderboard.name, gpus="CPU"))
+    reply(fake, submit(fake, mode="ranked", leaderboard_name=leaderboard.name, gpu="CPU"))
     submission = Submission.objects.get()
     assert "queued" in reply(fake, fake.command("submission status", ALICE, submission_id=submission.pk))[0]
     assert "Your submissions" in reply(fake, fake.command("leaderboard show-personal", ALICE,
-                                                           leaderboard=leaderboard.name))[0]
+                                                           leaderboard_name=leaderboard.name))[0]
     assert "not found" in refused(fake, fake.command("submission status", BOB, submission_id=submission.pk + 100))
 
 
 def test_get_submission_is_for_its_author_and_organisers(bot, leaderboard):
     fake = bot.fake
-    reply(fake, submit(fake, mode="ranked", leaderboard=leaderboard.name, gpus="CPU"))
+    reply(fake, submit(fake, mode="ranked", leaderboard_name=leaderboard.name, gpu="CPU"))
     submission = Submission.objects.get()
     mine = fake.command("leaderboard get-submission", ALICE, submission_id=submission.pk)
     reply(fake, mine)
@@ -158,7 +158,7 @@ def test_get_submission_is_for_its_author_and_organisers(bot, leaderboard):
 def test_organiser_commands_cancel_requeue_rescore_stats_delete_and_import(bot, leaderboard):
     fake = bot.fake
     org = {"roles": [ORGANISER_ROLE_ID]}
-    reply(fake, submit(fake, mode="ranked", leaderboard=leaderboard.name, gpus="CPU"))
+    reply(fake, submit(fake, mode="ranked", leaderboard_name=leaderboard.name, gpu="CPU"))
     submission = Submission.objects.get()
     run = submission.runs.first()
     assert "for organisers" in refused(fake, fake.command("admin cancel", ALICE, run_id=run.pk))
@@ -170,11 +170,11 @@ def test_organiser_commands_cancel_requeue_rescore_stats_delete_and_import(bot, 
     run.refresh_from_db()
     assert run.status == RunStatus.QUEUED
     assert "Run 999999 not found" in refused(fake, fake.command("admin requeue", ORG, run_id=999999, **org))
-    assert "Rescored" in reply(fake, fake.command("admin rescore", ORG, leaderboard=leaderboard.name, **org))[0]
+    assert "Rescored" in reply(fake, fake.command("admin rescore", ORG, leaderboard_name=leaderboard.name, **org))[0]
     stats = reply(fake, fake.command("admin stats", ORG, **org))[0]
     assert "1 submissions (leaderboard 1)" in stats and "Top users: member" in stats
 
-    ask = fake.command("admin delete-submission", ORG, submission_id=submission.pk, **org)
+    ask = fake.command("admin delete-submission", ORG, submission=submission.pk, **org)
     assert "Delete submission" in reply(fake, ask)[0]
     message = fake.original(ask)
     assert "Only the organiser who asked" in refused(fake, fake.press(message, "kb-delete-confirm", BOB))
@@ -190,7 +190,7 @@ def test_organiser_commands_cancel_requeue_rescore_stats_delete_and_import(bot, 
             if path.is_file() and "solutions" not in path.parts:
                 z.write(path, path.relative_to(REPO / "problems" / "demo"))
     imported = fake.command("admin import", ORG, archive=Attachment("vectoradd.zip", archive.getvalue()),
-                            leaderboard="imported-board", gpus="CPU", deadline="2099-01-01", **org)
+                            leaderboard_name="imported-board", gpus="CPU", deadline="2099-01-01", **org)
     fake.wait_for(lambda: fake.followups(imported), 20, "the import report")
     assert "created" in fake.followups(imported)[0].content
     assert Leaderboard.objects.filter(name="imported-board").exists()
@@ -201,13 +201,13 @@ def test_organiser_commands_cancel_requeue_rescore_stats_delete_and_import(bot, 
 
 def test_a_submission_naming_no_gpu_takes_the_only_one_or_offers_a_choice(bot, leaderboard, cpu_pool):
     fake = bot.fake
-    only = submit(fake, leaderboard=leaderboard.name)  # the board runs on CPU only
+    only = submit(fake, leaderboard_name=leaderboard.name)  # the board runs on CPU only
     assert "queued" in reply(fake, only)[0]
     assert Submission.objects.get().runs.get().gpu_type == cpu_pool.cpu
 
     two = LeaderboardFactory(problem=leaderboard.problem, gpu_types=[cpu_pool.cpu, GpuType.objects.create(
         name="H100")])
-    interaction = submit(fake, leaderboard=two.name)
+    interaction = submit(fake, leaderboard_name=two.name)
     fake.answer(interaction)
     menu = fake.wait_for(lambda: fake.followups(interaction), 10, "the GPU menu")[0]
     options = menu.components[0]["components"][0]
@@ -222,11 +222,11 @@ def test_kernelbot_organiser_commands_ban_delete_leaderboard_names_stats_ping(bo
     fake = bot.fake
     org = {"roles": [ORGANISER_ROLE_ID]}
     assert "pong" in reply(fake, fake.command("ping", BOB))[0]
-    assert "queued" in reply(fake, submit(fake, leaderboard=leaderboard.name, gpus="CPU"))[0]
+    assert "queued" in reply(fake, submit(fake, leaderboard_name=leaderboard.name, gpu="CPU"))[0]
     assert "for organisers" in refused(fake, fake.command("admin ban", BOB, user_id=str(ALICE)))
     assert "may no longer submit to any leaderboard" in reply(fake, fake.command("admin ban", ORG, user_id=str(ALICE),
                                                                                reason="spam", **org))[0]
-    assert "banned from submitting" in reply(fake, submit(fake, leaderboard=leaderboard.name, gpus="CPU"))[0]
+    assert "banned from submitting" in reply(fake, submit(fake, leaderboard_name=leaderboard.name, gpu="CPU"))[0]
     assert "may submit to every leaderboard again" in reply(fake, fake.command("admin unban", ORG,
                                                                                user_id=str(ALICE), **org))[0]
     assert "is not banned" in refused(fake, fake.command("admin unban", ORG, user_id=str(ALICE), **org))
@@ -246,8 +246,8 @@ def test_kernelbot_organiser_commands_ban_delete_leaderboard_names_stats_ping(bo
                                      leaderboard_name=leaderboard.name, **org))[0]
     assert stats.startswith(f"'{leaderboard.name}': **Last 1 day(s)**: 1 submissions")
     assert "has 1 submission(s); pass force:True" in refused(fake, fake.command(
-        "admin delete-leaderboard", ORG, leaderboard=leaderboard.name, **org))
-    ask = fake.command("admin delete-leaderboard", ORG, leaderboard=leaderboard.name, force=True, **org)
+        "admin delete-leaderboard", ORG, leaderboard_name=leaderboard.name, **org))
+    ask = fake.command("admin delete-leaderboard", ORG, leaderboard_name=leaderboard.name, force=True, **org)
     assert "and its 1 submission(s)?" in reply(fake, ask)[0]
     fake.press(fake.original(ask), "kb-delete-confirm", ORG, [ORGANISER_ROLE_ID])
     fake.wait_for(lambda: "is deleted with 1 submission(s)" in fake.original(ask).content, 10, "the deletion")
@@ -284,14 +284,14 @@ def problems_repository(settings):
 def test_update_problems_imports_a_repositorys_problem_set(bot, leaderboard, problems_repository):
     fake = bot.fake
     org = {"roles": [ORGANISER_ROLE_ID]}
-    done = reply(fake, fake.command("admin update-problems", ORG, repository="owner/problems", problem_set="demo",
+    done = reply(fake, fake.command("admin update-problems", ORG, repository_name="owner/problems", problem_set="demo",
                                     **org))[0]
     assert done.startswith("From owner/problems@main:") and "vectoradd" in done
     assert set(Leaderboard.objects.values_list("name", flat=True)) >= {"vectoradd", "softmax", "prefixsum", "matmul"}
     assert "no problem set 'nope' in owner/problems@main; available: demo" in refused(fake, fake.command(
-        "admin update-problems", ORG, repository="owner/problems", problem_set="nope", **org))
-    assert "answered 404" in refused(fake, fake.command("admin update-problems", ORG, repository="owner/problems",
+        "admin update-problems", ORG, repository_name="owner/problems", problem_set="nope", **org))
+    assert "answered 404" in refused(fake, fake.command("admin update-problems", ORG, repository_name="owner/problems",
                                                         branch="dev", **org))
     assert "not a branch name" in refused(fake, fake.command("admin update-problems", ORG,
-                                                             repository="owner/problems", branch="a/b", **org))
+                                                             repository_name="owner/problems", branch="a/b", **org))
     assert "for organisers" in refused(fake, fake.command("admin update-problems", ALICE))

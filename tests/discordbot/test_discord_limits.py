@@ -42,13 +42,13 @@ def test_a_list_of_forty_five_boards_is_split_into_messages_that_fit(bot, leader
 
 def test_show_personal_with_long_file_names_is_split(bot, leaderboard):
     reply = bot.fake.command("leaderboard submit test", ALICE, script=Attachment("k.py", CORRECT),
-                             leaderboard=leaderboard.name, gpus="CPU")  # makes ALICE's account
+                             leaderboard_name=leaderboard.name, gpu="CPU")  # makes ALICE's account
     bot.fake.answer(reply)
     user = bot.fake.wait_for(lambda: Submission.objects.first(), 10, "the submission").user
     for i in range(19):
         s = submission(leaderboard, user, mode="test")
         Submission.objects.filter(pk=s.pk).update(file_name=f"{i:02}-" + "k" * 200 + ".py")
-    interaction = bot.fake.command("leaderboard show-personal", ALICE, leaderboard=leaderboard.name)
+    interaction = bot.fake.command("leaderboard show-personal", ALICE, leaderboard_name=leaderboard.name)
     bot.fake.wait_for(lambda: len(texts(bot.fake, interaction)) > 1, 10, "the follow-ups")
     bot.idle()
     parts = texts(bot.fake, interaction)
@@ -65,7 +65,7 @@ def test_an_interaction_answered_already_gets_a_follow_up(bot, leaderboard):
 
 def test_a_submission_larger_than_the_upload_limit_is_not_attached(bot, leaderboard):
     sent = bot.fake.command("leaderboard submit test", ALICE, script=Attachment("k.py", CORRECT),
-                            leaderboard=leaderboard.name, gpus="CPU")
+                            leaderboard_name=leaderboard.name, gpu="CPU")
     bot.fake.answer(sent)
     found = bot.fake.wait_for(lambda: Submission.objects.first(), 10, "the submission")
     bot.fake.upload_limit = 100
@@ -76,7 +76,7 @@ def test_a_submission_larger_than_the_upload_limit_is_not_attached(bot, leaderbo
 
 def ranked(fake, leaderboard) -> tuple[int, Submission]:
     interaction = fake.command("leaderboard submit ranked", ALICE, script=Attachment("k.py", CORRECT),
-                               leaderboard=leaderboard.name, gpus="CPU")
+                               leaderboard_name=leaderboard.name, gpu="CPU")
     fake.answer(interaction)
     fake.wait_for(lambda: StatusMessage.objects.exists(), 10, "the status row")
     return interaction, Submission.objects.get()
@@ -104,7 +104,7 @@ def test_closed_dms_end_a_private_status_without_error(bot, leaderboard, setting
     settings.DISCORD_INTERACTION_TOKEN_SECONDS = 0.01  # the status of a test submission moves to a DM at once
     fake.dm_closed.add(ALICE)
     interaction = fake.command("leaderboard submit test", ALICE, script=Attachment("k.py", CORRECT),
-                               leaderboard=leaderboard.name, gpus="CPU")
+                               leaderboard_name=leaderboard.name, gpu="CPU")
     fake.answer(interaction)
     fake.wait_for(lambda: StatusMessage.objects.exists(), 10, "the status row")
     for run in Submission.objects.get().runs.all():

@@ -25,7 +25,7 @@ def test_organisers_push_a_closed_boards_dataset_to_the_hub(bot, closed, hub, se
         fake, fake.command("admin export-hf", ORG, roles=[ORGANISER_ROLE_ID], repository="no-slash"))
     assert hub.commits == []
     text, private = reply(fake, fake.command("admin export-hf", ORG, roles=[ORGANISER_ROLE_ID],
-                                             repository="gpu-mode/kernelbot-data", leaderboard=board.name))
+                                             repository="gpu-mode/kernelbot-data", leaderboard_name=board.name))
     assert private and f"Pushed {board.name}.parquet ({board.name}) to {hub.url}" in text
     pushed = pq.read_table(io.BytesIO(hub.repos[("dataset", "gpu-mode/kernelbot-data")][f"{board.name}.parquet"]))
     assert pushed.num_rows > 0 and "bob" not in pushed.column("user_name").to_pylist()  # bob opted out

@@ -26,7 +26,7 @@ def submit(fake, leaderboard, user=ALICE) -> tuple[int, Submission]:
     """A ranked submission (public status message) acknowledged and tracked; its submission."""
     before = set(Submission.objects.values_list("pk", flat=True))
     interaction = fake.command("leaderboard submit ranked", user, script=Attachment("k.py", CORRECT),
-                               leaderboard=leaderboard.name, gpus="CPU")
+                               leaderboard_name=leaderboard.name, gpu="CPU")
     fake.answer(interaction)
     fake.wait_for(lambda: StatusMessage.objects.exclude(submission_id__in=before).exists(), 20, "the status row")
     return interaction, Submission.objects.exclude(pk__in=before).get()

@@ -19,7 +19,7 @@ ALICE = 700_000_000_000_000_001
 def test_resume_mid_submission_loses_and_doubles_nothing(bot, leaderboard):
     fake = bot.fake
     first = fake.command("leaderboard submit ranked", ALICE, script=Attachment("k.py", CORRECT),
-                         leaderboard=leaderboard.name, gpus="CPU")
+                         leaderboard_name=leaderboard.name, gpu="CPU")
     fake.answer(first)
     fake.wait_for(lambda: StatusMessage.objects.exists(), 10, "the status row")
     fake.drop_connection()
@@ -40,7 +40,7 @@ def test_status_outliving_the_interaction_token_moves_to_a_channel_message(bot, 
     fake = bot.fake
     settings.DISCORD_INTERACTION_TOKEN_SECONDS = 0.01  # the token is (nearly) spent at once
     first = fake.command("leaderboard submit ranked", ALICE, script=Attachment("k.py", CORRECT),
-                         leaderboard=leaderboard.name, gpus="CPU")
+                         leaderboard_name=leaderboard.name, gpu="CPU")
     fake.answer(first)
     fake.wait_for(lambda: StatusMessage.objects.exists(), 10, "the status row")
     for run in Submission.objects.get().runs.all():

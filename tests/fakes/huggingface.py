@@ -25,6 +25,7 @@ class FakeHub:
         self.token = token
         self.repos: dict[tuple[str, str], dict[str, bytes]] = {}
         self.commits: list[dict] = []
+        self.private: dict[tuple[str, str], bool] = {}  # how each repository was created (the Hub's default: public)
         self.refused: list[str] = []
         hub = self
 
@@ -68,6 +69,8 @@ class FakeHub:
             if key in self.repos:
                 return 409, {"error": "You already created this dataset repo", "url": self._url(*key)}
             self.repos[key] = {}
+            shown = request.get("visibility", "private" if request.get("private") else "public")
+            self.private[key] = shown == "private"
             return 200, {"url": self._url(*key)}
         parts = [unquote(p) for p in path.split("/")]  # "", api, datasets, owner, name, verb, revision
         if len(parts) != 7 or parts[1] != "api" or parts[5] not in ("preupload", "commit"):

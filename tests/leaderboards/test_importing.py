@@ -352,12 +352,13 @@ def test_popcorn_update_problems_imports_a_problem_with_a_collection_helper(clie
     assert response.json() == {"created": ["vectoradd_py v1"], "updated": [], "skipped": [], "errors": []}
 
 
-def test_same_directory_name_in_two_sets_reimports_without_new_versions(cpu, tmp_path):
-    """reference-kernels has pmpp/conv2d_py and pmpp_v2/conv2d_py: both are problem conv2d_py."""
+def test_two_copies_of_one_collection_reimport_without_new_versions(cpu, tmp_path):
+    """Two checkouts of one collection (set/) that differ: versions of one problem, each found again on re-import.
+    (Collections with other names are other problems: test_problem_collections.)"""
     first = collection(tmp_path / "a") / "vectoradd_py"
     second = collection(tmp_path / "b") / "vectoradd_py"
     (second / "task.yml").write_text((second / "task.yml").read_text().replace("test_timeout: 60", "test_timeout: 61"))
-    assert [str(do_import_task(load_task(d))) for d in (first, second, first, second)] == [
+    assert [str(do_import_task(load_task(d), collection="set")) for d in (first, second, first, second)] == [
         "created problem vectoradd_py v1: trusted harness (reference.py) (no leaderboard)",
         "created problem vectoradd_py v2: trusted harness (reference.py) (no leaderboard)",
         "unchanged problem vectoradd_py v1: trusted harness (reference.py) (no leaderboard)",

@@ -46,7 +46,8 @@ def test_a_result_moves_one_entry_and_shifts_the_ranks_it_passes(leaderboard, cp
     assert len(entry_writes) == 1 and "rank" not in entry_writes[0].split(" WHERE ")[0].replace("rank_key", "")
     (_, _, version, delta, removed, shift, parts), = sent
     assert version == board.version + 1 and removed == []
-    assert parts == {"entrants": False, "records": False, "record_added": None, "gpu_name": "CPU"}  # a move
+    assert parts == {"entrants": False, "records": False, "record_added": None, "gpu_name": "CPU",
+                     "on_ratio": False}  # a move
     assert [(e["user"], e["rank"]) for e in delta] == [(users[3].pk, 2)]
     assert shift == [2, 4, 1]  # the other rows ranked 2..4 (the mover held 4) move down one
     with django_capture_on_commit_callbacks(execute=True):
@@ -79,7 +80,7 @@ def test_a_record_in_its_time_that_does_not_beat_the_entry_still_updates_the_cha
     assert sorted(Record.objects.values_list("submission_id", "board_best")) == [(slow.pk, True), (fast.pk, True)]
     (_, _, _, delta, removed, shift, parts), = sent
     assert (delta, removed, shift, parts) == ([], [], None, {"entrants": False, "records": True, "record_added": None,
-                                                 "gpu_name": "CPU"})
+                                                 "gpu_name": "CPU", "on_ratio": False})
     assert BoardEntry.objects.get().submission == fast and not ranks.do_recompute_ranks(leaderboard.pk,
                                                                                         cpu_pool.cpu.pk)
 

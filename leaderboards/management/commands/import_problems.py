@@ -63,7 +63,7 @@ class Command(BaseCommand):
                 if root is None:
                     self.stdout.write(f"problem collection: {collection_root(target)}")
                 report = do_import_task(task, leaderboard=leaderboard, deadline=deadline, gpus=gpus,
-                                        harness=harness, force=force)
+                                        harness=harness, force=force, collection=target.resolve().parent.name)
             else:
                 report = do_import_competition(load_competition(target, root=root), force=force)
         except TaskFileError as exc:
