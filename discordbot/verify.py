@@ -22,8 +22,9 @@ from leaderboards.importing import (
     store_problem,
 )
 from leaderboards.models import Leaderboard, Problem, RunStatus, Submission, SubmissionMode, Visibility
-from leaderboards.taskfile import TaskDefinition, TaskFileError, collection_root, load_task
 from runners.models import GpuType
+from taskspec.loader import TaskFileError, collection_root, load_task
+from taskspec.model import TaskDefinition
 
 from .service import EXTENSIONS, BotError, Member, require_organiser
 

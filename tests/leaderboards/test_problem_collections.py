@@ -11,8 +11,8 @@ from django.utils import timezone
 
 from leaderboards.importing import do_import_competition, do_import_task
 from leaderboards.models import Leaderboard, Problem
-from leaderboards.taskfile import load_competition, load_task
 from runners.models import GpuType
+from taskspec.loader import load_competition, load_task
 
 from ..conftest import REPO
 
