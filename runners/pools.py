@@ -66,7 +66,7 @@ def secret_envs(choice: BackendChoice, settings: dict) -> list[tuple[str, str]]:
     if choice.options is not None:
         for name, field in choice.options.base_fields.items():
             if name.endswith("_env") and name != "runner_key_env":
-                env = settings.get(name) or field.initial
+                env = settings.get(name) or field.initial or getattr(choice.options, "DEFAULTS", {}).get(name)
                 if env:
                     found.append((str(field.label or name.replace("_", " ").capitalize()), str(env)))
     return found

@@ -389,3 +389,14 @@ def test_pools_machines_and_devices_are_searchable_in_the_admin(admin_client, cp
     assert "#0 on localhost" in devices and "#3 on gpu-node-9" not in devices and "1 result" in devices
     assert "gpu-node-9" in admin_client.get("/admin/runners/node/?q=node-9").content.decode()
     assert "0 results" in admin_client.get("/admin/runners/node/?q=nowhere").content.decode()
+
+
+@pytest.mark.django_db
+def test_the_secrets_panel_names_a_github_pools_default_variables(admin_client, monkeypatch):
+    """Issue 36: a GitHub pool whose settings leave the token and webhook secret to their defaults still lists
+    GITHUB_TOKEN and GITHUB_WEBHOOK_SECRET among the secrets it reads."""
+    monkeypatch.setenv("GITHUB_TOKEN", "x")
+    monkeypatch.delenv("GITHUB_WEBHOOK_SECRET", raising=False)
+    pool = GpuPool.objects.create(name="gh", backend=RunnerBackendName.GITHUB, settings={"repository": "o/r"})
+    page = admin_client.get(f"/admin/runners/gpupool/{pool.pk}/change/").content.decode()
+    assert "<code>GITHUB_TOKEN</code> is set" in page and "<code>GITHUB_WEBHOOK_SECRET</code> is NOT SET" in page
