@@ -251,6 +251,8 @@ PROBLEMS_DIR = Path(os.environ.get("KERNELBOT_PROBLEMS_DIR", BASE_DIR / "problem
 HARNESS_PYTHON = os.environ.get("KERNELBOT_HARNESS_PYTHON", "")
 # Largest accepted submission file.
 MAX_SUBMISSION_BYTES = int(os.environ.get("KERNELBOT_MAX_SUBMISSION_BYTES", str(1024 * 1024)))
+# Any request body (kernelbot.handlers): refused with 413 before it is read; above the largest upload (a 16 MiB zip)
+MAX_REQUEST_BYTES = int(os.environ.get("KERNELBOT_MAX_REQUEST_BYTES", str(32 << 20)))
 # KernelBot's pre-check (leaderboards/precheck.py): kernelguard reads every ranked submission where it is installed
 # (the `kernelguard` extra); its findings are shown to organisers. FAIL_OPEN: a crash or timeout lets the submission
 # through (recorded); 0 refuses it. BLOCK: refuse what kernelguard would filter, as KernelBot does.

@@ -88,3 +88,43 @@ def test_an_async_streaming_view_still_streams_through_the_sync_chain(leaderboar
     assert status == 200
     assert body.startswith(b"event: submission\n") and body.endswith(b"event: done\ndata: {\"submission_id\":"
                                                                       + str(submission.pk).encode() + b"}\n\n")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("path", "kind"), [("/api/v1/submissions", b"application/json"), ("/submit/", b"text/plain")])
+def test_a_body_larger_than_the_server_takes_is_refused_before_it_is_read(settings, path, kind):
+    """Issue 35: a declared body past KERNELBOT_MAX_REQUEST_BYTES is a 413 at once; none of it is read."""
+    settings.MAX_REQUEST_BYTES = 1 << 20
+
+    async def post() -> tuple[dict, bytes, bool]:
+        scope = {**http_scope(path, [(b"content-length", str(100 << 20).encode())]), "method": "POST"}
+        comm = ApplicationCommunicator(SyncWorkerASGIHandler(), scope)  # no input is ever sent: nothing to read
+        start, body = await comm.receive_output(10), await comm.receive_output(10)
+        await comm.wait(10)
+        return start, body["body"], comm.input_queue.empty()
+
+    start, body, unread = asyncio.run(post())
+    assert start["status"] == 413 and dict(start["headers"])[b"content-type"].startswith(kind) and unread
+    assert b"The request body is too large: 104857600 bytes, where this server takes at most 1048576" in body
+
+
+@pytest.mark.django_db
+def test_a_chunked_body_past_the_limit_is_dropped_not_kept(settings):
+    settings.MAX_REQUEST_BYTES = 1 << 20
+
+    async def post() -> list[dict]:
+        scope = {**http_scope("/api/v1/auth/password", []), "method": "POST"}
+        comm = ApplicationCommunicator(SyncWorkerASGIHandler(), scope)
+        for _ in range(3):
+            await comm.send_input({"type": "http.request", "body": b"x" * (600 << 10), "more_body": True})
+        # past 1 MiB Django sees the client gone and ends: no response, nothing more read (uncapped, it would wait
+        # for the rest of the body for ever)
+        await asyncio.wait_for(asyncio.shield(comm.future), 30)
+        return [m async for m in drain(comm)]
+
+    assert asyncio.run(post()) == []
+
+
+async def drain(comm):
+    while not comm.output_queue.empty():
+        yield await comm.receive_output(1)

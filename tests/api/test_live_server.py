@@ -1,7 +1,7 @@
 """Against a real server on 127.0.0.1 (granian with two workers, as docs/operations.md runs it in production, and
 a django-q2 cluster) sharing the test database: the kernelbot CLI logs in and submits a demo kernel that gets
 ranked and shows up on the board's websocket; popcorn's SSE route streams to a final result; many progress
-streams stay open at once. (The browser test runs daphne, as `./dev serve` does.)"""
+streams stay open at once. (The browser test runs daphne; `./dev serve` runs granian, as production does.)"""
 
 from __future__ import annotations
 

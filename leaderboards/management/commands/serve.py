@@ -40,7 +40,7 @@ def wait_for_port(host: str, port: int, children: list[subprocess.Popen], timeou
 
 class Command(BaseCommand):
     help = ("Run the whole platform on this machine: migrate, load the demo (unless --no-demo), make sure an "
-            "admin exists, then start the ASGI server (daphne), the supervised django-q2 worker cluster, this "
+            "admin exists, then start the ASGI server (granian), the supervised django-q2 worker cluster, this "
             "machine's node agent (it runs the local pool's kernels) and, when DISCORD_TOKEN is set, the Discord bot "
             "(restarted with a back-off if it exits).")
 
@@ -68,8 +68,11 @@ class Command(BaseCommand):
         manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
         children = [
             subprocess.Popen([*manage, "workers"]),  # the supervised qcluster (runners/supervisor.py)
-            subprocess.Popen([sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "--access-log", os.devnull,
-                              "kernelbot.asgi:application"], cwd=settings.BASE_DIR),  # the agent polls twice a second
+            # granian, as production runs the site (docs/operations.md): it streams request bodies to Django, which
+            # spools them to disk, where daphne held each whole body in memory and stalled other clients meanwhile
+            subprocess.Popen([sys.executable, "-m", "granian", "--interface", "asginl", "--host", host, "--port",
+                              str(port), "--workers", "1", "--respawn-failed-workers",
+                              "kernelbot.asgi:application"], cwd=settings.BASE_DIR),
         ]
         local = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
         agent = [sys.executable, "-m", "runners.harness.node", "--platform", f"http://{local}:{port}", "--pool", pool,
