@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,3 +158,15 @@ def cpu_pool(db):
 @pytest.fixture
 def leaderboard(db, cpu_pool, demo_task):
     return factories.LeaderboardFactory(problem=factories.problem_from(demo_task), gpu_types=[cpu_pool.cpu])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def dead_redis_url() -> str:
+    """A Redis URL on a port nothing listens on: every connection is refused at once."""
+    return f"redis://127.0.0.1:{free_port()}/0"

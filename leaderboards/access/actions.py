@@ -21,7 +21,7 @@ from leaderboards.errors import AccessDenied, SubmissionRejected
 from leaderboards.models import ACTIVE_STATUSES, Leaderboard, Run, Submission, SubmissionMode
 from runners.models import Gpu
 
-from .cache import SETTINGS_TTL, cached, cached_many, forget, key, token_key
+from .cache import cached, cached_many, forget, key, remember, token_key
 from .models import (
     ApiToken,
     Ban,
@@ -83,7 +83,7 @@ def authenticate_token(raw: str | None):
     if token.last_used is None or now - token.last_used > LAST_USED_RESOLUTION:
         ApiToken.objects.filter(pk=token.pk).update(last_used=now)
         token.last_used = now
-        cache.set(token_key(hashed), token, SETTINGS_TTL)  # the cache holds a copy: record the use there too
+        remember(token_key(hashed), token)  # the cache holds a copy: record the use there too
     return token.user
 
 
