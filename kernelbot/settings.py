@@ -131,23 +131,38 @@ def deployment_name(environ=os.environ) -> str:
 
 
 DEPLOYMENT = deployment_name()
+# Every Redis client (cache, broker, channel layer) waits this long to connect and for an answer; a process that
+# got none leaves that Redis alone for REDIS_RETRY_AFTER seconds, reading the database (kernelbot/redis_clients.py)
+REDIS_CONNECT_TIMEOUT = float(os.environ.get("KERNELBOT_REDIS_CONNECT_TIMEOUT", "1"))
+REDIS_TIMEOUT = float(os.environ.get("KERNELBOT_REDIS_TIMEOUT", "1"))
+REDIS_RETRY_AFTER = float(os.environ.get("KERNELBOT_REDIS_RETRY_AFTER", "5"))
+
+
+def redis_layer(url: str, kind: str = "pubsub") -> dict:
+    """pubsub: one Redis message per group event, fanned out inside each ASGI process (1,000 clients: see
+    bench/RESULTS.md); core (KERNELBOT_CHANNEL_LAYER=core): the list-based layer, whose receive waits 5 s on the
+    server (BZPOPMIN), so it reads that much longer (the pubsub reader polls with its own timeout)."""
+    return {"BACKEND": {"pubsub": "channels_redis.pubsub.RedisPubSubChannelLayer",
+                        "core": "channels_redis.core.RedisChannelLayer"}[kind],
+            "CONFIG": {"hosts": [{"address": url, "socket_connect_timeout": REDIS_CONNECT_TIMEOUT,
+                                  "socket_timeout": REDIS_TIMEOUT + (5 if kind == "core" else 0)}],
+                       "prefix": DEPLOYMENT}}
+
+
+def redis_cache(url: str) -> dict:
+    return {"BACKEND": "kernelbot.redis_clients.RedisCache", "LOCATION": url, "KEY_PREFIX": DEPLOYMENT,
+            "OPTIONS": {"CONNECTION_FACTORY": "kernelbot.redis_clients.CacheConnectionFactory"}}
+
+
 if REDIS_URL:
-    CHANNEL_LAYERS = {
-        # pubsub: one Redis message per group event, fanned out inside each ASGI process (1,000 clients: see
-        # bench/RESULTS.md); KERNELBOT_CHANNEL_LAYER=core selects the list-based layer instead.
-        "default": {"BACKEND": {"pubsub": "channels_redis.pubsub.RedisPubSubChannelLayer",
-                                "core": "channels_redis.core.RedisChannelLayer"}[
-                                    os.environ.get("KERNELBOT_CHANNEL_LAYER", "pubsub")],
-                    "CONFIG": {"hosts": [REDIS_URL], "prefix": DEPLOYMENT}}
-    }
+    CHANNEL_LAYERS = {"default": redis_layer(REDIS_URL, os.environ.get("KERNELBOT_CHANNEL_LAYER", "pubsub"))}
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 # What every submission reads (tokens, boards, quotas...: leaderboards/access/cache.py). Shared in Redis, an edit
 # applies at once in every process; KERNELBOT_CACHE=local keeps it per process (edits take <= 2 s elsewhere) and
 # spares each submission 5 Redis round trips (bench/RESULTS.md).
 if REDIS_URL and os.environ.get("KERNELBOT_CACHE", "redis") == "redis":
-    CACHES = {"default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": REDIS_URL,
-                          "KEY_PREFIX": DEPLOYMENT}}
+    CACHES = {"default": redis_cache(REDIS_URL)}
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
                           "OPTIONS": {"MAX_ENTRIES": 10_000}}}
@@ -172,7 +187,7 @@ Q_CLUSTER = {
     "label": "Django Q2",
 }
 if REDIS_URL:
-    Q_CLUSTER["redis"] = REDIS_URL
+    Q_CLUSTER.update(redis=REDIS_URL, broker_class="kernelbot.redis_clients.Broker")  # with the timeouts above
 else:
     Q_CLUSTER["orm"] = "default"
 
