@@ -284,9 +284,13 @@ GITHUB_KEYS_TIMEOUT = float(os.environ.get("KERNELBOT_GITHUB_KEYS_TIMEOUT", "5")
 # Final standings (leaderboards/finals.py): boards whose deadline passed at most this long ago are re-verified by the
 # scheduled tick (older boards of an installation are left as they are; an organiser may still re-verify them).
 FINAL_VERIFY_WITHIN = int(os.environ.get("KERNELBOT_FINAL_VERIFY_WITHIN", str(2 * 24 * 3600)))
-# Seconds a run may sit in each non-terminal state before the reaper retries or fails it.
+# Seconds a run may sit in each non-terminal state before the reaper retries or fails it. A queued run no worker took
+# within QUEUED_RESEND seconds may have no message (the broker was away when it was sent, or lost it): the reaper
+# dispatches it itself, then every QUEUED_DEADLINE seconds while it still waits (every pool of its type failing its
+# health check). Dispatch is idempotent: a message that does arrive later finds the run dispatched.
+RUN_QUEUED_DEADLINE = int(os.environ.get("KERNELBOT_QUEUED_DEADLINE", "300"))
 RUN_STATE_DEADLINES = {
-    "queued": int(os.environ.get("KERNELBOT_QUEUED_DEADLINE", "300")),
+    "queued": int(os.environ.get("KERNELBOT_QUEUED_RESEND", "5")),
     "dispatched": int(os.environ.get("KERNELBOT_DISPATCHED_DEADLINE", "600")),
     "running": int(os.environ.get("KERNELBOT_RUNNING_DEADLINE", "1800")),
 }

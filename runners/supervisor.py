@@ -10,8 +10,9 @@ SIGTERM then no longer stops the cluster. So the cluster runs as a child process
   broker then: the cluster is wedged. It also restarts it when its main process exits;
 - runs the periodic run checks of `settings.CLUSTER_TICKS` (dotted path → interval): reaping overdue runs every
   `REAP_INTERVAL` seconds, from outside the cluster it rescues (runners heartbeat, so a run whose worker died is
-  retried within seconds), and polling remote runs every `POLL_INTERVAL` seconds (django-q schedules have minute
-  granularity, too coarse for a poll that catches a missed callback);
+  retried within seconds; a queued run no worker took within seconds, its message lost while the broker was away,
+  is dispatched here even while busy workers go on with later runs), and polling remote runs every `POLL_INTERVAL`
+  seconds (django-q schedules have minute granularity, too coarse for a poll that catches a missed callback);
 - on SIGTERM or SIGINT stops the cluster, killing it after `STOP_GRACE` seconds.
 
 Each worker writes its state to a heartbeat file named by its pid in the directory the supervisor gives it
@@ -39,6 +40,7 @@ from django.db import connection
 from django.utils import timezone
 from django.utils.module_loading import import_string
 from django_q.signals import post_execute_in_worker, post_spawn, pre_execute
+from redis.exceptions import RedisError
 
 from runners.queue import broker
 
@@ -170,7 +172,12 @@ class Supervisor:
         if ignored or lost:
             log.warning("runs waited %.0f s while no worker started a task; dispatched %s of them here",
                         self.stall, ignored + lost)
-        if not ignored and (waiting := broker().queue_size()) == 0:
+        try:
+            waiting = 0 if ignored else broker().queue_size()
+        except (RedisError, OSError) as exc:  # the broker is away: a new cluster would not bring it back
+            log.warning("cannot see the task queue (%r); the reaper dispatches queued runs meanwhile", exc)
+            return
+        if not ignored and waiting == 0:
             return
         log.error("the worker cluster started no task for %.0f s while %s runs sent to it waited; restarting it",
                   self.stall, ignored or waiting)
