@@ -43,12 +43,17 @@ def data_error_message(exc: DataError) -> str:
 
 
 class NotAnObject(ValueError):
-    """A JSON body that is not an object: every body of both APIs is one (ninja would read `[]` as no fields)."""
+    """A body that is not a JSON object: every JSON body of both APIs is one (ninja would read `[]` as no fields,
+    and says only "Cannot parse request body" of what is not JSON, e.g. a multipart body sent to a JSON route)."""
 
 
 class ObjectBodies(JSONParser):
     def parse_body(self, request):
-        data = super().parse_body(request)
+        try:
+            data = super().parse_body(request)
+        except ValueError as exc:  # not JSON, or not UTF-8
+            raise NotAnObject(f"The request body must be a JSON object (Content-Type: application/json); this "
+                              f"{request.content_type or 'body'} is not JSON ({exc}).") from None
         if not isinstance(data, dict):
             raise NotAnObject(f"The request body must be a JSON object, not {type(data).__name__} "
                               f"({request.body[:40].decode(errors='replace')}).")
