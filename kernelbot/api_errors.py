@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 
-from django.core.exceptions import BadRequest, RequestDataTooBig, SuspiciousOperation
+from django.core.exceptions import BadRequest, PermissionDenied, RequestDataTooBig, SuspiciousOperation
 from django.db import DataError
 from django.http import Http404, JsonResponse
 from django.http.multipartparser import MultiPartParserError
@@ -77,6 +77,8 @@ def refusal(exc: Exception) -> tuple[str, int, dict[str, str]] | None:
         return f"The request body is too large: {exc}", 413, {}
     if isinstance(exc, SuspiciousOperation | BadRequest):  # too many fields or files, …
         return f"Bad request: {exc}", 400, {}
+    if isinstance(exc, PermissionDenied):  # e.g. allauth's login limits when the client's address is unknown
+        return str(exc) or "Permission denied.", 403, {}
     return None
 
 
