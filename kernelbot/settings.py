@@ -315,12 +315,13 @@ AGENT_DEADLINE = int(os.environ.get("KERNELBOT_AGENT_DEADLINE", "10"))
 CLUSTER_REAP_INTERVAL = float(os.environ.get("KERNELBOT_REAP_INTERVAL", "2"))
 CLUSTER_STALL_SECONDS = float(os.environ.get("KERNELBOT_CLUSTER_STALL_SECONDS", "20"))
 CLUSTER_STOP_GRACE = float(os.environ.get("KERNELBOT_CLUSTER_STOP_GRACE", "5"))
-# What the supervisor ticks (dotted path → seconds; the first also paces its progress check) and re-sends.
+# What the supervisor ticks (dotted path → seconds; the first also paces its progress check), re-sends and counts.
 CLUSTER_TICKS = {"leaderboards.lifecycle.do_reap_overdue_runs": CLUSTER_REAP_INTERVAL,
                  "leaderboards.lifecycle.poll_remote_runs": float(os.environ.get("KERNELBOT_POLL_INTERVAL", "3")),
                  # reservations end at their end time and queued ones start at their promised start, to the tick
                  "runners.reservations.tasks.keep_time": CLUSTER_REAP_INTERVAL}
 CLUSTER_RESEND = "leaderboards.lifecycle.do_resend_queued_runs"
+CLUSTER_QUEUED = "leaderboards.lifecycle.count_queued_runs"
 # A queued run is re-sent to the broker at each queued deadline, and failed after this long.
 RUN_MAX_QUEUED_SECONDS = int(os.environ.get("KERNELBOT_MAX_QUEUED_SECONDS", str(24 * 3600)))
 # Pool health checks (leaderboards/health.py): every enabled pool runs a tiny known problem this often (seconds); a

@@ -642,6 +642,12 @@ def _requeue_lost(run: Run, now) -> list[int]:
     return [run.pk]
 
 
+def count_queued_runs(queued_after, queued_before) -> int:
+    """Runs queued in the window, whatever became of them since: the supervisor's evidence that messages were sent
+    to a cluster that started no task after (the reaper may have dispatched those runs itself meanwhile)."""
+    return Run.objects.filter(queued_at__gte=queued_after, queued_at__lt=queued_before).count()
+
+
 def do_resend_queued_runs(queued_before=None, queued_after=None) -> int:
     """Dispatch every queued run (those queued before `queued_before`) here, without the broker: a killed or wedged
     worker cluster takes the messages it had already pulled with it, and a copy per run per restart would fill the

@@ -108,6 +108,7 @@ class Supervisor:
         self.heartbeats = Path(tempfile.mkdtemp(prefix="kernelbot-heartbeats-"))
         # the run lifecycle is the leaderboards app's (runners never import it): named in settings
         self.resend = import_string(settings.CLUSTER_RESEND)
+        self.queued = import_string(settings.CLUSTER_QUEUED)
         self.ticks = [(import_string(path), interval) for path, interval in settings.CLUSTER_TICKS.items()]
         self.next_tick = [0.0] * len(self.ticks)
 
@@ -158,29 +159,29 @@ class Supervisor:
 
     def _check_progress(self) -> None:
         """No worker busy and none started a task for a stall period: dispatch the waiting runs here (no broker
-        message). If some were sent to this cluster (queued since it started), or messages wait in the broker, the
-        cluster is wedged: restart it."""
+        message). If runs were queued since a worker last started a task (their messages went to this cluster, even
+        if the reaper has dispatched them since), or messages wait in the broker, the cluster is wedged: restart it."""
         busy = self._read_heartbeats()
         quiet_since = max(self.started_at, self.last_task, self.resent_at or 0.0)
         if busy or time.time() - quiet_since < self.stall:
             return
         cutoff = timezone.now() - timedelta(seconds=self.stall)
-        started = datetime.fromtimestamp(self.started_at, tz=UTC)
-        ignored = self.resend(queued_before=cutoff, queued_after=started)  # their messages went to this cluster
-        lost = self.resend(queued_before=cutoff)  # messages that died with an earlier cluster
+        unseen = self.queued(queued_after=datetime.fromtimestamp(max(self.started_at, self.last_task), tz=UTC),
+                             queued_before=cutoff)
+        lost = self.resend(queued_before=cutoff)  # still queued: messages lost or ignored
         self.resent_at = time.time()
-        if ignored or lost:
-            log.warning("runs waited %.0f s while no worker started a task; dispatched %s of them here",
-                        self.stall, ignored + lost)
+        if lost:
+            log.warning("runs waited %.0f s while no worker started a task; dispatched %s of them here", self.stall,
+                        lost)
         try:
-            waiting = 0 if ignored else broker().queue_size()
+            waiting = broker().queue_size()
         except (RedisError, OSError) as exc:  # the broker is away: a new cluster would not bring it back
             log.warning("cannot see the task queue (%r); the reaper dispatches queued runs meanwhile", exc)
             return
-        if not ignored and waiting == 0:
+        if not unseen and waiting == 0:
             return
         log.error("the worker cluster started no task for %.0f s while %s runs sent to it waited; restarting it",
-                  self.stall, ignored or waiting)
+                  self.stall, unseen or waiting)
         self._kill_cluster()
         self.restart_at = 0.0
 
