@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 
-from django.core.exceptions import BadRequest, RequestDataTooBig, SuspiciousOperation
+from django.core.exceptions import BadRequest, PermissionDenied, RequestDataTooBig, SuspiciousOperation
 from django.db import DataError
 from django.http import Http404, JsonResponse
 from django.http.multipartparser import MultiPartParserError
@@ -43,12 +43,17 @@ def data_error_message(exc: DataError) -> str:
 
 
 class NotAnObject(ValueError):
-    """A JSON body that is not an object: every body of both APIs is one (ninja would read `[]` as no fields)."""
+    """A body that is not a JSON object: every JSON body of both APIs is one (ninja would read `[]` as no fields,
+    and says only "Cannot parse request body" of what is not JSON, e.g. a multipart body sent to a JSON route)."""
 
 
 class ObjectBodies(JSONParser):
     def parse_body(self, request):
-        data = super().parse_body(request)
+        try:
+            data = super().parse_body(request)
+        except ValueError as exc:  # not JSON, or not UTF-8
+            raise NotAnObject(f"The request body must be a JSON object (Content-Type: application/json); this "
+                              f"{request.content_type or 'body'} is not JSON ({exc}).") from None
         if not isinstance(data, dict):
             raise NotAnObject(f"The request body must be a JSON object, not {type(data).__name__} "
                               f"({request.body[:40].decode(errors='replace')}).")
@@ -72,6 +77,8 @@ def refusal(exc: Exception) -> tuple[str, int, dict[str, str]] | None:
         return f"The request body is too large: {exc}", 413, {}
     if isinstance(exc, SuspiciousOperation | BadRequest):  # too many fields or files, …
         return f"Bad request: {exc}", 400, {}
+    if isinstance(exc, PermissionDenied):  # e.g. allauth's login limits when the client's address is unknown
+        return str(exc) or "Permission denied.", 403, {}
     return None
 
 

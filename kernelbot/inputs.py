@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import AfterValidator, ValidationInfo
+from pydantic import AfterValidator, StrictBool, StrictFloat, StrictInt, ValidationInfo
 
 from .errors import Refused
 
@@ -29,3 +29,7 @@ def storable(value: str, info: ValidationInfo) -> str:
 
 
 Text = Annotated[str, AfterValidator(storable)]
+# Numbers and booleans as JSON sends them: pydantic's lax mode would read "2" and true as the GPU count 2 and 1, and
+# "yes" as a flag. Every integer, boolean and float field of a request body is one of these (query parameters arrive as
+# text and stay lax).
+Int, Bool, Float = StrictInt, StrictBool, StrictFloat

@@ -131,23 +131,38 @@ def deployment_name(environ=os.environ) -> str:
 
 
 DEPLOYMENT = deployment_name()
+# Every Redis client (cache, broker, channel layer) waits this long to connect and for an answer; a process that
+# got none leaves that Redis alone for REDIS_RETRY_AFTER seconds, reading the database (kernelbot/redis_clients.py)
+REDIS_CONNECT_TIMEOUT = float(os.environ.get("KERNELBOT_REDIS_CONNECT_TIMEOUT", "1"))
+REDIS_TIMEOUT = float(os.environ.get("KERNELBOT_REDIS_TIMEOUT", "1"))
+REDIS_RETRY_AFTER = float(os.environ.get("KERNELBOT_REDIS_RETRY_AFTER", "5"))
+
+
+def redis_layer(url: str, kind: str = "pubsub") -> dict:
+    """pubsub: one Redis message per group event, fanned out inside each ASGI process (1,000 clients: see
+    bench/RESULTS.md); core (KERNELBOT_CHANNEL_LAYER=core): the list-based layer, whose receive waits 5 s on the
+    server (BZPOPMIN), so it reads that much longer (the pubsub reader polls with its own timeout)."""
+    return {"BACKEND": {"pubsub": "channels_redis.pubsub.RedisPubSubChannelLayer",
+                        "core": "channels_redis.core.RedisChannelLayer"}[kind],
+            "CONFIG": {"hosts": [{"address": url, "socket_connect_timeout": REDIS_CONNECT_TIMEOUT,
+                                  "socket_timeout": REDIS_TIMEOUT + (5 if kind == "core" else 0)}],
+                       "prefix": DEPLOYMENT}}
+
+
+def redis_cache(url: str) -> dict:
+    return {"BACKEND": "kernelbot.redis_clients.RedisCache", "LOCATION": url, "KEY_PREFIX": DEPLOYMENT,
+            "OPTIONS": {"CONNECTION_FACTORY": "kernelbot.redis_clients.CacheConnectionFactory"}}
+
+
 if REDIS_URL:
-    CHANNEL_LAYERS = {
-        # pubsub: one Redis message per group event, fanned out inside each ASGI process (1,000 clients: see
-        # bench/RESULTS.md); KERNELBOT_CHANNEL_LAYER=core selects the list-based layer instead.
-        "default": {"BACKEND": {"pubsub": "channels_redis.pubsub.RedisPubSubChannelLayer",
-                                "core": "channels_redis.core.RedisChannelLayer"}[
-                                    os.environ.get("KERNELBOT_CHANNEL_LAYER", "pubsub")],
-                    "CONFIG": {"hosts": [REDIS_URL], "prefix": DEPLOYMENT}}
-    }
+    CHANNEL_LAYERS = {"default": redis_layer(REDIS_URL, os.environ.get("KERNELBOT_CHANNEL_LAYER", "pubsub"))}
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 # What every submission reads (tokens, boards, quotas...: leaderboards/access/cache.py). Shared in Redis, an edit
 # applies at once in every process; KERNELBOT_CACHE=local keeps it per process (edits take <= 2 s elsewhere) and
 # spares each submission 5 Redis round trips (bench/RESULTS.md).
 if REDIS_URL and os.environ.get("KERNELBOT_CACHE", "redis") == "redis":
-    CACHES = {"default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": REDIS_URL,
-                          "KEY_PREFIX": DEPLOYMENT}}
+    CACHES = {"default": redis_cache(REDIS_URL)}
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
                           "OPTIONS": {"MAX_ENTRIES": 10_000}}}
@@ -172,7 +187,7 @@ Q_CLUSTER = {
     "label": "Django Q2",
 }
 if REDIS_URL:
-    Q_CLUSTER["redis"] = REDIS_URL
+    Q_CLUSTER.update(redis=REDIS_URL, broker_class="kernelbot.redis_clients.Broker")  # with the timeouts above
 else:
     Q_CLUSTER["orm"] = "default"
 
@@ -185,7 +200,15 @@ LOGIN_REDIRECT_URL = "/"
 ACCOUNT_LOGIN_METHODS = {"username"}
 ACCOUNT_SIGNUP_FIELDS = ["username*", "email", "password1*", "password2*"]
 ACCOUNT_EMAIL_VERIFICATION = "none"
+# The site's login limits (allauth's ACCOUNT_RATE_LIMITS; the API's password login counts with them) are per account
+# and per client address. Behind the TLS proxy every request comes from the proxy: name how many proxies append to
+# X-Forwarded-For (1 for one nginx), else one address's failures refuse everyone's logins.
+ALLAUTH_TRUSTED_PROXY_COUNT = int(os.environ.get("KERNELBOT_TRUSTED_PROXY_COUNT", "0"))
 SOCIALACCOUNT_EMAIL_VERIFICATION = "none"
+# The site's login limits (allauth's ACCOUNT_RATE_LIMITS; the API's password login counts with them) are per account
+# and per client address. Behind the TLS proxy every request comes from the proxy: name how many proxies append to
+# X-Forwarded-For (1 for one nginx), else one address's failures refuse everyone's logins.
+ALLAUTH_TRUSTED_PROXY_COUNT = int(os.environ.get("KERNELBOT_TRUSTED_PROXY_COUNT", "0"))
 SOCIALACCOUNT_ONLY = False
 SOCIALACCOUNT_PROVIDERS = {
     provider: {"APPS": [{"client_id": os.environ[f"{provider.upper()}_CLIENT_ID"],
@@ -274,9 +297,13 @@ GITHUB_KEYS_TIMEOUT = float(os.environ.get("KERNELBOT_GITHUB_KEYS_TIMEOUT", "5")
 # Final standings (leaderboards/finals.py): boards whose deadline passed at most this long ago are re-verified by the
 # scheduled tick (older boards of an installation are left as they are; an organiser may still re-verify them).
 FINAL_VERIFY_WITHIN = int(os.environ.get("KERNELBOT_FINAL_VERIFY_WITHIN", str(2 * 24 * 3600)))
-# Seconds a run may sit in each non-terminal state before the reaper retries or fails it.
+# Seconds a run may sit in each non-terminal state before the reaper retries or fails it. A queued run no worker took
+# within QUEUED_RESEND seconds may have no message (the broker was away when it was sent, or lost it): the reaper
+# dispatches it itself, then every QUEUED_DEADLINE seconds while it still waits (every pool of its type failing its
+# health check). Dispatch is idempotent: a message that does arrive later finds the run dispatched.
+RUN_QUEUED_DEADLINE = int(os.environ.get("KERNELBOT_QUEUED_DEADLINE", "300"))
 RUN_STATE_DEADLINES = {
-    "queued": int(os.environ.get("KERNELBOT_QUEUED_DEADLINE", "300")),
+    "queued": int(os.environ.get("KERNELBOT_QUEUED_RESEND", "5")),
     "dispatched": int(os.environ.get("KERNELBOT_DISPATCHED_DEADLINE", "600")),
     "running": int(os.environ.get("KERNELBOT_RUNNING_DEADLINE", "1800")),
 }
@@ -293,12 +320,13 @@ AGENT_DEADLINE = int(os.environ.get("KERNELBOT_AGENT_DEADLINE", "10"))
 CLUSTER_REAP_INTERVAL = float(os.environ.get("KERNELBOT_REAP_INTERVAL", "2"))
 CLUSTER_STALL_SECONDS = float(os.environ.get("KERNELBOT_CLUSTER_STALL_SECONDS", "20"))
 CLUSTER_STOP_GRACE = float(os.environ.get("KERNELBOT_CLUSTER_STOP_GRACE", "5"))
-# What the supervisor ticks (dotted path → seconds; the first also paces its progress check) and re-sends.
+# What the supervisor ticks (dotted path → seconds; the first also paces its progress check), re-sends and counts.
 CLUSTER_TICKS = {"leaderboards.lifecycle.do_reap_overdue_runs": CLUSTER_REAP_INTERVAL,
                  "leaderboards.lifecycle.poll_remote_runs": float(os.environ.get("KERNELBOT_POLL_INTERVAL", "3")),
                  # reservations end at their end time and queued ones start at their promised start, to the tick
                  "runners.reservations.tasks.keep_time": CLUSTER_REAP_INTERVAL}
 CLUSTER_RESEND = "leaderboards.lifecycle.do_resend_queued_runs"
+CLUSTER_QUEUED = "leaderboards.lifecycle.count_queued_runs"
 # A queued run is re-sent to the broker at each queued deadline, and failed after this long.
 RUN_MAX_QUEUED_SECONDS = int(os.environ.get("KERNELBOT_MAX_QUEUED_SECONDS", str(24 * 3600)))
 # Pool health checks (leaderboards/health.py): every enabled pool runs a tiny known problem this often (seconds); a

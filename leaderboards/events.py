@@ -12,8 +12,11 @@ from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from django.conf import settings
 from django.db import transaction
+from redis.exceptions import RedisError
 
+from kernelbot import redis_clients
 from runners.models import GpuType
 
 from . import live
@@ -21,7 +24,6 @@ from . import live
 log = logging.getLogger(__name__)
 
 
-SEND_TIMEOUT = 10.0  # seconds: a Redis that does not answer loses the live update, not the work that caused it
 _sender: asyncio.AbstractEventLoop | None = None
 _sender_lock = threading.Lock()
 
@@ -46,22 +48,33 @@ os.register_at_fork(after_in_child=_forget_sender)
 
 
 def send(group: str, event_type: str, payload: dict[str, Any]) -> None:
-    """Deliver on this process's layer; with a per-process layer also write the outbox (see live.py)."""
+    """Deliver on this process's layer; with a per-process layer also write the outbox (see live.py). A Redis that
+    does not answer loses the live update, not the work that caused it, and is left alone for a while
+    (kernelbot/redis_clients.py)."""
     layer = get_channel_layer()
     if layer is None:
         return
     message = {"type": event_type, **payload}
+    server = None
     try:
         if live.uses_outbox():
             async_to_sync(layer.group_send)(group, message)
             live.write_outbox(group, message)
+            return
+        if (server := redis_clients.layer_server()) and redis_clients.is_away(server):
+            log.debug("%s to %s not sent: Redis at %s is away", event_type, group, server)
+            return
+        sent = asyncio.run_coroutine_threadsafe(layer.group_send(group, message), _sender_loop())
+        try:
+            sent.result(settings.REDIS_CONNECT_TIMEOUT + settings.REDIS_TIMEOUT + 1)  # (the sockets time out first)
+        finally:
+            sent.cancel()  # (a no-op once it is done)
+    except (TimeoutError, RedisError, OSError) as exc:  # a lost live update must never fail the work that caused it
+        if server:
+            redis_clients.mark_away(server, exc)  # (says so once)
         else:
-            sent = asyncio.run_coroutine_threadsafe(layer.group_send(group, message), _sender_loop())
-            try:
-                sent.result(SEND_TIMEOUT)
-            finally:
-                sent.cancel()  # (a no-op once it is done)
-    except Exception:  # a lost live update must never fail the work that caused it
+            log.warning("could not send %s to %s (%r)", event_type, group, exc)
+    except Exception:
         log.exception("could not send %s to %s", event_type, group)
 
 

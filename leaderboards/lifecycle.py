@@ -688,14 +688,21 @@ def _waits_its_turn(run: Run, now) -> bool:
 
 
 def _requeue_lost(run: Run, now) -> list[int]:
-    """A queued run past its deadline may have lost its broker message: the reaper dispatches it itself (no new
-    message: the broker holds at most one per queued run). Waiting is not the user's fault, so it is not charged."""
+    """A queued run past its deadline may have lost its broker message (the broker was away when it was sent, or
+    restarted empty): the reaper dispatches it itself (no new message: the broker holds at most one per queued run),
+    and looks again after the long queued deadline. Waiting is not the user's fault, so it is not charged."""
     if now - run.queued_at > timedelta(seconds=settings.RUN_MAX_QUEUED_SECONDS):
         run.update_status(RunStatus.ERROR, error=f"no runner picked the run up within "
                           f"{settings.RUN_MAX_QUEUED_SECONDS // 3600} h")
         return []
-    run.update_status(RunStatus.QUEUED)
+    run.update_status(RunStatus.QUEUED, deadline_seconds=settings.RUN_QUEUED_DEADLINE)
     return [run.pk]
+
+
+def count_queued_runs(queued_after, queued_before) -> int:
+    """Runs queued in the window, whatever became of them since: the supervisor's evidence that messages were sent
+    to a cluster that started no task after (the reaper may have dispatched those runs itself meanwhile)."""
+    return Run.objects.filter(queued_at__gte=queued_after, queued_at__lt=queued_before).count()
 
 
 def do_resend_queued_runs(queued_before=None, queued_after=None) -> int:

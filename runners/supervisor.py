@@ -10,8 +10,9 @@ SIGTERM then no longer stops the cluster. So the cluster runs as a child process
   broker then: the cluster is wedged. It also restarts it when its main process exits;
 - runs the periodic run checks of `settings.CLUSTER_TICKS` (dotted path → interval): reaping overdue runs every
   `REAP_INTERVAL` seconds, from outside the cluster it rescues (runners heartbeat, so a run whose worker died is
-  retried within seconds), and polling remote runs every `POLL_INTERVAL` seconds (django-q schedules have minute
-  granularity, too coarse for a poll that catches a missed callback);
+  retried within seconds; a queued run no worker took within seconds, its message lost while the broker was away,
+  is dispatched here even while busy workers go on with later runs), and polling remote runs every `POLL_INTERVAL`
+  seconds (django-q schedules have minute granularity, too coarse for a poll that catches a missed callback);
 - on SIGTERM or SIGINT stops the cluster, killing it after `STOP_GRACE` seconds.
 
 Each worker writes its state to a heartbeat file named by its pid in the directory the supervisor gives it
@@ -39,6 +40,7 @@ from django.db import connection
 from django.utils import timezone
 from django.utils.module_loading import import_string
 from django_q.signals import post_execute_in_worker, post_spawn, pre_execute
+from redis.exceptions import RedisError
 
 from runners.queue import broker
 
@@ -106,6 +108,7 @@ class Supervisor:
         self.heartbeats = Path(tempfile.mkdtemp(prefix="kernelbot-heartbeats-"))
         # the run lifecycle is the leaderboards app's (runners never import it): named in settings
         self.resend = import_string(settings.CLUSTER_RESEND)
+        self.queued = import_string(settings.CLUSTER_QUEUED)
         self.ticks = [(import_string(path), interval) for path, interval in settings.CLUSTER_TICKS.items()]
         self.next_tick = [0.0] * len(self.ticks)
 
@@ -156,24 +159,29 @@ class Supervisor:
 
     def _check_progress(self) -> None:
         """No worker busy and none started a task for a stall period: dispatch the waiting runs here (no broker
-        message). If some were sent to this cluster (queued since it started), or messages wait in the broker, the
-        cluster is wedged: restart it."""
+        message). If runs were queued since a worker last started a task (their messages went to this cluster, even
+        if the reaper has dispatched them since), or messages wait in the broker, the cluster is wedged: restart it."""
         busy = self._read_heartbeats()
         quiet_since = max(self.started_at, self.last_task, self.resent_at or 0.0)
         if busy or time.time() - quiet_since < self.stall:
             return
         cutoff = timezone.now() - timedelta(seconds=self.stall)
-        started = datetime.fromtimestamp(self.started_at, tz=UTC)
-        ignored = self.resend(queued_before=cutoff, queued_after=started)  # their messages went to this cluster
-        lost = self.resend(queued_before=cutoff)  # messages that died with an earlier cluster
+        unseen = self.queued(queued_after=datetime.fromtimestamp(max(self.started_at, self.last_task), tz=UTC),
+                             queued_before=cutoff)
+        lost = self.resend(queued_before=cutoff)  # still queued: messages lost or ignored
         self.resent_at = time.time()
-        if ignored or lost:
-            log.warning("runs waited %.0f s while no worker started a task; dispatched %s of them here",
-                        self.stall, ignored + lost)
-        if not ignored and (waiting := broker().queue_size()) == 0:
+        if lost:
+            log.warning("runs waited %.0f s while no worker started a task; dispatched %s of them here", self.stall,
+                        lost)
+        try:
+            waiting = broker().queue_size()
+        except (RedisError, OSError) as exc:  # the broker is away: a new cluster would not bring it back
+            log.warning("cannot see the task queue (%r); the reaper dispatches queued runs meanwhile", exc)
+            return
+        if not unseen and waiting == 0:
             return
         log.error("the worker cluster started no task for %.0f s while %s runs sent to it waited; restarting it",
-                  self.stall, ignored or waiting)
+                  self.stall, unseen or waiting)
         self._kill_cluster()
         self.restart_at = 0.0
 

@@ -6,11 +6,15 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
+import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import redis
 from django.conf import settings
 from django.core.cache import cache
 from django.utils import timezone
@@ -18,6 +22,7 @@ from django_q import worker as django_q_worker
 from django_q.conf import Conf
 from django_q.timeout import TimeoutHandler
 
+from kernelbot import redis_clients
 from leaderboards import tasks
 from taskspec.loader import load_task
 
@@ -114,6 +119,7 @@ def _isolated_runtime(settings, tmp_path):
     settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
     cache.clear()  # the cached settings (tokens, boards, jobs switch, quotas, bans, served GPUs) start empty
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    redis_clients.forget_failures()  # no Redis is away for this process yet
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -184,3 +190,52 @@ def cpu_pool(db):
 @pytest.fixture
 def leaderboard(db, cpu_pool, demo_task):
     return factories.LeaderboardFactory(problem=factories.problem_from(demo_task), gpu_types=[cpu_pool.cpu])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def dead_redis_url() -> str:
+    """A Redis URL on a port nothing listens on: every connection is refused at once."""
+    return f"redis://127.0.0.1:{free_port()}/0"
+
+
+@dataclass
+class RedisServer:
+    process: subprocess.Popen
+    url: str
+
+    def hang(self) -> None:
+        """SIGSTOP: the kernel still accepts connections and takes what is sent; nothing is ever answered."""
+        os.kill(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.process.pid, signal.SIGCONT)
+
+
+@pytest.fixture
+def redis_server(tmp_path) -> Iterator[RedisServer]:
+    """A redis-server of this test's own on a free port (the shared one is never stopped), empty, not persisted."""
+    binary = shutil.which("redis-server")
+    require_service("redis-server (Debian redis-server)", binary is not None)
+    port = free_port()
+    process = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
+                                "no", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    server = RedisServer(process, f"redis://127.0.0.1:{port}/0")
+    client = redis.Redis(port=port, socket_timeout=5)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            assert process.poll() is None and time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.05)
+    client.close()
+    yield server
+    process.kill()  # also when stopped
+    process.wait(10)

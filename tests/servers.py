@@ -1,5 +1,5 @@
-"""The production layout's web server for tests that need real HTTP: granian with two workers and production
-settings (DEBUG off, no TLS proxy) on the test database, as docs/operations.md runs it."""
+"""The production layout's web server for tests that need real HTTP: granian with two workers (a failed one respawned)
+and production settings (DEBUG off, no TLS proxy) on the test database, as docs/operations.md runs it."""
 
 from __future__ import annotations
 
@@ -28,17 +28,25 @@ def production_env(tmp_path: Path, **extra: str) -> dict[str, str]:
         "KERNELBOT_RUNS_DIR": str(tmp_path / "runs"), "LOG_LEVEL": "WARNING", **extra}
 
 
+class Server(str):
+    """The server's base URL; `pid`: granian's main process (its workers are its children)."""
+
+    pid: int
+
+
 @contextlib.contextmanager
-def granian(env: dict[str, str], log: Path, workers: int = 2) -> Iterator[str]:
+def granian(env: dict[str, str], log: Path, workers: int = 2) -> Iterator[Server]:
     """Serve until the block ends; yields the base URL once `/api/v1/health` answers 200."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with log.open("wb") as out:
         server = subprocess.Popen([sys.executable, "-m", "granian", "--interface", "asginl", "--host", "127.0.0.1",
-                                   "--port", str(port), "--workers", str(workers), "kernelbot.asgi:application"],
+                                   "--port", str(port), "--workers", str(workers), "--respawn-failed-workers",
+                                   "kernelbot.asgi:application"],
                                   cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    url = Server(f"http://127.0.0.1:{port}")
+    url.pid = server.pid
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

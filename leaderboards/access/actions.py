@@ -10,9 +10,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 
+from allauth.account.adapter import get_adapter
+from allauth.core import ratelimit
+from allauth.core.internal.ratelimit import get_rates
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.cache import cache
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Min
 from django.utils import timezone
@@ -21,7 +25,7 @@ from leaderboards.errors import AccessDenied, SubmissionRejected
 from leaderboards.models import ACTIVE_STATUSES, Leaderboard, Run, Submission, SubmissionMode
 from runners.models import Gpu
 
-from .cache import SETTINGS_TTL, cached, cached_many, forget, key, token_key
+from .cache import cached, cached_many, forget, key, remember, token_key
 from .models import (
     ApiToken,
     Ban,
@@ -83,8 +87,29 @@ def authenticate_token(raw: str | None):
     if token.last_used is None or now - token.last_used > LAST_USED_RESOLUTION:
         ApiToken.objects.filter(pk=token.pk).update(last_used=now)
         token.last_used = now
-        cache.set(token_key(hashed), token, SETTINGS_TTL)  # the cache holds a copy: record the use there too
+        remember(token_key(hashed), token)  # the cache holds a copy: record the use there too
     return token.user
+
+
+def check_password_login(request, username: str, password: str):
+    """The active user a site password logs in, checked by the site's own login (allauth's adapter) so its limits
+    count the API's attempts and the site's together: ACCOUNT_RATE_LIMITS' `login` (attempts per address) and
+    `login_failed` (failures per address, and per account on this host). Past either, both refuse, the right password
+    too: AccessDenied 429 with Retry-After (its longest window); a wrong password or an inactive user 401."""
+    def refuse(action: str, what: str):
+        retry = int(max((rate.duration for rate in get_rates(app="allauth.account", action=action)), default=60))
+        return AccessDenied(f"Too many {what}; try again in {retry // 60 or 1} min (the site's login is refused "
+                            f"as long).", 429, retry_after=retry)
+
+    if not ratelimit.consume(request, action="login"):
+        raise refuse("login", "logins from your address")
+    try:
+        user = get_adapter(request).authenticate(request, username=username, password=password)
+    except ValidationError:  # allauth's too_many_login_attempts, checked before the password
+        raise refuse("login_failed", "failed logins for this account or from your address") from None
+    if user is None or not user.is_active:
+        raise AccessDenied("Wrong username or password.", 401)
+    return user
 
 
 def is_pending_login(raw: str | None) -> bool:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from django.contrib.auth import authenticate
 from django.urls import reverse
 from ninja import Router
 from ninja.errors import HttpError
@@ -75,12 +74,11 @@ def revoke_token(request, token_id: int):
     return 204, None
 
 
-@router.post("/auth/password", response={201: TokenCreatedOut, 401: ErrorOut}, auth=None)
+@router.post("/auth/password", response={201: TokenCreatedOut, 401: ErrorOut, 429: ErrorOut}, auth=None)
 def password_login(request, body: PasswordLoginIn):
-    """The CLI's `login --username`: trade a site password for a new token."""
-    user = authenticate(request, username=body.username, password=body.password)
-    if user is None:
-        raise HttpError(401, "Wrong username or password.")
+    """The CLI's `login --username`: trade a site password for a new token. Failed attempts count with the site's
+    login: past its limits (per account and per address) both refuse, 429 with Retry-After."""
+    user = actions.check_password_login(request, body.username, body.password)
     token, raw = actions.do_create_token(user, body.name, body.expires_days)
     return 201, {**token_out(token), "token": raw}
 

@@ -54,9 +54,13 @@ def cached(name: str, compute: Callable[[], Any], timeout: float = SETTINGS_TTL)
     if value is None:
         value = compute()
         if value is not None:
-            with _unless_away("writing"):
-                cache.set(name, value, timeout)
+            remember(name, value, timeout)
     return value
+
+
+def remember(name: str, value: Any, timeout: float = SETTINGS_TTL) -> None:
+    with _unless_away("writing"):
+        cache.set(name, value, timeout)
 
 
 def cached_many(computes: dict[str, Callable[[], Any]], timeout: float = SETTINGS_TTL) -> dict[str, Any]:

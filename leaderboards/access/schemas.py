@@ -4,7 +4,7 @@ from datetime import datetime
 
 from ninja import Field, Schema
 
-from kernelbot.inputs import Text
+from kernelbot.inputs import Int, Text
 
 MAX_DAYS = 3650
 
@@ -27,7 +27,7 @@ class TokenOut(Schema):
 
 class TokenIn(Schema):
     name: str = Field("cli", max_length=80)
-    expires_days: int | None = Field(None, ge=1, le=MAX_DAYS)
+    expires_days: Int | None = Field(None, ge=1, le=MAX_DAYS)
 
 
 class TokenCreatedOut(TokenOut):
@@ -38,7 +38,7 @@ class PasswordLoginIn(Schema):
     username: Text
     password: str
     name: str = Field("kernelbot-cli", max_length=80)
-    expires_days: int | None = Field(None, ge=1, le=MAX_DAYS)
+    expires_days: Int | None = Field(None, ge=1, le=MAX_DAYS)
 
 
 class CliLoginOut(Schema):

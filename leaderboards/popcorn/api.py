@@ -23,7 +23,7 @@ from ninja.security import APIKeyHeader, HttpBearer
 
 from kernelbot.api_errors import check_offset, install_error_handlers
 from kernelbot.cli.directives import parse_directives
-from kernelbot.inputs import Text
+from kernelbot.inputs import Bool, Int, Text
 from leaderboards import actions
 from leaderboards.access import actions as access
 from leaderboards.access.authority import RunView, access_leaderboard, access_submission, run_view
@@ -259,8 +259,8 @@ class CreateLeaderboardIn(Schema):
     name: str | None = None  # do_import_task names what is wrong with it
     deadline: datetime | None = None
     gpus: list[Text] | None = None
-    force: bool = False
-    past_deadline: bool = False  # as the admin form's tick: a deadline in the past closes the board at once
+    force: Bool = False
+    past_deadline: Bool = False  # as the admin form's tick: a deadline in the past closes the board at once
 
 
 def inside_problems_dir(relative: str) -> Path:
@@ -356,8 +356,8 @@ def _zip_sources(data: bytes):
 
 class InviteIn(Schema):
     leaderboard: Text
-    max_uses: int = Field(1, ge=1, le=access.MAX_INVITE_USES)
-    expires_days: int | None = Field(None, ge=1, le=access.MAX_DAYS)
+    max_uses: Int = Field(1, ge=1, le=access.MAX_INVITE_USES)
+    expires_days: Int | None = Field(None, ge=1, le=access.MAX_DAYS)
 
 
 @admin.post("/invites")

@@ -12,6 +12,7 @@ from ninja.security import HttpBearer
 from pydantic import Field
 
 from kernelbot.errors import ErrorOut
+from kernelbot.inputs import Float, Int
 
 from . import actions, usage
 from .models import Reservation
@@ -34,15 +35,15 @@ class AvailabilityOut(Schema):
 
 class ReserveIn(Schema):
     gpu_type: str = Field(max_length=40)
-    gpu_count: int = Field(1, ge=-(2**31), le=2**31, description="GPUs on each node")
-    minutes: int = Field(ge=-(2**31), le=2**31)
+    gpu_count: Int = Field(1, ge=-(2**31), le=2**31, description="GPUs on each node")
+    minutes: Int = Field(ge=-(2**31), le=2**31)
     project: str = Field("", max_length=60)
     pool: str = Field("", max_length=60)
-    nodes: int = Field(1, ge=-(2**31), le=2**31, description="Nodes of one pool, all or nothing")
+    nodes: Int = Field(1, ge=-(2**31), le=2**31, description="Nodes of one pool, all or nothing")
 
 
 class ExtendIn(Schema):
-    minutes: int = Field(ge=-(2**31), le=2**31)
+    minutes: Int = Field(ge=-(2**31), le=2**31)
 
 
 class EventOut(Schema):
@@ -159,9 +160,9 @@ class AgentAuth(HttpBearer):
 
 
 class SampleIn(Schema):
-    index: int = Field(ge=0, le=1024)
-    utilization: float = Field(ge=0, le=100)
-    memory_used_mib: int = Field(0, ge=0, le=2**31)
+    index: Int = Field(ge=0, le=1024)
+    utilization: Float = Field(ge=0, le=100)
+    memory_used_mib: Int = Field(0, ge=0, le=2**31)
 
 
 class SamplesIn(Schema):

@@ -26,6 +26,7 @@ from . import actions, allocator, planner, usage
 from .models import DeviceHold, PoolPolicy, Reservation, SlackCommand
 
 TIMELINE_HOURS = 12
+LARGEST = 2**31  # the API's bound on its integers
 
 
 def timelines() -> list[dict]:
@@ -81,6 +82,8 @@ def form_request(data) -> actions.ReserveRequest:
         count, nodes = int(data.get("gpu_count", 1)), int(data.get("nodes", 1) or 1)
     except ValueError:
         raise Refused("GPUs and nodes must be whole numbers.", 400) from None
+    if max(abs(count), abs(nodes)) > LARGEST:  # a number no one can mean: not echoed back in full
+        raise Refused(f"GPUs and nodes must be whole numbers of at most {LARGEST}.", 400)
     return actions.ReserveRequest(gpu_count=count, nodes=nodes, minutes=form_minutes(data), **texts)
 
 

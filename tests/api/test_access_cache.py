@@ -5,16 +5,18 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import AnonymousUser
 from django.core.cache import cache
 from django.db import connection
+from django.utils import timezone
 
 from leaderboards.access import cache as access_cache
 from leaderboards.access.actions import authenticate_token, check_may_submit, do_create_token, do_revoke_token
 from leaderboards.access.authority import access_leaderboard, may_see_leaderboard, may_see_submission
-from leaderboards.access.models import Membership, SubmissionQuota
+from leaderboards.access.models import ApiToken, Membership, SubmissionQuota
 from leaderboards.errors import SubmissionRejected
 from leaderboards.models import Leaderboard, Profile, Submission, Visibility
 
@@ -108,3 +110,14 @@ def test_querysets_and_checks_are_the_same_rule(leaderboard, people, visibility)
     assert may_see_leaderboard(people["outsider"], leaderboard) is not closed
     assert may_see_submission(people["member"], subs[0]) and not may_see_submission(people["member"], subs[1])
     assert may_see_submission(people["owner"], subs[1]) and may_see_submission(people["staff"], subs[1])
+
+
+def test_a_token_unused_for_a_minute_is_recorded_with_the_cache_away(client, settings, dead_redis_url):
+    """Its use is written to the database and the cache's copy; the cache's refusal must not turn into a 500."""
+    user = UserFactory()
+    token, raw = do_create_token(user)
+    ApiToken.objects.filter(pk=token.pk).update(last_used=timezone.now() - timedelta(minutes=5))
+    settings.CACHES = {"default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": dead_redis_url}}
+    response = client.get("/api/v1/me", headers={"Authorization": f"Bearer {raw}"})
+    assert response.status_code == 200 and response.json()["username"] == user.username
+    assert timezone.now() - ApiToken.objects.get(pk=token.pk).last_used < timedelta(minutes=1)

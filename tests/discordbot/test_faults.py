@@ -8,8 +8,10 @@ from __future__ import annotations
 import time
 
 import pytest
+from channels.layers import channel_layers
 
 from discordbot.models import StatusMessage
+from kernelbot.settings import redis_layer
 from leaderboards.actions import do_cancel_run
 from leaderboards.models import Submission
 
@@ -98,6 +100,24 @@ def test_a_20_second_redis_cut_neither_stalls_a_status_nor_refuses_a_submission(
     finish(second_submission)
     ends_once(fake, first, first_submission, 60)
     ends_once(fake, second, second_submission, 60)
+
+
+def test_a_hanging_redis_delays_neither_the_acceptance_of_a_submission_nor_its_status(
+        bots, redis_server, leaderboard, live_layer, settings):
+    """Redis SIGSTOPped (it accepts connections and never answers; issue 35): the submission is taken from the database
+    while Redis still hangs, not when it returns, and its status ends right once it is back."""
+    fake = bots.fake
+    settings.CHANNEL_LAYERS = {"default": {**redis_layer(redis_server.url), "CONFIG": {
+        **redis_layer(redis_server.url)["CONFIG"], "prefix": f"kb.{live_layer}"}}}  # this process speaks there too
+    channel_layers.backends.clear()
+    bots.start(1, REDIS_URL=redis_server.url)  # its cache, task broker and channel layer
+    redis_server.hang()
+    interaction, submission = submit(fake, leaderboard)  # the status row within 20 s, Redis still stopped
+    assert "went wrong" not in (fake.original(interaction).content or "")
+    assert submission.runs.exists()
+    redis_server.resume()
+    finish(submission)
+    ends_once(fake, interaction, submission, 60)
 
 
 def test_three_bot_processes_edit_a_message_from_one_and_a_killed_owner_is_taken_over(bots, leaderboard):

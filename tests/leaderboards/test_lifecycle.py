@@ -7,8 +7,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from leaderboards import actions, lifecycle
+from kernelbot import redis_clients
+from leaderboards import actions, lifecycle, tasks
 from leaderboards.models import Board, BoardEntry, InvalidTransition, Run, RunStatus
+from runners import queue
 
 from ..factories import UserFactory, ranked_result, submission
 
@@ -94,6 +96,42 @@ def test_reaper_retries_overdue_runs_in_every_active_state(leaderboard, settings
     assert running.status == RunStatus.ERROR and "within 24 h" in running.error
     # dispatched to a local pool no live agent serves: a failed attempt, retried (elsewhere when there is elsewhere)
     assert queued.status == RunStatus.QUEUED and queued.infra_failures == 1
+
+
+def test_a_run_whose_message_was_lost_is_dispatched_within_seconds_and_once(
+        leaderboard, settings, monkeypatch, dead_redis_url, django_capture_on_commit_callbacks):
+    """The broker away when a run is queued (issue 35): its message is never sent, and busy workers would go on with
+    later runs. The reaper (every 2 s under `manage.py workers`) dispatches it itself once it has waited
+    KERNELBOT_QUEUED_RESEND seconds; a message that does arrive later changes nothing."""
+    settings.Q_CLUSTER = {**settings.Q_CLUSTER, "redis": dead_redis_url}
+    broker = redis_clients.Broker()
+    monkeypatch.setattr(queue, "broker", lambda: broker)
+    user = UserFactory()
+    with django_capture_on_commit_callbacks(execute=True):
+        sub = actions.do_submit(user, actions.check_submission(user, leaderboard.name, ["CPU"], "test", "k.py",
+                                                               b"def custom_kernel(data): ..."))
+    (run,) = sub.runs.all()
+    assert run.status == RunStatus.QUEUED
+    assert timedelta(seconds=5) <= run.status_deadline - run.queued_at < timedelta(seconds=6)  # KERNELBOT_QUEUED_RESEND
+    assert lifecycle.do_reap_overdue_runs(now=run.queued_at + timedelta(seconds=4)) == 0
+    assert lifecycle.do_reap_overdue_runs(now=run.queued_at + timedelta(seconds=7)) == 1
+    run.refresh_from_db()
+    assert (run.status, run.attempt, run.infra_failures) == (RunStatus.DISPATCHED, 1, 0)
+    tasks.dispatch_run(run.pk)  # the message, had it been sent after all
+    run.refresh_from_db()
+    assert (run.status, run.attempt, run.attempts.count()) == (RunStatus.DISPATCHED, 1, 1)
+
+
+def test_a_run_left_queued_by_its_dispatch_is_looked_at_again_after_the_long_deadline(leaderboard, monkeypatch):
+    """Every pool of its type failing its health check: the reaper's dispatch leaves it queued, and the next look is
+    KERNELBOT_QUEUED_DEADLINE (300 s) later, not every few seconds."""
+    monkeypatch.setattr(lifecycle, "candidate_pools", lambda run: [])
+    run = submission(leaderboard, mode="test").runs.get()
+    now = timezone.now() + timedelta(seconds=6)
+    assert lifecycle.do_reap_overdue_runs(now=now) == 1
+    run.refresh_from_db()
+    assert run.status == RunStatus.QUEUED and run.status_deadline > now + timedelta(seconds=250)
+    assert lifecycle.do_reap_overdue_runs(now=now + timedelta(seconds=10)) == 0
 
 
 def test_ranks_need_public_and_secret_pass_and_use_the_slower(leaderboard, cpu_pool):

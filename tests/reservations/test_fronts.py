@@ -289,3 +289,52 @@ def test_web_form_takes_a_quarter_hour_over_two_nodes(client, user):
     mine.refresh_from_db()
     assert mine.minutes == 105
     assert client.post(f"/gpus/{mine.pk}/extend", {"minutes": "soon"}).status_code == 400
+
+
+NINES = "9" * 400
+
+
+@pytest.mark.parametrize(("field", "value", "words"), [
+    ("minutes", NINES + "h", "too long a duration: at most 2147483648 minutes"),
+    ("minutes", NINES, "too long a duration"),
+    ("minutes", str(2**31), "longer than the longest allowed reservation"),
+    ("gpu_count", NINES, "whole numbers of at most 2147483648"),
+    ("nodes", "-" + NINES, "whole numbers of at most 2147483648"),
+])
+def test_huge_numbers_on_the_site_are_a_precise_400(client, user, field, value, words):
+    """A duration of 400 nines was an OverflowError (a 500) in the preview, the reserve form and the extension."""
+    gpu_pool(nodes=1, per_node=2)
+    client.force_login(user)
+    form = {"gpu_type": "h100", "gpu_count": 1, "minutes": 30, field: value}
+    assert words in client.get("/gpus/", form).content.decode().replace("&#x27;", "'")
+    refused = client.post("/gpus/reserve", form)
+    said = [line for line in refused.content.decode().replace("&#x27;", "'").splitlines() if words in line]
+    assert refused.status_code == 400 and said and NINES not in said[0]  # (the form keeps what was typed)
+    assert not Reservation.objects.exists()
+
+
+@pytest.mark.parametrize(("value", "status", "words"), [
+    (NINES + "h", 400, "too long a duration"), (NINES, 400, "too long a duration"),
+    (str(2**31), 409, "past pool lab's maximum"),
+])
+def test_a_huge_extension_is_a_precise_4xx(client, user, value, status, words):
+    gpu_pool(nodes=1, per_node=2)
+    client.force_login(user)
+    assert client.post("/gpus/reserve", {"gpu_type": "h100", "gpu_count": 1, "minutes": 30}).status_code == 302
+    mine = Reservation.objects.get(user=user)
+    refused = client.post(f"/gpus/{mine.pk}/extend", {"minutes": value})
+    assert refused.status_code == status and words in refused.content.decode().replace("&#x27;", "'")
+    mine.refresh_from_db()
+    assert mine.minutes == 30
+
+
+def test_the_cli_names_a_huge_duration_instead_of_a_traceback(tmp_path):
+    from typer.testing import CliRunner
+
+    from kernelbot.cli.main import app
+
+    result = CliRunner().invoke(app, ["gpus", "reserve", "--gpu", "h100", "--duration", NINES + "h", "--no-wait"],
+                                env={"KERNELBOT_URL": "http://127.0.0.1:9", "KERNELBOT_TOKEN": "t",
+                                     "KERNELBOT_CONFIG": str(tmp_path / "c.json")})
+    assert result.exit_code == 2 and "too long a duration" in result.output, result.output
+    assert not isinstance(result.exception, OverflowError) and "Traceback" not in result.output

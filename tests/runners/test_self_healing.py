@@ -16,11 +16,14 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 from django.db.models import Count
+from django_q.tasks import async_task
 from redis import Redis
 
+from kernelbot import redis_clients
 from leaderboards.actions import check_submission, do_submit
 from leaderboards.lifecycle import do_ingest_result
 from leaderboards.models import TERMINAL_STATUSES, BoardEntry, Run, RunStatus, Submission
+from runners import queue
 
 from ..agents import start_agent
 from ..conftest import REPO
@@ -118,10 +121,10 @@ def queue_lock_holder(cluster, expected_workers: int) -> int | None:
 
 # --- the platform under test ----------------------------------------------------------------------------------------
 
-def start(tmp_path: Path, *command: str) -> tuple[subprocess.Popen, Path]:
+def start(tmp_path: Path, *command: str, redis_url: str = "") -> tuple[subprocess.Popen, Path]:
     db = settings.DATABASES["default"]
     env = {**os.environ, "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-           "REDIS_URL": settings.REDIS_URL, "DB_POOL": "1", "Q_WORKERS": "2", "Q_RECYCLE": "4",
+           "REDIS_URL": redis_url or settings.REDIS_URL, "DB_POOL": "1", "Q_WORKERS": "2", "Q_RECYCLE": "4",
            "KERNELBOT_RUNS_DIR": str(tmp_path / "runs"), "KERNELBOT_CASE_BUDGET_S": "0.5",
            "KERNELBOT_HEARTBEAT_DEADLINE": "8", "KERNELBOT_CLUSTER_STALL_SECONDS": "10"}
     log = tmp_path / f"{command[0]}.log"
@@ -132,8 +135,8 @@ def start(tmp_path: Path, *command: str) -> tuple[subprocess.Popen, Path]:
 
 
 @contextlib.contextmanager
-def running(tmp_path: Path, *command: str):
-    process, log = start(tmp_path, *command)
+def running(tmp_path: Path, *command: str, redis_url: str = ""):
+    process, log = start(tmp_path, *command, redis_url=redis_url)
     try:
         yield process, log
     finally:
@@ -325,3 +328,29 @@ def test_a_busy_pool_never_delays_a_rank_and_the_broker_holds_no_copies(capsys, 
             print(f"\nwith 50 runs waiting for a device: result → on the board p50 {delays[len(delays) // 2]:.2f} s, "
                   f"max {delays[-1]:.2f} s (target ≤ 2 s); broker held at most {most} messages for 50 runs")
     assert Run.objects.filter(pk__in=waiting, status=RunStatus.DISPATCHED).count() == 50  # still waiting their turn
+
+
+@pytest.mark.timeout(600)
+def test_runs_queued_while_redis_hung_are_dispatched_within_seconds_while_later_ones_go_ahead(
+        postgres, redis_server, leaderboard, cpu_pool, tmp_path, settings, monkeypatch):
+    """Redis SIGSTOPped while runs are submitted (issue 35): their enqueues give up after the client's timeout (the
+    first one's message may still arrive when Redis resumes, the next ones are never sent), later runs' messages go
+    through once it is back, and a busy worker keeps the stall check quiet. The lost runs are dispatched by the
+    supervisor's reaper within seconds, not at the queued deadline (300 s)."""
+    settings.Q_CLUSTER = {**settings.Q_CLUSTER, "redis": redis_server.url}
+    broker = redis_clients.Broker()  # this process sends where the workers read: the suite's deployment's queue
+    monkeypatch.setattr(queue, "broker", lambda: broker)
+    with running(tmp_path, "workers", redis_url=redis_server.url) as (supervisor, log):
+        cluster = wait_for(lambda: cluster_of(supervisor.pid), 120, "the supervised cluster")
+        async_task("time.sleep", 120, broker=broker)  # one worker stays busy: the stall check never fires
+        wait_for(lambda: any(path.read_text().startswith("busy") for path in cluster[1].glob("[0-9]*")), 60,
+                 "a busy worker")
+        redis_server.hang()
+        lost = submit(leaderboard, 2)
+        redis_server.resume()
+        redis_clients.forget_failures()  # this process's window: the next send tries Redis again
+        later = submit(leaderboard, 2)
+        assert Run.objects.filter(pk__in=lost + later).count() == 4
+        wait_for(lambda: not Run.objects.filter(pk__in=lost + later, status=RunStatus.QUEUED).exists(), 60,
+                 "every run, those whose messages were lost too, to be dispatched")
+    assert Run.objects.filter(pk__in=lost, attempt=1, infra_failures=0).count() == 2

@@ -1,0 +1,78 @@
+"""The API's password login (the CLI's `login --username`) and the site's login count failed attempts together, with
+the site's own rule (allauth's ACCOUNT_RATE_LIMITS `login_failed`: 5 per account in 5 minutes, 10 per address a
+minute): past it both refuse, the right password too (issue 35: 25 wrong passwords, then the right one, got a token
+from the API while the site refused that address)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.test import Client
+
+from ..factories import UserFactory
+
+pytestmark = pytest.mark.django_db
+SITE_REFUSAL = "Too many failed login attempts"
+
+
+@pytest.fixture
+def dave(db):
+    user = UserFactory(username="dave")
+    user.set_password("correct horse")
+    user.save()
+    return user
+
+
+def api_login(client, username: str, password: str, address: str = "127.0.0.1"):
+    return client.post("/api/v1/auth/password", json.dumps({"username": username, "password": password}),
+                       content_type="application/json", REMOTE_ADDR=address)
+
+
+def site_login(client, username: str, password: str, address: str = "127.0.0.1"):
+    return client.post("/accounts/login/", {"login": username, "password": password}, REMOTE_ADDR=address)
+
+
+def test_failed_api_logins_lock_the_account_on_the_api_and_the_site(client, dave):
+    answers = [api_login(client, "dave", f"wrong {i}").status_code for i in range(25)]
+    assert answers == [401] * 5 + [429] * 20
+    refused = api_login(client, "dave", "correct horse")
+    detail = refused.json()["detail"]
+    assert refused.status_code == 429 and "Too many failed logins for this account" in detail, detail
+    assert int(refused["Retry-After"]) == 300 and "try again in 5 min" in detail
+    browser = Client()
+    site = site_login(browser, "dave", "correct horse")
+    assert site.status_code == 200 and SITE_REFUSAL in site.content.decode()
+    assert "_auth_user_id" not in browser.session
+
+
+def test_failed_site_logins_lock_the_account_on_the_api(client, dave):
+    for i in range(5):
+        assert "not correct" in site_login(Client(), "dave", f"wrong {i}").content.decode()
+    assert SITE_REFUSAL in site_login(Client(), "dave", "correct horse").content.decode()
+    assert api_login(client, "dave", "correct horse").status_code == 429
+
+
+def test_failures_from_one_address_refuse_every_account_from_it_only(client, dave):
+    for i in range(10):  # ten accounts, one failure each: the address's limit
+        assert api_login(client, f"someone{i}", "guess").status_code == 401
+    assert api_login(client, "dave", "correct horse").status_code == 429
+    assert SITE_REFUSAL in site_login(Client(), "dave", "correct horse").content.decode()
+    elsewhere = api_login(client, "dave", "correct horse", address="10.0.0.2")
+    assert elsewhere.status_code == 201 and elsewhere.json()["token"]
+
+
+def test_a_right_password_is_not_counted_as_a_failure(client, dave):
+    for _ in range(8):
+        assert api_login(client, "dave", "correct horse").status_code == 201
+    assert [api_login(client, "dave", "wrong").status_code for _ in range(5)] == [401] * 5
+
+
+def test_behind_a_proxy_the_limit_is_the_forwarded_address(client, dave, settings):
+    settings.ALLAUTH_TRUSTED_PROXY_COUNT = 1  # KERNELBOT_TRUSTED_PROXY_COUNT
+    for i in range(10):  # one client behind the proxy fails ten times
+        assert client.post("/api/v1/auth/password", json.dumps({"username": f"someone{i}", "password": "guess"}),
+                           content_type="application/json", HTTP_X_FORWARDED_FOR="203.0.113.7").status_code == 401
+    other = client.post("/api/v1/auth/password", json.dumps({"username": "dave", "password": "correct horse"}),
+                        content_type="application/json", HTTP_X_FORWARDED_FOR="198.51.100.9")
+    assert other.status_code == 201  # another client, the same proxy (REMOTE_ADDR 127.0.0.1)
