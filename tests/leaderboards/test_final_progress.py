@@ -58,9 +58,12 @@ def test_ingest_replaces_live_progress_that_ran_ahead_of_a_crash(leaderboard):
 def test_submit_wait_prints_where_a_run_stopped_and_the_cause_in_full(leaderboard, sync_queue, tmp_path, settings):
     settings.HARNESS_TIMING = {**settings.HARNESS_TIMING, "rel_ci": 0.05, "case_budget_s": 1, "max_samples": 100}
     noisy = tmp_path / "noisy.py"
-    noisy.write_text("import warnings\n\ncalls = 0\n\n\ndef custom_kernel(data):\n    global calls\n"
+    noisy.write_text("import warnings\n\ncalls = 0\n\n\n"
+                     "def the_step_of_the_kernel_that_goes_wrong_on_the_third_call():\n"
+                     "    raise ValueError('the real cause is here')\n\n\ndef custom_kernel(data):\n    global calls\n"
                      "    calls += 1\n    warnings.warn('noise ' * 80)\n    if calls == 3:\n"
-                     "        raise ValueError('the real cause is here')\n    a, b = data\n    return a + b\n")
+                     "        the_step_of_the_kernel_that_goes_wrong_on_the_third_call()\n    a, b = data\n"
+                     "    return a + b\n")
     out = io.StringIO()
     call_command("submit", str(noisy), user="carol", create_user=True, leaderboard=leaderboard.name,
                  gpus=["CPU"], mode="test", wait=True, timeout=240, stdout=out)

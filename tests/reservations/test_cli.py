@@ -43,7 +43,8 @@ def test_reserve_wait_extend_warn_expire_from_the_cli(live_server, postgres, tmp
     assert out.returncode == 0 and "lab" in out.stdout, out.stdout + out.stderr
 
     waiting = subprocess.Popen([sys.executable, "-m", "kernelbot.cli.main", "gpus", "reserve", "--gpus", "2", "--gpu",
-                                "h100", "--duration", "1h", "--project", "llm"], cwd=REPO, env=env,
+                                "h100", "--duration", "1h", "--project", "llm"], cwd=REPO,
+                               env={**env, "PYTHONUNBUFFERED": "1"},
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for _ in range(200):  # recorded, then given its promise by the planning pass that follows (a task, inline here)
         if Reservation.objects.filter(user=dev, planned_start__isnull=False).exists():
@@ -51,6 +52,7 @@ def test_reserve_wait_extend_warn_expire_from_the_cli(live_server, postgres, tmp
         time.sleep(0.05)
     mine = Reservation.objects.get(user=dev)
     assert mine.status == "pending" and mine.planned_start == blocker.ends_at
+    queued = next((line for line in waiting.stdout if "Queued:" in line), "")  # the CLI saw it queued, before it ends
     # the competition keeps running on the half kept for it
     run = allocator.acquire_for_run(pool, pool.gpu_type, run_id=1, attempt=1, user_id=None, leaderboard="lb",
                                     seconds=60, lease_seconds=60)
@@ -59,7 +61,7 @@ def test_reserve_wait_extend_warn_expire_from_the_cli(live_server, postgres, tmp
     tasks.tick()
     output, _ = waiting.communicate(timeout=30)
     assert waiting.returncode == 0, output
-    assert f"Queued: reservation #{mine.pk}, expected start" in output
+    assert f"Queued: reservation #{mine.pk}, expected start" in queued
     assert "active on lab-node0 GPUs 0,1" in output
 
     out = cli(env, "extend", str(mine.pk), "30m")
