@@ -91,7 +91,7 @@ def _user(pid: int) -> str:
         return str(uid)
 
 
-def _descends_from(pid: int, ancestor: int) -> bool:
+def descends_from(pid: int, ancestor: int) -> bool:
     while pid > 1:
         if pid == ancestor:
             return True
@@ -123,7 +123,7 @@ def holders(devices: list[str], own: int | None = None) -> list[Holder]:
             device = index_of.get(bus.lower())
             if device is None or (devices and device not in devices) or not pid.isdigit():
                 continue
-            if _descends_from(int(pid), own):
+            if descends_from(int(pid), own):
                 continue
             used = int(memory) << 20 if memory.isdigit() else 0
             found.append(Holder(int(pid), _user(int(pid)), used, device))

@@ -44,6 +44,7 @@ from pathlib import Path
 
 from . import agent
 from .agent import KEY_ENV, Gone, Platform, Refused, Transport, http, run_attempt
+from .device import descends_from
 from .runner import Spares
 from .warm import template
 
@@ -178,18 +179,6 @@ def stale_run_dirs(workroot: Path) -> list[Path]:
                     paths.append(os.readlink(f"{base}/fd/{fd}"))
         used.update(path[len(prefix):].split("/", 1)[0] for path in paths if path.startswith(prefix))
     return [p for p in dirs if p.name.removeprefix("kernelbot-run-") not in used]
-
-
-def descends_from(pid: int, ancestor: int) -> bool:
-    while pid > 1:
-        if pid == ancestor:
-            return True
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                pid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            return False
-    return False
 
 
 class NodeAgent:
