@@ -258,12 +258,18 @@ def leaderboard_names(member: Member, current: str) -> list[str]:
     return list(boards.order_by("name").values_list("name", flat=True)[:25])
 
 
-def gpu_names(member: Member, leaderboard_name: str | None, current: str) -> list[str]:
+def _completing(member: Member, leaderboard_name: str | None) -> Leaderboard | None:
+    """The board an autocomplete is about, or None (none named, or not one this member may see)."""
     if not leaderboard_name:
-        return []
+        return None
     try:
-        board = _leaderboard(actor_for(member), leaderboard_name)
+        return _leaderboard(actor_for(member), leaderboard_name)
     except BotError:
+        return None
+
+
+def gpu_names(member: Member, leaderboard_name: str | None, current: str) -> list[str]:
+    if (board := _completing(member, leaderboard_name)) is None:
         return []
     typed = [g.strip() for g in current.split(",")]
     last = typed[-1].lower()
@@ -331,11 +337,7 @@ def task(member: Member, leaderboard_name: str) -> tuple[str, dict[str, str]]:
 
 
 def template_langs(member: Member, leaderboard_name: str | None, current: str) -> list[str]:
-    if not leaderboard_name:
-        return []
-    try:
-        board = _leaderboard(actor_for(member), leaderboard_name)
-    except BotError:
+    if (board := _completing(member, leaderboard_name)) is None:
         return []
     langs = board.problem.definition.get("templates") or {}
     return [lang for lang in langs if current.strip().lower() in lang.lower()][:25]
