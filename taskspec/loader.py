@@ -20,7 +20,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticCustomError
 
-from .model import MAX_PROBLEM_NAME, CompetitionFile, TaskDefinition, TaskFile, kind, message, refusal
+from .model import MAX_PROBLEM_NAME, CompetitionFile, Inlined, TaskDefinition, TaskFile, kind, message, refusal
 
 MAX_FILE_BYTES = 1 << 20
 MAX_TOTAL_BYTES = 8 << 20
@@ -241,7 +241,7 @@ def _load_task(task_dir: Path, root: Path, name: str, shown: Callable[[Path], Pa
         total += len(text.encode())
         if total > MAX_TOTAL_BYTES:
             raise refusal(f"{source} takes the inlined files past {MAX_TOTAL_BYTES >> 20} MiB in total")
-        return text
+        return Inlined(source, text)
 
     task, issues = validate(TaskFile, raw, shown(yml), lambda loc: name, {"read": read})
     if issues:

@@ -4,10 +4,10 @@
 - `CompetitionFile`: a competition file (`problems/<set>.yaml`) listing problem directories as leaderboards.
 - `TaskDefinition`: what a problem version stores and runs (`Problem.definition`): the task with its files read.
 
-The models do no I/O: `taskspec.loader` reads the files and passes, in the validation context, `read` (a path
-relative to task.yml -> its text) and `task_dir` (a competition's problem directory -> the checked path); without
-them sources and directories stay as written. Messages are written for organisers; the loader prefixes the file,
-the key path and the problem: `demo/softmax_py/task.yml: tests[2].seed: expected int, ..., got null`.
+The models do no I/O: `taskspec.loader` passes, in the validation context, `read` (a path relative to task.yml ->
+`Inlined`) and `task_dir` (a competition's problem directory -> the checked path); without them paths stay as
+written. Messages are written for organisers; the loader prefixes the file, the key path and the problem:
+`demo/softmax_py/task.yml: tests[2].seed: expected int, ..., got null (problem softmax_py)`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable
 from datetime import UTC, date, datetime, time
 from functools import cached_property
-from typing import Annotated, Any, ClassVar, NamedTuple
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple
 
 from pydantic import (
     AfterValidator,
@@ -36,10 +36,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 SUBMISSION = "@SUBMISSION@"
-LANGS = ("py", "cu")
 TEMPLATE_LANGS = ("Python", "Triton", "CUDA", "HIP", "CuteDSL")
-RANKINGS = ("last", "mean", "geom")
-HARNESSES = ("kernelbot", "popcorn", "auto")
 DEFAULT_TIMEOUT = 180
 MAX_TIMEOUT = 24 * 3600
 # The columns these names are stored in (leaderboards.models): checked here so a long name is an import error.
@@ -47,17 +44,12 @@ MAX_PROBLEM_NAME = 100
 MAX_LEADERBOARD_NAME = 100
 MAX_COMPETITION_NAME = 120
 CU_CONFIG_KEYS = "sources, include_dirs, defines, compile_flags"
-# Cases travel to the harness as "k: v; k: v" lines, so values must not contain separators.
-_CASE_VALUE = re.compile(r"[A-Za-z0-9_.+-]+")
-# A plain file name: files are written side by side into the run's working directory.
-_FILE_NAME = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9_.+-]*")
+_CASE_VALUE = re.compile(r"[A-Za-z0-9_.+-]+")  # cases travel to the harness as "k: v; k: v" lines
+_FILE_NAME = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9_.+-]*")  # files are written side by side into the run's directory
 _SLUG = re.compile(r"[-a-zA-Z0-9_]+")  # Django's SlugField: what a leaderboard URL can name
-# The forms KernelBot's problem sync accepts ("%Y-%m-%d %H:%M", "%Y-%m-%d"; strptime takes "6:59"), read as UTC.
-_DEADLINE_FORMATS = ("%Y-%m-%d %H:%M", "%Y-%m-%d")
 _ABSENT: Any = type("Absent", (), {"__repr__": lambda self: "absent"})()
 
 CaseValue = int | str | bool | list[int | str | bool]
-Loc = tuple[str | int, ...]
 
 
 def kind(value: Any) -> str:
@@ -77,74 +69,47 @@ def _is_int(value: Any) -> bool:
 
 
 def refusal(message: str) -> PydanticCustomError:
+    """The error every check raises (a ValueError): `message` is what the organiser reads."""
     return PydanticCustomError("taskfile", "{message}", {"message": message})
 
 
 def message(error: dict) -> str:
-    if error["type"] == "missing":
-        return "required key is missing"
-    return error.get("ctx", {}).get("message", error["msg"])
+    return "required key is missing" if error["type"] == "missing" else error.get("ctx", {}).get("message",
+                                                                                                 error["msg"])
 
 
-def refuse(handler: Callable[[Any], Any] | None, value: Any, found: list[tuple[Loc, str]], *, first: bool = False,
+def check(ok: Callable[[Any], Any], expected: str | Callable[[Any], str], got: Callable[[Any], str] = show,
+          mode: Any = PlainValidator) -> Any:
+    """Keep a value `ok` accepts, else refuse it: "expected <expected>, got <got(value)>", or `expected(value)`."""
+    def validate(value: Any) -> Any:
+        if not ok(value):
+            raise refusal(expected(value) if callable(expected) else f"expected {expected}, got {got(value)}")
+        return value
+    return mode(validate)
+
+
+def refuse(handler: Callable[[Any], Any] | None, value: Any, found: list[tuple[tuple, str]], *, first: bool = False,
            order: Any = None) -> Any:
-    """`handler(value)` (None: nothing more to validate), failing with its errors and `found` (location, message)
-    together: `found` first, else in the order of the items of `order` (default: `value`) they are about."""
-    errors = []
+    """`handler(value)` (None: keep `value`), failing with its errors and `found` ((location, message)) together:
+    `found` first, else all in the order of the items of `order` (default: `value`) they are about."""
     try:
-        result = handler(value) if handler else value
+        result, errors = (handler(value) if handler else value), []
     except ValidationError as exc:
         errors = exc.errors()
     if not found and not errors:
         return result
-    lines = [{"type": refusal(text), "loc": loc, "input": None} for loc, text in found]
-    lines += [{"type": refusal(message(e)), "loc": e["loc"], "input": e["input"]} for e in errors
-              if not (first and e["type"] == "missing" and len(e["loc"]) == 1)]
+    lines = [*found, *((e["loc"], message(e)) for e in errors
+                       if not (first and e["type"] == "missing" and len(e["loc"]) == 1))]
     if not first:
-        order = value if order is None else order
-        position = {k: i for i, k in enumerate(order)} if isinstance(order, dict) else {}
-        lines.sort(key=lambda line: position.get(line["loc"][0], line["loc"][0]) if line["loc"] else -1)
-    raise ValidationError.from_exception_data("taskfile", lines)
-
-
-def checked(check: Callable[[Any], str | None]) -> PlainValidator:
-    """Keep a value `check` finds nothing wrong with; else refuse it with what `check` says."""
-    def validate(value: Any) -> Any:
-        if (text := check(value)) is not None:
-            raise refusal(text)
-        return value
-    return PlainValidator(validate)
-
-
-def one_of(*choices: str) -> PlainValidator:
-    return checked(lambda v: None if v in choices else f"expected one of {', '.join(choices)}, got {show(v)}")
-
-
-def _text(value: Any, max_length: int | None = None, allow_empty: bool = False) -> str | None:
-    if not isinstance(value, str) or (not allow_empty and not value.strip()):
-        return f"expected a non-empty string, got {show(value)}"
-    if max_length is not None and len(value) > max_length:
-        return f"at most {max_length} characters, got {len(value)}"
-    return None
-
-
-def _names(value: Any) -> str | None:
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        return f"expected a list of non-empty strings, got {show(value)}"
-    return None
-
-
-def _non_empty(what: str) -> AfterValidator:
-    def validate(value: list) -> list:
-        if not value:
-            raise refusal(f"must list at least one {what}")
-        return value
-    return AfterValidator(validate)
+        position = {k: i for i, k in enumerate(value if order is None else order)} if isinstance(value, dict) else {}
+        lines.sort(key=lambda line: position.get(line[0][0], line[0][0]) if line[0] else -1)
+    raise ValidationError.from_exception_data("taskfile", [
+        {"type": refusal(text), "loc": loc, "input": None} for loc, text in lines])
 
 
 def _case_value(value: Any, in_list: bool = False) -> str | None:
-    """Case values pass through to the harness as KernelBot passes them (ints, strings, booleans, flat lists);
-    anything `case_line` cannot write unambiguously on one line is refused."""
+    """Why a case value cannot pass to the harness as KernelBot passes them (ints, strings, booleans, flat lists)
+    on one `case_line`, or None."""
     if isinstance(value, str):
         return None if _CASE_VALUE.fullmatch(value) else f"string {value!r} may only contain letters, digits and _.+-"
     if isinstance(value, int):  # bool included
@@ -153,15 +118,6 @@ def _case_value(value: Any, in_list: bool = False) -> str | None:
         errors = [e for item in value if (e := _case_value(item, in_list=True))]
         return f"list item: {errors[0]}" if errors else None
     return f"expected {'int, str or bool' if in_list else 'int, str, bool or a list of them'}, got {kind(value)}"
-
-
-def _a(what: str, test: Callable[[Any], bool]) -> BeforeValidator:
-    """Refuse, before looking inside, a value that is not `what`."""
-    def validate(value: Any) -> Any:
-        if not test(value):
-            raise refusal(f"expected {what}, got {kind(value)}")
-        return value
-    return BeforeValidator(validate)
 
 
 def leaderboard_name_error(name: str) -> str | None:
@@ -174,48 +130,28 @@ def leaderboard_name_error(name: str) -> str | None:
 
 
 def parse_deadline(value: Any) -> datetime | None:
-    """A deadline as KernelBot's problem sync reads it, in UTC: "2025-06-30" (midnight), "2025-11-29 6:59",
-    or ISO 8601 ("2027-01-31T23:59Z"); naive means UTC. Empty or None: no deadline given (None).
-    Raises ValueError for anything else."""
+    """A deadline as KernelBot's problem sync reads it, in UTC: "2025-06-30" (midnight), "2025-11-29 6:59" (its
+    strptime forms), or ISO 8601 ("2027-01-31T23:59Z"); naive means UTC. Empty or None: no deadline given (None).
+    Anything else raises a ValueError (`refusal`)."""
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
-    if isinstance(value, datetime):
-        parsed = value
-    elif isinstance(value, date):  # an unquoted YAML date
-        parsed = datetime.combine(value, time())
+    if isinstance(value, date) and not isinstance(value, datetime):  # an unquoted YAML date
+        value = datetime.combine(value, time())
     elif isinstance(value, str):
-        parsed = _parse_deadline_text(value.strip())
-    else:
-        raise ValueError(f"expected a date and time like \"2025-06-30 23:59\", got {kind(value)}")
-    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+        value = _parse_deadline_text(value.strip())
+    elif not isinstance(value, datetime):
+        raise refusal(f"expected a date and time like \"2025-06-30 23:59\", got {kind(value)}")
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 def _parse_deadline_text(text: str) -> datetime:
-    for fmt in _DEADLINE_FORMATS:
+    for form in ("%Y-%m-%d %H:%M", "%Y-%m-%d", "ISO 8601"):  # KernelBot's (strptime takes "6:59"), then ours
         try:
-            return datetime.strptime(text, fmt)
+            return datetime.fromisoformat(text) if form == "ISO 8601" else datetime.strptime(text, form)
         except ValueError:
             pass
-    try:
-        return datetime.fromisoformat(text)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a date and time; use \"2025-06-30\" (00:00 UTC), "
-                         "\"2025-06-30 23:59\" or ISO 8601 like \"2025-06-30T23:59:00Z\"") from None
-
-
-def _deadline(value: Any) -> datetime | None:
-    try:
-        return parse_deadline(value)
-    except ValueError as exc:
-        raise refusal(str(exc)) from None
-
-
-def _relative_path(value: Any) -> str | None:
-    if not isinstance(value, str) or not value:
-        return f"expected a relative path, got {kind(value)}"
-    if value.startswith("/") or "\\" in value:
-        return f"{value}: absolute paths and backslashes are not allowed"
-    return None
+    raise refusal(f"{text!r} is not a date and time; use \"2025-06-30\" (00:00 UTC), \"2025-06-30 23:59\" or "
+                  "ISO 8601 like \"2025-06-30T23:59:00Z\"")
 
 
 class Inlined(NamedTuple):
@@ -223,34 +159,53 @@ class Inlined(NamedTuple):
     text: str
 
 
-def _source(value: Any, info: ValidationInfo, submission_allowed: bool = True) -> str | Inlined:
-    if submission_allowed and value == SUBMISSION:
-        return value
-    if (text := _relative_path(value)) is not None:
-        raise refusal(text)
-    read = (info.context or {}).get("read")
-    return Inlined(value, read(value)) if read else value
-
-
-def _directory(value: Any, info: ValidationInfo) -> str:
-    if (text := _relative_path(value)) is not None:
-        raise refusal(text)
-    resolve = (info.context or {}).get("task_dir")
+def _path(value: Any, info: ValidationInfo, use: str = "read") -> Any:
+    """A relative path, passed through the loader's `use` (`read` or `task_dir`) when it gave one."""
+    if not isinstance(value, str) or not value:
+        raise refusal(f"expected a relative path, got {kind(value)}")
+    if value.startswith("/") or "\\" in value:
+        raise refusal(f"{value}: absolute paths and backslashes are not allowed")
+    resolve = (info.context or {}).get(use)
     return resolve(value) if resolve else value
 
 
-Text = Annotated[str, checked(_text)]
-Names = Annotated[list[str], checked(_names)]
-Timeout = Annotated[int, checked(lambda v: None if _is_int(v) and 0 < v <= MAX_TIMEOUT else
-                                 f"expected a positive int of seconds up to {MAX_TIMEOUT} (24 h), got {show(v)}")]
-Deadline = Annotated[datetime | None, PlainValidator(_deadline)]
-Source = Annotated[str | Inlined, PlainValidator(_source)]
-Case = Annotated[
-    dict[Annotated[str, checked(lambda n: None if isinstance(n, str) and n.isidentifier() and n.isascii() else
-                                f"parameter name {show(n)} is not an identifier")],
-         Annotated[CaseValue, checked(_case_value)]],
-    _a("a non-empty mapping of parameters", lambda v: isinstance(v, dict) and bool(v))]
-Cases = Annotated[list[Case], _a("a non-empty list of cases", lambda v: isinstance(v, list) and bool(v))]
+def _among_files(source: str, info: ValidationInfo) -> str:
+    if (names := (info.context or {}).get("files")) is not None and source not in names:
+        raise refusal(f"{source} is not one of the files")
+    return source
+
+
+def _listing(what: str) -> AfterValidator:
+    return check(bool, lambda v: f"must list at least one {what}", mode=AfterValidator)
+
+
+def _is(what: str, test: type, empty: bool = False) -> BeforeValidator:
+    """Refuse, before pydantic looks inside, a value that is not a `test` (or an empty one, unless `empty`)."""
+    return check(lambda v: isinstance(v, test) and (empty or bool(v)), what, kind, BeforeValidator)
+
+
+Text = Annotated[str, check(lambda v: isinstance(v, str) and v.strip(), "a non-empty string")]
+_names = check(lambda v: isinstance(v, list) and all(isinstance(n, str) and n for n in v),
+               "a list of non-empty strings", mode=BeforeValidator)
+Names = Annotated[list[str], _names]
+Timeout = Annotated[int, check(lambda v: _is_int(v) and 0 < v <= MAX_TIMEOUT,
+                               f"a positive int of seconds up to {MAX_TIMEOUT} (24 h)")]
+Deadline = Annotated[datetime | None, PlainValidator(parse_deadline)]
+Case = Annotated[dict[
+    Annotated[str, check(lambda n: isinstance(n, str) and n.isidentifier() and n.isascii(),
+                         lambda n: f"parameter name {show(n)} is not an identifier")],
+    Annotated[CaseValue, check(lambda v: _case_value(v) is None, _case_value)]],
+    _is("a non-empty mapping of parameters", dict)]
+Cases = Annotated[list[Case], _is("a non-empty list of cases", list)]
+
+
+def one_of(*choices: str) -> Any:
+    return Annotated[Literal[choices], check(lambda v: v in choices, f"one of {', '.join(choices)}")]
+
+
+Lang = one_of("py", "cu")
+Ranking = one_of("last", "mean", "geom")
+Harness = one_of("kernelbot", "popcorn", "auto")
 
 
 class Strict(BaseModel):
@@ -265,9 +220,8 @@ class Strict(BaseModel):
         if not isinstance(data, dict):
             raise refusal(f"expected {cls.expected}, got {kind(data)}")
         fields = cls.model_fields
-        accepted = ", ".join(sorted(fields))
-        found: list[tuple[Loc, str]] = [((str(key),), f"unknown key; expected one of {accepted}")
-                                        for key in data if key not in fields]
+        found = [((str(key),), f"unknown key; expected one of {', '.join(sorted(fields))}")
+                 for key in data if key not in fields]
         found += [((key,), "required key is missing") for key in sorted(fields)
                   if fields[key].is_required() and key not in data]
         return refuse(handler, data, found, first=True)
@@ -275,12 +229,12 @@ class Strict(BaseModel):
 
 class FileEntry(Strict):
     expected: ClassVar[str] = "a mapping with name and source"
-    name: Annotated[str, checked(lambda v: None if isinstance(v, str) and _FILE_NAME.fullmatch(v) else
-                                 f"expected a plain file name like eval.py (no directory), got {show(v)}")] = Field(
+    name: Annotated[str, check(lambda v: isinstance(v, str) and _FILE_NAME.fullmatch(v),
+                               "a plain file name like eval.py (no directory)")] = Field(
         description="The file's name in the run's working directory (no directory part).")
-    source: Source = Field(description=f"Where it comes from, relative to task.yml: anywhere inside the problem "
-                                       f"collection (../utils.py), or {SUBMISSION} for the competitor's code "
-                                       "(exactly one entry).")
+    source: Annotated[str | Inlined, PlainValidator(lambda v, info: v if v == SUBMISSION else _path(v, info))] = Field(
+        description=f"Relative to task.yml, anywhere inside the problem collection (../utils.py); {SUBMISSION} for "
+                    "the competitor's code (exactly one entry).")
 
 
 class PyConfig(Strict):
@@ -289,41 +243,31 @@ class PyConfig(Strict):
 
 
 class CuConfig(Strict):
-    sources: Annotated[Names, _non_empty("file")] = Field(description="The files nvcc compiles (of `files`).")
-    defines: Annotated[
-        dict[Annotated[str, checked(lambda m: None if isinstance(m, str) and m.isidentifier() else
-                                    f"macro name {show(m)} is not an identifier")],
-             Annotated[str | int, checked(lambda v: None if _is_int(v) or isinstance(v, str) else
-                                          f"expected str or int, got {kind(v)}")]],
-        _a("a mapping of macro name to str or int", lambda v: isinstance(v, dict))] = Field(
+    sources: Annotated[list[Annotated[str, AfterValidator(_among_files)]], _names, _listing("file")] = Field(
+        description="The files nvcc compiles (of `files`).")
+    defines: Annotated[dict[
+        Annotated[str, check(lambda m: isinstance(m, str) and m.isidentifier(),
+                             lambda m: f"macro name {show(m)} is not an identifier")],
+        Annotated[str | int, check(lambda v: _is_int(v) or isinstance(v, str), "str or int", kind)]],
+        _is("a mapping of macro name to str or int", dict, empty=True)] = Field(
         {}, description="-D macros: name -> str or int.")
     include_dirs: Names = Field([], description="nvcc -I directories.")
     compile_flags: Names = Field([], description="Extra nvcc flags.")
-
-    @field_validator("sources")
-    @classmethod
-    def _among_files(cls, sources: list[str], info: ValidationInfo) -> list[str]:
-        names = (info.context or {}).get("files")
-        found = [((i,), f"{source} is not one of the files") for i, source in enumerate(sources)
-                 if names is not None and source not in names]
-        return refuse(None, sources, found)
 
 
 class TaskSettings(Strict):
     """The keys of task.yml a problem version keeps as written."""
 
-    lang: Annotated[str, one_of(*LANGS)] = Field(description="py: a Python submission; cu: CUDA source nvcc builds.")
+    lang: Lang = Field(description="py: a Python submission; cu: CUDA source nvcc builds.")
     description: Text = Field(description="Shown to competitors (Markdown).")
-    multi_gpu: Annotated[bool, checked(lambda v: None if isinstance(v, bool) else
-                                       f"expected true or false, got {kind(v)}")] = Field(
+    multi_gpu: Annotated[bool, check(lambda v: isinstance(v, bool), "true or false", kind)] = Field(
         False, description="Every case then names its world_size (devices on one node).")
-    seed: Annotated[int | None, checked(lambda v: None if v is None or _is_int(v) else
-                                        f"expected int, got {kind(v)}")] = Field(
+    seed: Annotated[int | None, check(lambda v: v is None or _is_int(v), "int", kind)] = Field(
         None, description="Base of the public runs' input seeds.")
     tests: Cases = Field(description="Correctness cases: mappings of parameter name to int, str (letters, digits, "
                                      "_.+-), bool or a flat list of them, passed to the harness as `k: v; k: v`.")
     benchmarks: Cases = Field(description="Timed cases, the same form as tests.")
-    ranking_by: Annotated[str, one_of(*RANKINGS)] = Field(
+    ranking_by: Ranking = Field(
         "last", description="How benchmark times make a score: the last case's, their mean or geometric mean.")
     test_timeout: Timeout = Field(DEFAULT_TIMEOUT, description="Seconds for the test phase.")
     benchmark_timeout: Timeout = Field(DEFAULT_TIMEOUT, description="Seconds for the benchmark phase.")
@@ -333,12 +277,11 @@ class TaskSettings(Strict):
     @field_validator("tests", "benchmarks", mode="wrap")
     @classmethod
     def _world_sizes(cls, cases: Any, handler: Callable[[Any], Any], info: ValidationInfo) -> Any:
-        found: list[tuple[Loc, str]] = []
+        found = []
         for i, case in enumerate(cases if info.data.get("multi_gpu") is True and isinstance(cases, list) else []):
-            if not isinstance(case, dict) or not case:
+            if not isinstance(case, dict) or not case or (_is_int(size := case.get("world_size")) and size >= 1):
                 continue
-            size = case.get("world_size")
-            if not (_is_int(size) and size >= 1) and ("world_size" not in case or _case_value(size) is None):
+            if "world_size" not in case or _case_value(size) is None:
                 got = f"got {show(size)}" if "world_size" in case else "missing"
                 found.append(((i, "world_size"), f"multi_gpu needs an int >= 1 in every case, {got}"))
         return refuse(handler, cases, found)
@@ -347,52 +290,37 @@ class TaskSettings(Strict):
 class TaskFile(TaskSettings):
     """A problem's task.yml."""
 
-    files: Annotated[list[FileEntry], _a("a non-empty list of {name, source}",
-                                         lambda v: isinstance(v, list) and bool(v))] = Field(
+    files: Annotated[list[FileEntry], _is("a non-empty list of {name, source}", list)] = Field(
         description=f"The files of a run's working directory; one entry is {SUBMISSION}.")
     config: Any = Field(_ABSENT, validate_default=True, description=f"py: {{main}} (`PyConfig`); cu, required: "
                         f"{{{CU_CONFIG_KEYS}}} (`CuConfig`).")
-    templates: Annotated[dict[str, Annotated[str | Inlined, PlainValidator(
-        lambda v, info: _source(v, info, submission_allowed=False))]],
-        _a("a mapping of language to path", lambda v: isinstance(v, dict))] = Field(
+    templates: Annotated[dict[str, Annotated[str | Inlined, PlainValidator(_path)]],
+                         _is("a mapping of language to path", dict, empty=True)] = Field(
         {}, description=f"Starting points shown to competitors: language ({', '.join(TEMPLATE_LANGS)}) -> path.")
 
     @field_validator("files", mode="wrap")
     @classmethod
     def _one_submission(cls, entries: Any, handler: Callable[[Any], Any]) -> Any:
-        found: list[tuple[Loc, str]] = []
-        names: set[str] = set()
-        submissions = 0
-        for i, entry in enumerate(entries if isinstance(entries, list) else []):
-            if not isinstance(entry, dict):
-                continue
-            if isinstance(name := entry.get("name"), str) and _FILE_NAME.fullmatch(name):
-                if name in names:
-                    found.append(((i, "name"), f"duplicate file name {name}"))
-                names.add(name)
-            if entry.get("source") == SUBMISSION:
-                submissions += 1
-                if submissions > 1:
-                    found.append(((i, "source"), f"more than one {SUBMISSION} entry"))
-        if entries and isinstance(entries, list) and not submissions:
-            found.append(((), f"no entry has source {SUBMISSION}; exactly one is required"))
+        items = [e if isinstance(e, dict) else {} for e in entries] if isinstance(entries, list) else []
+        names = [e.get("name") for e in items]
+        submissions = [i for i, e in enumerate(items) if e.get("source") == SUBMISSION]
+        found = [((i, "name"), f"duplicate file name {name}") for i, name in enumerate(names)
+                 if isinstance(name, str) and _FILE_NAME.fullmatch(name) and name in names[:i]]
+        found += [((i, "source"), f"more than one {SUBMISSION} entry") for i in submissions[1:]]
+        found += [((), f"no entry has source {SUBMISSION}; exactly one is required")] * bool(items and not submissions)
         return refuse(handler, entries, found)
 
     @field_validator("config")
     @classmethod
     def _config_of_lang(cls, config: Any, info: ValidationInfo) -> PyConfig | CuConfig | None:
-        lang = info.data.get("lang")
-        if config is _ABSENT:
-            if lang == "cu":
-                raise refusal(f"required for cu tasks ({CU_CONFIG_KEYS})")
-            return None
-        if not isinstance(config, dict):
+        lang, files = info.data.get("lang"), info.data.get("files")
+        if config is _ABSENT and lang == "cu":
+            raise refusal(f"required for cu tasks ({CU_CONFIG_KEYS})")
+        if config is not _ABSENT and not isinstance(config, dict):
             raise refusal(f"expected a mapping, got {kind(config)}")
-        if lang == "py":
-            return PyConfig.model_validate(config)
-        files = info.data.get("files")
+        model = {"py": PyConfig, "cu": CuConfig}.get(lang) if config is not _ABSENT else None
         names = {entry.name for entry in files} if files is not None else None
-        return CuConfig.model_validate(config, context={"files": names}) if lang == "cu" else None
+        return model.model_validate(config, context={"files": names}) if model else None
 
     @field_validator("templates", mode="wrap")
     @classmethod
@@ -417,11 +345,10 @@ class TaskDefinition(TaskSettings):
     @classmethod
     def from_file(cls, name: str, task: TaskFile) -> TaskDefinition:
         config = task.config.model_dump() if task.config is not None else {}
-        submission = next(e.name for e in task.files if e.source == SUBMISSION)
         return cls.model_construct(
             name=name, files={e.name: e.source.text for e in task.files if isinstance(e.source, Inlined)},
-            submission_name=submission, main=config.get("main"), config=config,
-            templates={lang: source.text for lang, source in task.templates.items()},
+            submission_name=next(e.name for e in task.files if e.source == SUBMISSION), main=config.get("main"),
+            config=config, templates={lang: source.text for lang, source in task.templates.items()},
             **{key: getattr(task, key) for key in TaskSettings.model_fields})
 
     @computed_field
@@ -457,37 +384,34 @@ def case_line(case: dict[str, CaseValue]) -> str:
 class ProblemEntry(Strict):
     """One leaderboard of a competition."""
 
-    name: Annotated[str, checked(lambda v: _text(v) or leaderboard_name_error(v))] = Field(
-        description="The leaderboard's name (its URL: letters, digits, - and _).")
-    harness: Annotated[str, one_of(*HARNESSES)] = Field(
+    name: Annotated[Text, check(lambda v: not leaderboard_name_error(v), leaderboard_name_error, mode=AfterValidator)] \
+        = Field(description="The leaderboard's name (its URL: letters, digits, - and _).")
+    harness: Harness = Field(
         "auto", description="kernelbot: the trusted harness; popcorn: the task's own evaluator; auto: popcorn when "
                             "the task brings one.")
     deadline: Deadline = Field(None, description="UTC unless a zone is given; default: the competition's.")
-    gpus: Annotated[list[str] | None, checked(_names), _non_empty("GPU")] = Field(
+    gpus: Annotated[list[str] | None, _names, _listing("GPU")] = Field(
         None, description="GPU types; default: the task's.")
-    directory: Annotated[str, PlainValidator(_directory)] = Field(
+    directory: Annotated[str, PlainValidator(lambda v, info: _path(v, info, "task_dir"))] = Field(
         description="The task directory (holding task.yml), relative to the competition file.")
 
 
 class CompetitionFile(Strict):
     """A competition file: problems/<set>.yaml."""
 
-    name: Annotated[str, checked(lambda v: _text(v, MAX_COMPETITION_NAME))] = Field(description="Shown on its page.")
-    description: Annotated[str, checked(lambda v: _text(v, allow_empty=True))] = Field("", description="Markdown.")
+    name: Annotated[Text, check(lambda v: len(v) <= MAX_COMPETITION_NAME, mode=AfterValidator,
+                                expected=lambda v: f"at most {MAX_COMPETITION_NAME} characters, got {len(v)}")] = Field(
+        description="Shown on its page.")
+    description: Annotated[str, check(lambda v: isinstance(v, str), "a non-empty string")] = Field(
+        "", description="Markdown.")
     deadline: Deadline = Field(None, description="\"2025-06-30\", \"2025-06-30 23:59\" or ISO 8601; UTC unless a "
                                                  "zone is given; empty: the importer uses its problems' latest.")
-    problems: Annotated[list[ProblemEntry], _a("a non-empty list of problems",
-                                               lambda v: isinstance(v, list) and bool(v))]
+    problems: Annotated[list[ProblemEntry], _is("a non-empty list of problems", list)]
 
     @field_validator("problems", mode="wrap")
     @classmethod
     def _unique_names(cls, entries: Any, handler: Callable[[Any], Any]) -> Any:
-        seen: dict[str, int] = {}
-        found: list[tuple[Loc, str]] = []
-        for i, entry in enumerate(entries if isinstance(entries, list) else []):
-            name = entry.get("name") if isinstance(entry, dict) else None
-            if isinstance(name, str) and not _text(name) and not leaderboard_name_error(name):
-                if name in seen:
-                    found.append(((i, "name"), f"duplicate name (also problems[{seen[name]}])"))
-                seen.setdefault(name, i)
+        names = [e.get("name") if isinstance(e, dict) else None for e in entries] if isinstance(entries, list) else []
+        found = [((i, "name"), f"duplicate name (also problems[{names.index(name)}])") for i, name in enumerate(names)
+                 if isinstance(name, str) and not leaderboard_name_error(name) and name in names[:i]]
         return refuse(handler, entries, found)
