@@ -9,8 +9,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from runners.models import GpuType
-from taskspec.loader import CompetitionDefinition
-from taskspec.model import TaskDefinition, has_own_evaluator, leaderboard_name_error
+from taskspec.model import CompetitionFile, TaskDefinition, has_own_evaluator, leaderboard_name_error
 
 from .actions import do_rescore_leaderboard
 from .models import Competition, HarnessProtocol, Leaderboard, Problem, RankingRule
@@ -254,7 +253,7 @@ def previewed(do_import, *args, **kwargs) -> ImportReport:
         return done.args[0]
 
 
-def do_import_competition(definition: CompetitionDefinition, *, force: bool = False,
+def do_import_competition(definition: CompetitionFile, *, force: bool = False,
                           force_hint: str = FORCE_HINT) -> ImportReport:
     report = ImportReport()
     with transaction.atomic():

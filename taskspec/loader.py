@@ -11,10 +11,8 @@ import tempfile
 import unicodedata
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -26,10 +24,10 @@ MAX_FILE_BYTES = 1 << 20
 MAX_TOTAL_BYTES = 8 << 20
 MAX_ZIP_MEMBERS = 200
 MAX_ZIP_BYTES = 16 << 20
+_UNSEEN = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}  # controls, format (bidi overrides, zero widths), no glyph
 
 
-@dataclass(frozen=True)
-class Issue:
+class Issue(NamedTuple):
     path: Path
     key: str | None
     message: str
@@ -46,8 +44,7 @@ class TaskFileError(ValueError):
     def __init__(self, issues: list[Issue]):
         self.issues = list(issues)
         self.errors = [str(issue) for issue in self.issues]
-        first = self.issues[0]
-        self.path, self.key, self.problem = first.path, first.key, first.problem
+        self.path, self.key, _, self.problem = self.issues[0]
         super().__init__("\n".join(self.errors))
 
 
@@ -55,38 +52,21 @@ class CompetitionError(TaskFileError):
     """Issues across a competition file and all the tasks it lists."""
 
 
-@dataclass(frozen=True)
-class CompetitionProblem:
-    name: str
-    task: TaskDefinition
-    deadline: datetime | None  # None: none given here nor for the competition (the importer picks one)
-    gpus: list[str]
-    harness: str = "auto"
-
-
-@dataclass(frozen=True)
-class CompetitionDefinition:
-    name: str
-    description: str
-    deadline: datetime | None  # None: `deadline: ""` or absent (the importer uses its problems' latest)
-    problems: list[CompetitionProblem]
-
-
-def key_path(loc: tuple[str | int, ...]) -> str | None:
-    """("tests", 2, "seed") -> "tests[2].seed"; a mapping's key that is refused is reported at the mapping."""
-    parts = loc[:-2] if loc and loc[-1] == "[key]" else loc
-    text = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts)
-    return text[1:] if text.startswith(".") else text or None
-
-
 def validate(model: type[BaseModel], raw: Any, path: Path, problem: Callable[[tuple], str | None],
              context: dict) -> tuple[Any, list[Issue]]:
+    """`raw` as `model`, or the issues: each at its key path, ("tests", 2, "seed") -> "tests[2].seed" (a refused
+    mapping key at the mapping)."""
     if not isinstance(raw, dict):
         return None, [Issue(path, None, f"expected a mapping at the top level, got {kind(raw)}", problem(()))]
     try:
         return model.model_validate(raw, context=context), []
     except ValidationError as exc:
-        return None, [Issue(path, key_path(e["loc"]), message(e), problem(e["loc"])) for e in exc.errors()]
+        issues = []
+        for e in exc.errors():
+            loc = e["loc"][:-2] if e["loc"][-1:] == ("[key]",) else e["loc"]
+            key = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc)
+            issues.append(Issue(path, key[1:] if key.startswith(".") else key or None, message(e), problem(e["loc"])))
+        return None, issues
 
 
 def collection_root(task_dir: Path, *, within: Path | None = None) -> Path:
@@ -104,10 +84,8 @@ def collection_root(task_dir: Path, *, within: Path | None = None) -> Path:
 
 def _is_competition_file(path: Path) -> bool:
     try:
-        if path.suffix not in (".yaml", ".yml") or not path.is_file() or path.stat().st_size > MAX_FILE_BYTES:
-            return False
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        raw = yaml.safe_load(_read_text(path, path.name)) if path.suffix in (".yaml", ".yml") else None
+    except (ValueError, yaml.YAMLError):  # unreadable (a refusal), too large, not UTF-8, not YAML
         return False
     return isinstance(raw, dict) and isinstance(raw.get("problems"), list)
 
@@ -139,7 +117,6 @@ def load_task_from_zip(data: bytes, *, name: str | None = None, filename: str | 
                          "(with the shared files it names); a whole collection is imported from its competition "
                          "file (import_problems set.yaml)")
         task_dir = found[0].parent
-        problem = name or (task_dir.name if task_dir != top else "upload")
         if task_dir == top:  # a flat zip: nothing can sit above task.yml
             hint = ("task.yml is at the top of this archive, so ../ leads out of it: put the problem in a folder "
                     "(vectoradd/task.yml) and each shared file where its ../ path then points (../utils.py: "
@@ -147,10 +124,11 @@ def load_task_from_zip(data: bytes, *, name: str | None = None, filename: str | 
         else:
             hint = ("files must come from inside the archive: zip the folder that holds both the problem and its "
                     "shared files")
+        problem = name or (task_dir.name if task_dir != top else "upload")
         return _load_task(task_dir, top, problem, lambda p: label / p.relative_to(top), hint)
 
 
-def load_competition(path: Path, *, root: Path | None = None) -> CompetitionDefinition:
+def load_competition(path: Path, *, root: Path | None = None) -> CompetitionFile:
     """Load a competition file and every task it lists; raises one CompetitionError for all issues.
     Task directories and their files must stay inside `root` (default: the competition file's directory)."""
     path = Path(path).resolve()
@@ -159,60 +137,40 @@ def load_competition(path: Path, *, root: Path | None = None) -> CompetitionDefi
         raise CompetitionError([Issue(path, None, f"the competition file is outside the root {comp_dir}", None)])
     shown = path.relative_to(comp_dir.parent)
     raw, issues = _read_yaml(path, shown, None)
-    if issues:
-        raise CompetitionError(issues)
     entries = raw.get("problems") if isinstance(raw, dict) and isinstance(raw.get("problems"), list) else []
+    task_issues: list[Issue] = []
 
     def problem(loc: tuple) -> str | None:
         entry = entries[loc[1]] if loc[:1] == ("problems",) and len(loc) > 1 else None
         return entry["name"] if isinstance(entry, dict) and isinstance(entry.get("name"), str) else None
 
-    task_dirs: dict[str, Path] = {}
-
-    def task_dir(directory: str) -> str:
+    def task(directory: str) -> TaskDefinition | None:
         found = (comp_dir / directory).resolve()
         if not found.is_relative_to(comp_dir):
             raise refusal(f"{directory} resolves outside the competition directory")
         if not (found / "task.yml").is_file():
             raise refusal(f"{directory} has no task.yml")
-        task_dirs[directory] = found
-        return directory
-
-    competition, issues = validate(CompetitionFile, raw, shown, problem, {"task_dir": task_dir})
-    tasks, task_issues = {}, []
-    for i, entry in enumerate(entries):
-        if isinstance(entry, dict) and isinstance(entry.get("directory"), str) and entry["directory"] in task_dirs:
-            try:
-                tasks[i] = load_task(task_dirs[entry["directory"]], root=comp_dir)
-            except TaskFileError as exc:
-                task_issues.extend(exc.issues)
-            if "gpus" not in entry and i in tasks and not tasks[i].gpus:
-                issues.append(Issue(shown, f"problems[{i}].gpus", "required because the task does not list gpus",
-                                    problem(("problems", i))))
-    issues.sort(key=lambda issue: int(m.group(1)) if (m := re.match(r"problems\[(\d+)]", issue.key or "")) else -1)
+        try:
+            return load_task(found, root=comp_dir)
+        except TaskFileError as exc:
+            task_issues.extend(exc.issues)
+            return None
+    if not issues:
+        competition, issues = validate(CompetitionFile, raw, shown, problem, {"task_dir": task})
     if issues or task_issues:
         raise CompetitionError(issues + task_issues)
-    return CompetitionDefinition(competition.name, competition.description, competition.deadline, [
-        CompetitionProblem(p.name, tasks[i], p.deadline or competition.deadline,
-                           list(p.gpus if p.gpus is not None else tasks[i].gpus), p.harness)
-        for i, p in enumerate(competition.problems)])
-
-
-_UNSEEN = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}  # controls, format (bidi overrides, zero widths), no glyph
-
-
-def _unseen(ch: str) -> bool:
-    return unicodedata.category(ch) in _UNSEEN
+    return competition.model_copy(update={"problems": [
+        p.model_copy(update={"deadline": p.deadline or competition.deadline}) for p in competition.problems]})
 
 
 def _visible(text: str) -> str:
     """`text` with every character that shows as nothing or reorders what follows written as its \\u escape."""
-    return "".join(f"\\u{ord(c):04x}" if _unseen(c) else c for c in text)
+    return "".join(f"\\u{ord(c):04x}" if unicodedata.category(c) in _UNSEEN else c for c in text)
 
 
 def _load_task(task_dir: Path, root: Path, name: str, shown: Callable[[Path], Path], hint: str) -> TaskDefinition:
     yml = task_dir / "task.yml"
-    if bad := next((c for c in name if _unseen(c)), None):  # e.g. U+202E from a zip folder: a name that lies
+    if bad := next((c for c in name if unicodedata.category(c) in _UNSEEN), None):  # a name that lies: U+202E
         where = shown(yml) if task_dir.is_relative_to(root) else yml
         raise TaskFileError([Issue(Path(_visible(str(where))), None, (
             f"the problem name (its directory name) '{_visible(name)}' holds U+{ord(bad):04X} "
@@ -226,12 +184,9 @@ def _load_task(task_dir: Path, root: Path, name: str, shown: Callable[[Path], Pa
     if not yml.resolve().is_relative_to(root):
         raise TaskFileError([Issue(shown(yml), None, f"task.yml resolves outside the problem collection; {hint}",
                                    name)])
-    raw, issues = _read_yaml(yml, shown(yml), name)
-    if issues:
-        raise TaskFileError(issues)
     total = 0
 
-    def read(source: str) -> str:
+    def read(source: str) -> Inlined:
         """A file named in task.yml: relative to the task, confined to the collection, size-capped."""
         nonlocal total
         target = (task_dir / source).resolve()
@@ -242,8 +197,9 @@ def _load_task(task_dir: Path, root: Path, name: str, shown: Callable[[Path], Pa
         if total > MAX_TOTAL_BYTES:
             raise refusal(f"{source} takes the inlined files past {MAX_TOTAL_BYTES >> 20} MiB in total")
         return Inlined(source, text)
-
-    task, issues = validate(TaskFile, raw, shown(yml), lambda loc: name, {"read": read})
+    raw, issues = _read_yaml(yml, shown(yml), name)
+    if not issues:
+        task, issues = validate(TaskFile, raw, shown(yml), lambda loc: name, {"read": read})
     if issues:
         raise TaskFileError(issues)
     return TaskDefinition.from_file(name, task)
@@ -255,13 +211,12 @@ class _Loader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         self.flatten_mapping(node)
         seen = set()
-        for key_node, _ in node.value:
-            if not isinstance(key_node, yaml.ScalarNode):
-                continue  # a list or mapping as a key: SafeLoader refuses it as unhashable
-            if (key_node.tag, key_node.value) in seen:
-                raise yaml.constructor.ConstructorError(  # located at the duplicate, not the mapping's start
-                    None, None, f"found duplicate key {key_node.value!r}", key_node.start_mark)
-            seen.add((key_node.tag, key_node.value))
+        for key, _ in node.value:
+            if isinstance(key, yaml.ScalarNode):  # a list or mapping as a key: SafeLoader refuses it as unhashable
+                if (key.tag, key.value) in seen:  # located at the duplicate, not the mapping's start
+                    raise yaml.constructor.ConstructorError(None, None, f"found duplicate key {key.value!r}",
+                                                            key.start_mark)
+                seen.add((key.tag, key.value))
         return super().construct_mapping(node, deep)
 
 
@@ -280,7 +235,7 @@ def _read_yaml(path: Path, shown: Path, problem: str | None) -> tuple[Any, list[
 def _yaml_error_text(exc: yaml.MarkedYAMLError) -> str:
     """Located where the mistake starts: an unclosed bracket or quote is only noticed lines later (often at the end
     of the file), so those are reported at their opening; anything else where the parser stopped."""
-    def at(mark) -> str:
+    def at(mark: Any) -> str:
         return f"line {mark.line + 1}, column {mark.column + 1}"
     start, found = exc.context_mark, exc.problem_mark
     context = re.sub(r"^while (parsing|scanning) ", "", exc.context or "")
@@ -293,16 +248,13 @@ def _yaml_error_text(exc: yaml.MarkedYAMLError) -> str:
 
 
 def _read_text(path: Path, shown: str) -> str:
-    """The file's text; refused (pydantic's custom error, the message for the organiser) when unreadable."""
+    """The file's text; refused (`refusal`, the message for the organiser) when unreadable, too large or not UTF-8."""
     try:
         with path.open("rb") as f:
             data = f.read(MAX_FILE_BYTES + 1)
-    except FileNotFoundError:
-        raise refusal(f"file not found: {shown}") from None
-    except IsADirectoryError:
-        raise refusal(f"{shown} is a directory, not a file") from None
     except OSError as exc:
-        raise refusal(f"cannot read {shown}: {exc.strerror}") from None
+        raise refusal({FileNotFoundError: f"file not found: {shown}", IsADirectoryError: f"{shown} is a directory, "
+                       "not a file"}.get(type(exc), f"cannot read {shown}: {exc.strerror}")) from None
     if len(data) > MAX_FILE_BYTES:
         raise refusal(f"{shown} is larger than the {MAX_FILE_BYTES >> 20} MiB limit")
     try:
@@ -318,19 +270,18 @@ def _extract_zip(data: bytes, dest: Path, refuse: Callable[..., TaskFileError]) 
         raise refuse(f"not a valid zip archive ({exc})") from None
     with archive:
         members = archive.infolist()
-        problems = [f"{len(members)} members; the limit is {MAX_ZIP_MEMBERS}"] * (len(members) > MAX_ZIP_MEMBERS)
         too_big = f"uncompressed size exceeds the {MAX_ZIP_BYTES >> 20} MiB limit"
+        problems = [f"{len(members)} members; the limit is {MAX_ZIP_MEMBERS}"] * (len(members) > MAX_ZIP_MEMBERS)
         problems += [too_big] * (sum(m.file_size for m in members) > MAX_ZIP_BYTES)
-        if not problems:
-            for member in members:
-                name = member.filename.replace("\\", "/")
-                parts = PurePosixPath(name).parts
-                if not parts or name.startswith("/") or re.match(r"[A-Za-z]:", name) or ".." in parts:
-                    problems.append(f"unsafe member path {member.filename!r}")
-                elif stat.S_ISLNK(member.external_attr >> 16):
-                    problems.append(f"member {member.filename!r} is a symlink")
-                elif member.flag_bits & 0x1:
-                    problems.append(f"member {member.filename!r} is encrypted")
+        for member in members if not problems else []:  # each member's own problems, once the totals are fine
+            name = member.filename.replace("\\", "/")
+            if not PurePosixPath(name).parts or name.startswith("/") or re.match(r"[A-Za-z]:", name) or ".." in \
+                    PurePosixPath(name).parts:
+                problems.append(f"unsafe member path {member.filename!r}")
+            elif stat.S_ISLNK(member.external_attr >> 16):
+                problems.append(f"member {member.filename!r} is a symlink")
+            elif member.flag_bits & 0x1:
+                problems.append(f"member {member.filename!r} is encrypted")
         if problems:
             raise refuse(*problems)
         written = 0  # counted while streaming: declared sizes in the headers can lie

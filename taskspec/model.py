@@ -16,9 +16,10 @@ import hashlib
 import json
 import re
 from collections.abc import Callable
+from contextlib import suppress
 from datetime import UTC, date, datetime, time
 from functools import cached_property
-from typing import Annotated, Any, ClassVar, Literal, NamedTuple
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple, get_origin
 
 from pydantic import (
     AfterValidator,
@@ -88,25 +89,6 @@ def check(ok: Callable[[Any], Any], expected: str | Callable[[Any], str], got: C
     return mode(validate)
 
 
-def refuse(handler: Callable[[Any], Any] | None, value: Any, found: list[tuple[tuple, str]], *, first: bool = False,
-           order: Any = None) -> Any:
-    """`handler(value)` (None: keep `value`), failing with its errors and `found` ((location, message)) together:
-    `found` first, else all in the order of the items of `order` (default: `value`) they are about."""
-    try:
-        result, errors = (handler(value) if handler else value), []
-    except ValidationError as exc:
-        errors = exc.errors()
-    if not found and not errors:
-        return result
-    lines = [*found, *((e["loc"], message(e)) for e in errors
-                       if not (first and e["type"] == "missing" and len(e["loc"]) == 1))]
-    if not first:
-        position = {k: i for i, k in enumerate(value if order is None else order)} if isinstance(value, dict) else {}
-        lines.sort(key=lambda line: position.get(line[0][0], line[0][0]) if line[0] else -1)
-    raise ValidationError.from_exception_data("taskfile", [
-        {"type": refusal(text), "loc": loc, "input": None} for loc, text in lines])
-
-
 def _case_value(value: Any, in_list: bool = False) -> str | None:
     """Why a case value cannot pass to the harness as KernelBot passes them (ints, strings, booleans, flat lists)
     on one `case_line`, or None."""
@@ -135,23 +117,20 @@ def parse_deadline(value: Any) -> datetime | None:
     Anything else raises a ValueError (`refusal`)."""
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
-    if isinstance(value, date) and not isinstance(value, datetime):  # an unquoted YAML date
+    if isinstance(value, str):
+        for form in ("%Y-%m-%d %H:%M", "%Y-%m-%d", "ISO 8601"):
+            with suppress(ValueError):
+                value = datetime.fromisoformat(value.strip()) if form == "ISO 8601" else datetime.strptime(
+                    value.strip(), form)
+                break
+        else:
+            raise refusal(f"{value.strip()!r} is not a date and time; use \"2025-06-30\" (00:00 UTC), \"2025-06-30 "
+                          "23:59\" or ISO 8601 like \"2025-06-30T23:59:00Z\"")
+    elif isinstance(value, date) and not isinstance(value, datetime):  # an unquoted YAML date
         value = datetime.combine(value, time())
-    elif isinstance(value, str):
-        value = _parse_deadline_text(value.strip())
     elif not isinstance(value, datetime):
         raise refusal(f"expected a date and time like \"2025-06-30 23:59\", got {kind(value)}")
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
-def _parse_deadline_text(text: str) -> datetime:
-    for form in ("%Y-%m-%d %H:%M", "%Y-%m-%d", "ISO 8601"):  # KernelBot's (strptime takes "6:59"), then ours
-        try:
-            return datetime.fromisoformat(text) if form == "ISO 8601" else datetime.strptime(text, form)
-        except ValueError:
-            pass
-    raise refusal(f"{text!r} is not a date and time; use \"2025-06-30\" (00:00 UTC), \"2025-06-30 23:59\" or "
-                  "ISO 8601 like \"2025-06-30T23:59:00Z\"")
 
 
 class Inlined(NamedTuple):
@@ -209,22 +188,46 @@ Harness = one_of("kernelbot", "popcorn", "auto")
 
 
 class Strict(BaseModel):
-    """A mapping whose unknown keys, then missing ones, are reported first, listing the keys it accepts."""
+    """A mapping that reports all its problems at once: unknown keys, then missing ones (listing the keys it
+    accepts), then the others in the order of its fields and, within a list or mapping, of the items written."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
     expected: ClassVar[str] = "a mapping"
 
+    @classmethod
+    def _checks(cls, data: dict) -> list[tuple[tuple, str]]:
+        """What checking each key alone cannot see, as (location, message)."""
+        return []
+
     @model_validator(mode="wrap")
     @classmethod
-    def _known_keys(cls, data: Any, handler: Callable[[Any], Any]) -> Any:
+    def _report_all(cls, data: Any, handler: Callable[[Any], Any]) -> Any:
         if not isinstance(data, dict):
             raise refusal(f"expected {cls.expected}, got {kind(data)}")
-        fields = cls.model_fields
+        fields = {field.validation_alias or name: field for name, field in cls.model_fields.items()}
         found = [((str(key),), f"unknown key; expected one of {', '.join(sorted(fields))}")
                  for key in data if key not in fields]
         found += [((key,), "required key is missing") for key in sorted(fields)
                   if fields[key].is_required() and key not in data]
-        return refuse(handler, data, found, first=True)
+        lines = cls._checks(data)
+        try:
+            result = handler(data)
+        except ValidationError as exc:
+            lines += [(e["loc"], message(e)) for e in exc.errors()
+                      if not (e["type"] == "missing" and len(e["loc"]) == 1)]
+        if not found and not lines:
+            return result
+
+        def position(line: tuple) -> tuple:
+            key, at = line[0][0], line[0][1] if len(line[0]) > 1 else None
+            items = data.get(key) if get_origin(fields[key].annotation) is dict else None
+            return list(fields).index(key), list(items).index(at) if isinstance(items, dict) and at in items else (
+                at if isinstance(at, int) else -1)
+        raise ValidationError.from_exception_data("taskfile", [{"type": refusal(text), "loc": loc, "input": None}
+                                                               for loc, text in found + sorted(lines, key=position)])
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump()
 
 
 class FileEntry(Strict):
@@ -274,17 +277,16 @@ class TaskSettings(Strict):
     ranked_timeout: Timeout = Field(DEFAULT_TIMEOUT, description="Seconds for the ranked phase.")
     gpus: Names = Field([], description="GPU types its leaderboard runs on, unless the competition file says.")
 
-    @field_validator("tests", "benchmarks", mode="wrap")
     @classmethod
-    def _world_sizes(cls, cases: Any, handler: Callable[[Any], Any], info: ValidationInfo) -> Any:
-        found = []
-        for i, case in enumerate(cases if info.data.get("multi_gpu") is True and isinstance(cases, list) else []):
-            if not isinstance(case, dict) or not case or (_is_int(size := case.get("world_size")) and size >= 1):
-                continue
-            if "world_size" not in case or _case_value(size) is None:
-                got = f"got {show(size)}" if "world_size" in case else "missing"
-                found.append(((i, "world_size"), f"multi_gpu needs an int >= 1 in every case, {got}"))
-        return refuse(handler, cases, found)
+    def _checks(cls, data: dict) -> list[tuple[tuple, str]]:
+        """multi_gpu: each case's world_size (unless its value is refused as a case value anyway)."""
+        cases = [(key, i, case) for key in ("tests", "benchmarks") if isinstance(data.get(key), list)
+                 for i, case in enumerate(data[key]) if isinstance(case, dict) and case]
+        return [((key, i, "world_size"), "multi_gpu needs an int >= 1 in every case, "
+                 + (f"got {show(case['world_size'])}" if "world_size" in case else "missing"))
+                for key, i, case in cases if data.get("multi_gpu") is True
+                and not (_is_int(size := case.get("world_size")) and size >= 1)
+                and ("world_size" not in case or _case_value(size) is None)]
 
 
 class TaskFile(TaskSettings):
@@ -295,20 +297,26 @@ class TaskFile(TaskSettings):
     config: Any = Field(_ABSENT, validate_default=True, description=f"py: {{main}} (`PyConfig`); cu, required: "
                         f"{{{CU_CONFIG_KEYS}}} (`CuConfig`).")
     templates: Annotated[dict[str, Annotated[str | Inlined, PlainValidator(_path)]],
+                         BeforeValidator(lambda v: {k: p for k, p in v.items() if k in TEMPLATE_LANGS}),
                          _is("a mapping of language to path", dict, empty=True)] = Field(
         {}, description=f"Starting points shown to competitors: language ({', '.join(TEMPLATE_LANGS)}) -> path.")
 
-    @field_validator("files", mode="wrap")
     @classmethod
-    def _one_submission(cls, entries: Any, handler: Callable[[Any], Any]) -> Any:
-        items = [e if isinstance(e, dict) else {} for e in entries] if isinstance(entries, list) else []
-        names = [e.get("name") for e in items]
-        submissions = [i for i, e in enumerate(items) if e.get("source") == SUBMISSION]
-        found = [((i, "name"), f"duplicate file name {name}") for i, name in enumerate(names)
+    def _checks(cls, data: dict) -> list[tuple[tuple, str]]:
+        """Unique file names, exactly one submission; templates in known languages."""
+        files = data.get("files") if isinstance(data.get("files"), list) else []
+        entries = [e if isinstance(e, dict) else {} for e in files]
+        names = [e.get("name") for e in entries]
+        submissions = [i for i, e in enumerate(entries) if e.get("source") == SUBMISSION]
+        found = [(("files", i, "name"), f"duplicate file name {name}") for i, name in enumerate(names)
                  if isinstance(name, str) and _FILE_NAME.fullmatch(name) and name in names[:i]]
-        found += [((i, "source"), f"more than one {SUBMISSION} entry") for i in submissions[1:]]
-        found += [((), f"no entry has source {SUBMISSION}; exactly one is required")] * bool(items and not submissions)
-        return refuse(handler, entries, found)
+        found += [(("files", i, "source"), f"more than one {SUBMISSION} entry") for i in submissions[1:]]
+        if entries and not submissions:
+            found.append((("files",), f"no entry has source {SUBMISSION}; exactly one is required"))
+        templates = data.get("templates") if isinstance(data.get("templates"), dict) else {}
+        return super()._checks(data) + found + [
+            (("templates", str(lang)), f"unknown language; expected {', '.join(TEMPLATE_LANGS)}")
+            for lang in templates if lang not in TEMPLATE_LANGS]
 
     @field_validator("config")
     @classmethod
@@ -319,17 +327,11 @@ class TaskFile(TaskSettings):
         if config is not _ABSENT and not isinstance(config, dict):
             raise refusal(f"expected a mapping, got {kind(config)}")
         model = {"py": PyConfig, "cu": CuConfig}.get(lang) if config is not _ABSENT else None
+        if files is not None and ([e.source for e in files].count(SUBMISSION) != 1 or
+                                  len({e.name for e in files}) < len(files)):
+            files = None  # refused in _checks: sources are not compared with them
         names = {entry.name for entry in files} if files is not None else None
         return model.model_validate(config, context={"files": names}) if model else None
-
-    @field_validator("templates", mode="wrap")
-    @classmethod
-    def _known_languages(cls, templates: Any, handler: Callable[[Any], Any]) -> Any:
-        if not isinstance(templates, dict):
-            return handler(templates)
-        found = [((str(lang),), f"unknown language; expected {', '.join(TEMPLATE_LANGS)}")
-                 for lang in templates if lang not in TEMPLATE_LANGS]
-        return refuse(handler, {k: v for k, v in templates.items() if k in TEMPLATE_LANGS}, found, order=templates)
 
 
 class TaskDefinition(TaskSettings):
@@ -361,9 +363,6 @@ class TaskDefinition(TaskSettings):
         canonical = json.dumps(evaluated, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return hashlib.sha256(canonical.encode()).hexdigest()
 
-    def to_json(self) -> dict[str, Any]:
-        return self.model_dump()
-
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TaskDefinition:
         """The hash is recomputed, never trusted from `data`."""
@@ -384,20 +383,32 @@ def case_line(case: dict[str, CaseValue]) -> str:
 class ProblemEntry(Strict):
     """One leaderboard of a competition."""
 
-    name: Annotated[Text, check(lambda v: not leaderboard_name_error(v), leaderboard_name_error, mode=AfterValidator)] \
-        = Field(description="The leaderboard's name (its URL: letters, digits, - and _).")
+    name: Annotated[Text, check(lambda v: not leaderboard_name_error(v), leaderboard_name_error, mode=AfterValidator)
+                    ] = Field(description="The leaderboard's name (its URL: letters, digits, - and _).")
     harness: Harness = Field(
         "auto", description="kernelbot: the trusted harness; popcorn: the task's own evaluator; auto: popcorn when "
                             "the task brings one.")
     deadline: Deadline = Field(None, description="UTC unless a zone is given; default: the competition's.")
+    task: Annotated[Any, PlainValidator(lambda v, info: _path(v, info, "task_dir"))] = Field(
+        validation_alias="directory", description="`directory`: the task directory (holding task.yml), relative to "
+                                                  "the competition file; read by the loader.")
     gpus: Annotated[list[str] | None, _names, _listing("GPU")] = Field(
-        None, description="GPU types; default: the task's.")
-    directory: Annotated[str, PlainValidator(lambda v, info: _path(v, info, "task_dir"))] = Field(
-        description="The task directory (holding task.yml), relative to the competition file.")
+        _ABSENT, validate_default=True, description="GPU types; default: the task's.")
+
+    @field_validator("gpus", mode="wrap")
+    @classmethod
+    def _task_gpus(cls, gpus: Any, handler: Callable[[Any], Any], info: ValidationInfo) -> list[str] | None:
+        if gpus is not _ABSENT:
+            return handler(gpus)
+        task = info.data.get("task")
+        if isinstance(task, TaskDefinition) and not task.gpus:
+            raise refusal("required because the task does not list gpus")
+        return task.gpus if isinstance(task, TaskDefinition) else None
 
 
 class CompetitionFile(Strict):
-    """A competition file: problems/<set>.yaml."""
+    """A competition file: problems/<set>.yaml. `taskspec.loader.load_competition` gives it with each problem's
+    task read and its deadline and gpus defaults applied."""
 
     name: Annotated[Text, check(lambda v: len(v) <= MAX_COMPETITION_NAME, mode=AfterValidator,
                                 expected=lambda v: f"at most {MAX_COMPETITION_NAME} characters, got {len(v)}")] = Field(
@@ -408,10 +419,11 @@ class CompetitionFile(Strict):
                                                  "zone is given; empty: the importer uses its problems' latest.")
     problems: Annotated[list[ProblemEntry], _is("a non-empty list of problems", list)]
 
-    @field_validator("problems", mode="wrap")
     @classmethod
-    def _unique_names(cls, entries: Any, handler: Callable[[Any], Any]) -> Any:
-        names = [e.get("name") if isinstance(e, dict) else None for e in entries] if isinstance(entries, list) else []
-        found = [((i, "name"), f"duplicate name (also problems[{names.index(name)}])") for i, name in enumerate(names)
-                 if isinstance(name, str) and not leaderboard_name_error(name) and name in names[:i]]
-        return refuse(handler, entries, found)
+    def _checks(cls, data: dict) -> list[tuple[tuple, str]]:
+        """Unique leaderboard names."""
+        entries = data.get("problems") if isinstance(data.get("problems"), list) else []
+        names = [e.get("name") if isinstance(e, dict) else None for e in entries]
+        return [(("problems", i, "name"), f"duplicate name (also problems[{names.index(name)}])")
+                for i, name in enumerate(names)
+                if isinstance(name, str) and not leaderboard_name_error(name) and name in names[:i]]
