@@ -2,8 +2,6 @@
 collection, the zip's limits. Every problem is reported as a `TaskFileError` (a ValueError) listing all issues
 found in the file(s): `<path>: <key>: <message> (problem <name>)`, one per line in `str(err)` and `err.errors`."""
 
-from __future__ import annotations
-
 import io
 import re
 import stat

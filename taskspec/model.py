@@ -5,12 +5,10 @@
 - `TaskDefinition`: what a problem version stores and runs (`Problem.definition`): the task with its files read.
 
 The models do no I/O: `taskspec.loader` passes, in the validation context, `read` (a path relative to task.yml ->
-`Inlined`) and `task_dir` (a competition's problem directory -> the checked path); without them paths stay as
+`Inlined`) and `task_dir` (a competition's problem directory -> its `TaskDefinition`); without them paths stay as
 written. Messages are written for organisers; the loader prefixes the file, the key path and the problem:
 `demo/softmax_py/task.yml: tests[2].seed: expected int, ..., got null (problem softmax_py)`.
 """
-
-from __future__ import annotations
 
 import hashlib
 import json
@@ -75,8 +73,8 @@ def refusal(message: str) -> PydanticCustomError:
 
 
 def message(error: dict) -> str:
-    return "required key is missing" if error["type"] == "missing" else error.get("ctx", {}).get("message",
-                                                                                                 error["msg"])
+    missing = error["type"] == "missing"
+    return "required key is missing" if missing else error.get("ctx", {}).get("message", error["msg"])
 
 
 def check(ok: Callable[[Any], Any], expected: str | Callable[[Any], str], got: Callable[[Any], str] = show,
@@ -193,6 +191,7 @@ class Strict(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="ignore")
     expected: ClassVar[str] = "a mapping"
+    keys: ClassVar[tuple[str, ...]] = ()  # the order its keys' problems are reported in, when not its fields'
 
     @classmethod
     def _checks(cls, data: dict) -> list[tuple[tuple, str]]:
@@ -218,11 +217,12 @@ class Strict(BaseModel):
         if not found and not lines:
             return result
 
-        def position(line: tuple) -> tuple:
+        def position(line: tuple) -> tuple:  # its key's, then its item's in a list or a mapping of items
             key, at = line[0][0], line[0][1] if len(line[0]) > 1 else None
             items = data.get(key) if get_origin(fields[key].annotation) is dict else None
-            return list(fields).index(key), list(items).index(at) if isinstance(items, dict) and at in items else (
-                at if isinstance(at, int) else -1)
+            if isinstance(items, dict) and at in items:
+                at = list(items).index(at)
+            return (cls.keys or list(fields)).index(key), at if isinstance(at, int) else -1
         raise ValidationError.from_exception_data("taskfile", [{"type": refusal(text), "loc": loc, "input": None}
                                                                for loc, text in found + sorted(lines, key=position)])
 
@@ -280,13 +280,15 @@ class TaskSettings(Strict):
     @classmethod
     def _checks(cls, data: dict) -> list[tuple[tuple, str]]:
         """multi_gpu: each case's world_size (unless its value is refused as a case value anyway)."""
-        cases = [(key, i, case) for key in ("tests", "benchmarks") if isinstance(data.get(key), list)
-                 for i, case in enumerate(data[key]) if isinstance(case, dict) and case]
-        return [((key, i, "world_size"), "multi_gpu needs an int >= 1 in every case, "
-                 + (f"got {show(case['world_size'])}" if "world_size" in case else "missing"))
-                for key, i, case in cases if data.get("multi_gpu") is True
-                and not (_is_int(size := case.get("world_size")) and size >= 1)
-                and ("world_size" not in case or _case_value(size) is None)]
+        found = []
+        for key in ("tests", "benchmarks") if data.get("multi_gpu") is True else ():
+            for i, case in enumerate(data[key] if isinstance(data.get(key), list) else []):
+                if not isinstance(case, dict) or not case or (_is_int(size := case.get("world_size")) and size >= 1):
+                    continue
+                if "world_size" not in case or _case_value(size) is None:
+                    got = f"got {show(size)}" if "world_size" in case else "missing"
+                    found.append(((key, i, "world_size"), f"multi_gpu needs an int >= 1 in every case, {got}"))
+        return found
 
 
 class TaskFile(TaskSettings):
@@ -345,7 +347,7 @@ class TaskDefinition(TaskSettings):
     templates: dict[str, str] = Field(description="language -> text.")
 
     @classmethod
-    def from_file(cls, name: str, task: TaskFile) -> TaskDefinition:
+    def from_file(cls, name: str, task: TaskFile) -> "TaskDefinition":
         config = task.config.model_dump() if task.config is not None else {}
         return cls.model_construct(
             name=name, files={e.name: e.source.text for e in task.files if isinstance(e.source, Inlined)},
@@ -364,7 +366,7 @@ class TaskDefinition(TaskSettings):
         return hashlib.sha256(canonical.encode()).hexdigest()
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> TaskDefinition:
+    def from_json(cls, data: dict[str, Any]) -> "TaskDefinition":
         """The hash is recomputed, never trusted from `data`."""
         return cls.model_validate({k: v for k, v in data.items() if k != "content_hash"})
 
@@ -383,6 +385,8 @@ def case_line(case: dict[str, CaseValue]) -> str:
 class ProblemEntry(Strict):
     """One leaderboard of a competition."""
 
+    keys: ClassVar = ("name", "harness", "deadline", "gpus", "directory")  # gpus need the task read, first
+
     name: Annotated[Text, check(lambda v: not leaderboard_name_error(v), leaderboard_name_error, mode=AfterValidator)
                     ] = Field(description="The leaderboard's name (its URL: letters, digits, - and _).")
     harness: Harness = Field(
@@ -390,8 +394,8 @@ class ProblemEntry(Strict):
                             "the task brings one.")
     deadline: Deadline = Field(None, description="UTC unless a zone is given; default: the competition's.")
     task: Annotated[Any, PlainValidator(lambda v, info: _path(v, info, "task_dir"))] = Field(
-        validation_alias="directory", description="`directory`: the task directory (holding task.yml), relative to "
-                                                  "the competition file; read by the loader.")
+        validation_alias="directory", description="The key `directory`: the task directory (holding task.yml), "
+                                                  "relative to the competition file; the loader reads its task.")
     gpus: Annotated[list[str] | None, _names, _listing("GPU")] = Field(
         _ABSENT, validate_default=True, description="GPU types; default: the task's.")
 
@@ -417,7 +421,8 @@ class CompetitionFile(Strict):
         "", description="Markdown.")
     deadline: Deadline = Field(None, description="\"2025-06-30\", \"2025-06-30 23:59\" or ISO 8601; UTC unless a "
                                                  "zone is given; empty: the importer uses its problems' latest.")
-    problems: Annotated[list[ProblemEntry], _is("a non-empty list of problems", list)]
+    problems: Annotated[list[ProblemEntry], _is("a non-empty list of problems", list)] = Field(
+        description="Its leaderboards, each a `ProblemEntry`.")
 
     @classmethod
     def _checks(cls, data: dict) -> list[tuple[tuple, str]]:

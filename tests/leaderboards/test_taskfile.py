@@ -195,6 +195,15 @@ def test_all_errors_of_a_file_are_collected(tmp_path):
     assert len(str(info.value).splitlines()) == 4
 
 
+def test_template_keyed_by_a_number_is_reported_beside_other_errors(tmp_path):
+    """Ordering the issues of a template mapping keyed by a number (YAML `1:`) used to raise a TypeError."""
+    with pytest.raises(TaskFileError) as info:
+        load_task(write_tree(tmp_path, changed(templates={1: "template.py", "HIP": 3})))
+    assert [(issue.key, issue.message) for issue in info.value.issues] == [
+        ("templates.1", "unknown language; expected Python, Triton, CUDA, HIP, CuteDSL"),
+        ("templates.HIP", "expected a relative path, got int")]
+
+
 def test_loads_python_task(tmp_path):
     task = load_task(write_tree(tmp_path))
     assert task.name == "softmax_py"
