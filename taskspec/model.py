@@ -191,7 +191,7 @@ class Strict(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="ignore")
     expected: ClassVar[str] = "a mapping"
-    keys: ClassVar[tuple[str, ...]] = ()  # the order its keys' problems are reported in, when not its fields'
+    report_order: ClassVar[tuple[str, ...]] = ()  # the order of its keys for their problems, when not its fields
 
     @classmethod
     def _checks(cls, data: dict) -> list[tuple[tuple, str]]:
@@ -222,7 +222,7 @@ class Strict(BaseModel):
             items = data.get(key) if get_origin(fields[key].annotation) is dict else None
             if isinstance(items, dict) and at in items:
                 at = list(items).index(at)
-            return (cls.keys or list(fields)).index(key), at if isinstance(at, int) else -1
+            return (cls.report_order or list(fields)).index(key), at if isinstance(at, int) else -1
         raise ValidationError.from_exception_data("taskfile", [{"type": refusal(text), "loc": loc, "input": None}
                                                                for loc, text in found + sorted(lines, key=position)])
 
@@ -385,7 +385,7 @@ def case_line(case: dict[str, CaseValue]) -> str:
 class ProblemEntry(Strict):
     """One leaderboard of a competition."""
 
-    keys: ClassVar = ("name", "harness", "deadline", "gpus", "directory")  # gpus need the task read, first
+    report_order: ClassVar = ("name", "harness", "deadline", "gpus", "directory")  # gpus read the task: after it
 
     name: Annotated[Text, check(lambda v: not leaderboard_name_error(v), leaderboard_name_error, mode=AfterValidator)
                     ] = Field(description="The leaderboard's name (its URL: letters, digits, - and _).")
@@ -407,7 +407,7 @@ class ProblemEntry(Strict):
         task = info.data.get("task")
         if isinstance(task, TaskDefinition) and not task.gpus:
             raise refusal("required because the task does not list gpus")
-        return task.gpus if isinstance(task, TaskDefinition) else None
+        return list(task.gpus) if isinstance(task, TaskDefinition) else None
 
 
 class CompetitionFile(Strict):
