@@ -116,14 +116,14 @@ def parse_deadline(value: Any) -> datetime | None:
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
     if isinstance(value, str):
+        text = value.strip()
         for form in ("%Y-%m-%d %H:%M", "%Y-%m-%d", "ISO 8601"):
             with suppress(ValueError):
-                value = datetime.fromisoformat(value.strip()) if form == "ISO 8601" else datetime.strptime(
-                    value.strip(), form)
+                value = datetime.fromisoformat(text) if form == "ISO 8601" else datetime.strptime(text, form)
                 break
         else:
-            raise refusal(f"{value.strip()!r} is not a date and time; use \"2025-06-30\" (00:00 UTC), \"2025-06-30 "
-                          "23:59\" or ISO 8601 like \"2025-06-30T23:59:00Z\"")
+            raise refusal(f"{text!r} is not a date and time; use \"2025-06-30\" (00:00 UTC), \"2025-06-30 23:59\" or "
+                          "ISO 8601 like \"2025-06-30T23:59:00Z\"")
     elif isinstance(value, date) and not isinstance(value, datetime):  # an unquoted YAML date
         value = datetime.combine(value, time())
     elif not isinstance(value, datetime):
