@@ -127,7 +127,10 @@ def fmt_seconds(value: float | None) -> str:
 
 
 def status_table(sub: dict[str, Any]) -> Table:
-    table = Table(title=f"#{sub['id']} {sub['file_name']} → {sub['leaderboard']} ({sub['mode']}): {sub['status']}")
+    rerun = sub.get("rerun_of")  # a final standings' re-run, made by the platform: not one of the user's own
+    made = (f" — re-run {rerun['round']} of #{rerun['submission_id']} for the final standings" if rerun else "")
+    table = Table(title=f"#{sub['id']} {sub['file_name']} → {sub['leaderboard']} ({sub['mode']}): {sub['status']}"
+                  + made)
     for column in ("GPU", "run", "status", "tests", "score", "detail"):
         table.add_column(column)
     for run in sub["runs"]:
