@@ -86,10 +86,11 @@ def private(solution: str, who: str) -> tuple[str, str]:
     return (SOLUTIONS / solution).read_text() + f"\n{secret}\n", secret
 
 
-def wait_until(check, what: str, timeout: float = 240):
+def wait_until(check, what, timeout: float = 240):
+    """Polls `check` until it is true; `what` (text, or a function giving it at the end) names what never came."""
     deadline = time.monotonic() + timeout
     while not (value := check()):
-        assert time.monotonic() < deadline, f"waited {timeout:.0f} s for {what}"
+        assert time.monotonic() < deadline, f"waited {timeout:.0f} s for {what() if callable(what) else what}"
         time.sleep(0.5)
     return value
 
@@ -203,7 +204,7 @@ def test_a_whole_competition_from_the_readme_to_the_published_dataset(browser, p
     axis = "() => ['.y-title', '.y-top', '.y-bottom'].map(c => document.querySelector('#chart ' + c)?.textContent)"
     assert reloaded.evaluate(axis)[0] == "× reference, lower is better"
     wait_until(lambda: spectator.evaluate(axis) == reloaded.evaluate(axis),
-               f"the live chart {spectator.evaluate(axis)} to read as reloaded {reloaded.evaluate(axis)}", 30)
+               lambda: f"the live chart {spectator.evaluate(axis)} to read as reloaded {reloaded.evaluate(axis)}", 30)
     assert spectator.evaluate("window.kbNoReload") is True
 
     # --- the organiser moves the deadline near; it passes; the scheduled finals run and publish --------------------
