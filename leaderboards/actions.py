@@ -260,7 +260,8 @@ def do_rescore_leaderboard(leaderboard: Leaderboard) -> int:
 def do_delete_submission(submission: Submission) -> None:
     """Cancel what is still running, take it off its boards, delete it and rebuild the boards it held an entry or
     a record on (another submission may take its place in either). The final standings' re-runs, and the submissions
-    they re-run, stay until the standings are published (`finals.check_may_delete`)."""
+    they re-run, stay until the standings are published, and an entry of published standings stays for good
+    (`finals.check_may_delete`)."""
     finals.check_may_delete(submission)
     with transaction.atomic():
         boards = do_take_off_boards(submission.pk)

@@ -555,7 +555,8 @@ class SubmissionAdmin(PrecheckForStaffMixin, NoAddAdmin):
         return None
 
     def get_deleted_objects(self, objs, request):
-        """The delete pages refuse what the service layer would: re-runs (and what they re-run) until published."""
+        """The delete pages refuse what the service layer would: re-runs (and what they re-run) until published, and
+        the entries of published standings for good."""
         deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
         return deleted, counts, perms_needed, [*protected, *filter(None, (self._refusal(o) for o in objs))]
 

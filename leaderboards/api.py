@@ -129,7 +129,7 @@ def submission_out(submission: Submission, runs: list[Run], view: RunView, queue
     scores = submission_scores(submission.mode, runs)  # the page's and the board's, per GPU type
     return {"id": submission.pk, "leaderboard": submission.leaderboard.name, "file_name": submission.file_name,
             "mode": submission.mode, "created": submission.created, "done": done, "status": status,
-            "score": min(scores.values(), default=None), "scores": scores,
+            "rerun_of": finals.rerun_of(submission), "score": min(scores.values(), default=None), "scores": scores,
             "runs": [{**r, "tests": [case(c) for c in r["tests"]], "benchmarks": [case(c) for c in r["benchmarks"]]}
                      for r in shown], "queue": queue}
 
@@ -174,7 +174,8 @@ def list_submissions(request, leaderboard: str = "", limit: int = 50, offset: in
 @router.get("/submissions/{submission_id}", response={200: SubmissionOut, 404: ErrorOut}, auth=token_auth)
 def get_submission(request, submission_id: int):
     """Status with per-phase (tests, benchmarks) results of each run."""
-    submission = access_submission(request.auth, submission_id)
+    submission = access_submission(request.auth, submission_id, queryset=Submission.objects.select_related(
+        "leaderboard", "final_entry"))
     runs = list(submission.runs.select_related("gpu_type", "submission"))
     return submission_out(submission, runs, run_view(request.auth, submission), queue_out(submission, runs))
 

@@ -99,7 +99,8 @@ class LeaderboardConsumer(LiveConsumer):
         await self.send_json({"type": "delta", "version": event["version"], "entries": entries,
                               "removed": event.get("removed", []), "shift": event.get("shift"),
                               **{k: event[k] for k in ("rows", "entrants", "pager", "records", "record_names",
-                                                       "records_html", "record_added", "record_html") if k in event}})
+                                                       "records_html", "record_added", "record_html",
+                                                       "records_on_ratio") if k in event}})
 
 
     async def leaderboard_final(self, event: dict[str, Any]) -> None:

@@ -294,7 +294,9 @@ UNSETTLED = [FinalStatus.RUNNING, FinalStatus.DONE]  # re-runs under way, or end
 def check_may_delete(submission: Submission) -> None:
     """Nobody deletes a re-run (staff included) while its final standings are under way or wait to be published: it
     would be run again, or its standings change under the organiser comparing them; nor a submission being
-    re-verified, whose re-runs would go with it. Both may go once the standings are published (or cancelled)."""
+    re-verified, whose re-runs would go with it. A re-run may go once its standings are published (or cancelled); the
+    submission an entry of published standings names never goes: its entry (and with it the row of the final table
+    everyone has seen) would go with it, and published standings stay as they were published."""
     if submission.is_rerun:
         final = Final.objects.filter(entries__pk=submission.final_entry_id).values_list("status", "leaderboard__name") \
             .first()
@@ -306,7 +308,22 @@ def check_may_delete(submission: Submission) -> None:
     elif (final := Final.objects.filter(entries__submission=submission, status__in=UNSETTLED).select_related(
             "leaderboard").first()) is not None:
         raise Refused(f"Submission {submission.pk} is being re-verified for the final standings of "
-                      f"'{final.leaderboard.name}': it can be deleted once they are published.", 409)
+                      f"'{final.leaderboard.name}': it cannot be deleted while they are "
+                      "under way or wait to be published.", 409)
+    elif (final := Final.objects.filter(entries__submission=submission, published_at__isnull=False).select_related(
+            "leaderboard").order_by("-published_at").first()) is not None:
+        raise Refused(f"Submission {submission.pk} is an entry of the published final standings of "
+                      f"'{final.leaderboard.name}': published standings stay as they were published, so it cannot "
+                      "be deleted.", 409)
+
+
+def rerun_of(submission: Submission) -> dict[str, int] | None:
+    """What the APIs say a re-run is (`rerun_of`): the submission it re-runs, which re-run it is (from 1) and of
+    which final standings; None for a submission its user made. Load `final_entry` with the submission."""
+    if not submission.is_rerun:
+        return None
+    entry = submission.final_entry
+    return {"submission_id": entry.submission_id, "round": submission.final_round + 1, "final_id": entry.final_id}
 
 
 def rerun_label(submission: Submission) -> str:

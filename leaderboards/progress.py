@@ -37,7 +37,8 @@ async def in_pool(fn: Callable, *args, **kwargs):
 
 
 def load_runs(submission_id: int) -> tuple[Submission | None, list[Run]]:
-    submission = Submission.objects.select_related("leaderboard", "code").filter(pk=submission_id).first()
+    submission = Submission.objects.select_related("leaderboard", "code", "final_entry").filter(
+        pk=submission_id).first()
     if submission is None:
         return None, []
     return submission, list(submission.runs.select_related("gpu_type", "submission").order_by("gpu_type", "secret"))

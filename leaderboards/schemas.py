@@ -129,6 +129,12 @@ class RunOut(Schema):
         "reads the plain error \"this problem is broken; the organisers have been told\".")
 
 
+class RerunOfOut(Schema):
+    submission_id: int = Field(description="The submission this re-runs (its author's, made before the deadline).")
+    round: int = Field(description="Which re-run of it this is, from 1.")
+    final_id: int = Field(description="The final standings it was made for.")
+
+
 class SubmissionOut(Schema):
     id: int
     leaderboard: str
@@ -137,6 +143,10 @@ class SubmissionOut(Schema):
     created: datetime
     done: bool
     status: str
+    rerun_of: RerunOfOut | None = Field(
+        None, description="Set on a final standings' re-run (a copy the platform made after the deadline, which its "
+        "author and staff may read): what it re-runs. It is ranked on no board, counts in no quota, is never listed "
+        "as its author's and cannot be deleted by them; null for every submission a user made.")
     score: float | None = Field(description="Seconds: the submission's one score, as the board, its page and the "
                                 "list show it (its best GPU type's; see `scores`); null until it has one.")
     scores: dict[str, float] = Field(description="GPU type → the submission's score there: for a ranked submission "

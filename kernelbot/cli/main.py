@@ -304,7 +304,11 @@ def list_(leaderboard: str = typer.Option("", "--leaderboard", "-l"), limit: int
 def show(submission_id: int) -> None:
     """One submission's status and per-run results."""
     with client() as c:
-        console.print(status_table(check(c.get(f"/submissions/{submission_id}"))))
+        sub = check(c.get(f"/submissions/{submission_id}"))
+    if rerun := sub.get("rerun_of"):  # a final standings' re-run, made by the platform: not one of the user's own
+        console.print(f"#{sub['id']} is re-run {rerun['round']} of #{rerun['submission_id']} for the final standings "
+                      "(made by the platform after the deadline; ranked on no board).", soft_wrap=True)
+    console.print(status_table(sub))
 
 
 @submissions_app.command()

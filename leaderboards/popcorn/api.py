@@ -154,7 +154,7 @@ def detail_of(submission: Submission, view: RunView) -> dict[str, Any]:
 def get_submission(request, submission_id: int):
     """The detail holds the code: for whoever may read it (`for_code`)."""
     submission = access_submission(request.auth, submission_id, for_code=True,
-                                   queryset=Submission.objects.select_related("leaderboard", "code"))
+                                   queryset=Submission.objects.select_related("leaderboard", "code", "final_entry"))
     return detail_of(submission, run_view(request.auth, submission))
 
 
@@ -239,7 +239,8 @@ def admin_stats(request, last_day_only: bool = False):
 
 @admin.get("/submissions/{submission_id}")
 def admin_get_submission(request, submission_id: int):
-    submission = Submission.objects.select_related("leaderboard", "code").filter(pk=submission_id).first()
+    submission = Submission.objects.select_related("leaderboard", "code", "final_entry").filter(
+        pk=submission_id).first()
     if submission is None:
         raise Http404(f"Submission {submission_id} not found.")
     return detail_of(submission, RunView.ALL)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from leaderboards import finals
 from leaderboards.access.authority import RunView
 from leaderboards.models import Leaderboard, Run, RunStatus, Submission
 from leaderboards.serializers import iso, job_state, run_out
@@ -50,6 +51,7 @@ def submission_detail(submission: Submission, runs: list[Run], view: RunView,
         "user_id": str(submission.user_id), "submission_time": submission.created.isoformat(), "done": done,
         "code": submission.code.text, "mode": submission.mode, "runs": [run_item(r, view) for r in runs],
         "job": {"status": status, "error": error}, "runner_queue": runner_queue,
+        "rerun_of": finals.rerun_of(submission),  # ours: a final standings' re-run names its original
     }
 
 

@@ -111,12 +111,14 @@
         if (window.kbChartRecordAdded) window.kbChartRecordAdded(msg.record_added, msg.record_names, msg.records_on_ratio);
       }
     };
-    // the final standings started, moved on, or were published: the banner and the table as a reload shows them
-    // (an event during a fetch fetches again after it; a snapshot names the standings shown, for a missed event)
+    // the final standings started, moved on, or were published: the banner and the table as a reload shows them,
+    // and the board's name and deadline line (closed now, its deadline as the organiser last set it, no submit
+    // button) (an event during a fetch fetches again after it; a snapshot names the standings shown, for a missed
+    // event)
     let finalFetch = null, finalAgain = false;
     const refetchFinal = () => {
       if (finalFetch) { finalAgain = true; return; }
-      finalFetch = swapFromServer(["#final", "#ranking-title"]).finally(() => {
+      finalFetch = swapFromServer(["#final", "#ranking-title", "#board-name", "#board-meta"]).then(tick).finally(() => {
         finalFetch = null;
         if (finalAgain) { finalAgain = false; refetchFinal(); }
       });

@@ -142,3 +142,92 @@ def test_the_admin_marks_reruns_and_refuses_to_delete_them_until_published(rerun
     response = admin_client.post(f"/admin/leaderboards/submission/{copy.pk}/delete/", {"post": "yes"})
     assert response.status_code == 302 and not Submission.objects.filter(pk=copy.pk).exists()
     assert not Run.objects.filter(submission_id=copy.pk).exists()
+
+
+def cli(monkeypatch, token: str, *args: str):
+    """The `kernelbot` CLI against this test's site (through Django's test client), logged in with `token`."""
+    import httpx
+    from django.test import Client
+    from typer.testing import CliRunner
+
+    from kernelbot.cli import main
+
+    def site(request: httpx.Request) -> httpx.Response:
+        answer = Client().generic(request.method, request.url.raw_path.decode(), request.content,
+                                  content_type=request.headers.get("content-type", ""),
+                                  headers={"Authorization": request.headers["authorization"]})
+        return httpx.Response(answer.status_code, headers=dict(answer.items()), content=answer.content)
+
+    monkeypatch.setattr(main, "client", lambda *a, **k: httpx.Client(
+        transport=httpx.MockTransport(site), base_url="http://testserver/api/v1",
+        headers={"Authorization": f"Bearer {token}"}))
+    return CliRunner().invoke(main.app, list(args), env={"COLUMNS": "250"})
+
+
+def test_the_apis_and_the_cli_mark_a_rerun_as_a_rerun_of_its_original(rerun, client, admin_client, monkeypatch,
+                                                                       settings):
+    copy, original = rerun
+    token = do_create_token(copy.user)[1]
+    bearer, cli_id = {"Authorization": f"Bearer {token}"}, {"X-Popcorn-Cli-Id": token}
+    marked = {"submission_id": original.pk, "round": 1, "final_id": copy.final_entry.final_id}
+    assert client.get(f"/api/v1/submissions/{copy.pk}", headers=bearer).json()["rerun_of"] == marked
+    assert client.get(f"/api/v1/submissions/{original.pk}", headers=bearer).json()["rerun_of"] is None
+    assert client.get(f"/popcorn/user/submissions/{copy.pk}", headers=cli_id).json()["rerun_of"] == marked
+    assert client.get(f"/popcorn/user/submissions/{original.pk}", headers=cli_id).json()["rerun_of"] is None
+    settings.ADMIN_TOKEN = "s3cret-admin"
+    assert client.get(f"/popcorn/admin/submissions/{copy.pk}", headers=ADMIN).json()["rerun_of"] == marked
+    schema = client.get("/api/v1/openapi.json").json()["components"]["schemas"]
+    assert "rerun_of" in schema["SubmissionOut"]["properties"] and "RerunOfOut" in schema
+
+    shown = cli(monkeypatch, token, "submissions", "show", str(copy.pk))
+    assert shown.exit_code == 0 and f"re-run 1 of #{original.pk} for the final standings" in shown.output, \
+        shown.output
+    shown = cli(monkeypatch, token, "submissions", "show", str(original.pk))
+    assert shown.exit_code == 0 and "re-run" not in shown.output
+    listed = cli(monkeypatch, token, "submissions", "list")
+    assert listed.exit_code == 0 and f"\n│ {copy.pk} " not in listed.output and f"│ {original.pk} " in listed.output
+
+
+def test_an_entry_of_published_standings_is_never_deleted(rerun, client, admin_client, monkeypatch, settings):
+    """Published final standings are immutable: the submission an entry names stays on every front-end (staff
+    included), so the published row keeps its entry; its author is told why."""
+    copy, original = rerun
+    publish(copy)
+    final = Final.objects.get(pk=copy.final_entry.final_id)
+    published = list(final.entries.values_list("pk", "submission_id", "rank", "score", "user_id"))
+    token = do_create_token(original.user)[1]
+    why = (f"Submission {original.pk} is an entry of the published final standings of '{original.leaderboard.name}': "
+           "published standings stay as they were published, so it cannot be deleted.")
+
+    for answer in (client.delete(f"/api/v1/submissions/{original.pk}", headers={"Authorization": f"Bearer {token}"}),
+                   client.delete(f"/popcorn/user/submissions/{original.pk}", headers={"X-Popcorn-Cli-Id": token})):
+        assert (answer.status_code, answer.json()["detail"]) == (409, why)
+    deleted = cli(monkeypatch, token, "submissions", "delete", str(original.pk), "--yes")
+    assert deleted.exit_code == 1 and "cannot be deleted" in deleted.output and "Deleted" not in deleted.output
+    settings.ADMIN_TOKEN = "s3cret-admin"
+    assert client.delete(f"/popcorn/admin/submissions/{original.pk}", headers=ADMIN).status_code == 409
+    one = admin_client.post(f"/admin/leaderboards/submission/{original.pk}/delete/", {"post": "yes"})
+    assert "published standings stay as they were published" in one.content.decode().replace("&#x27;", "'")
+    bulk = admin_client.post("/admin/leaderboards/submission/", {
+        "action": "delete_selected", "_selected_action": [original.pk], "post": "yes"}).content.decode()
+    assert "cannot be deleted" in bulk
+    organiser = user_for_discord(7103, "organiser")
+    organiser.is_staff = True
+    organiser.save(update_fields=["is_staff"])
+    with pytest.raises(service.BotError, match="published standings stay as they were published"):
+        service.delete_submission(service.Member(7103, "organiser"), original.pk)
+
+    assert Submission.objects.filter(pk=original.pk).exists()
+    assert list(final.entries.values_list("pk", "submission_id", "rank", "score", "user_id")) == published
+    standings = client.get(f"/api/v1/leaderboards/{original.leaderboard.name}/final").json()["published"]
+    assert [e["submission_id"] for e in standings["entries"]] == [original.pk]
+
+
+def test_a_cancelled_verifications_entry_may_be_deleted(rerun, client):
+    """Only what was published is kept: standings cancelled before publication hold nothing back."""
+    copy, original = rerun
+    finals.do_cancel_final(Final.objects.get(pk=copy.final_entry.final_id))
+    token = do_create_token(original.user)[1]
+    answer = client.delete(f"/api/v1/submissions/{original.pk}", headers={"Authorization": f"Bearer {token}"})
+    assert answer.status_code == 200, answer.content
+    assert not Submission.objects.filter(pk=original.pk).exists()

@@ -69,6 +69,9 @@ def test_leaderboard_consumer_sends_snapshot_then_versioned_deltas(leaderboard, 
         assert delta["type"] == "delta" and delta["version"] == 2 and delta["removed"] == []
         by_name = {e["name"]: e["rank"] for e in delta["entries"]}
         assert by_name == {"speedy": 1, "racer0": 2, "racer1": 3}  # only rows that changed travel
+        # what the records' figures are travels with them: the page's chart labels its axis by it (the walk in
+        # test_competition_walk.py found a live chart plotting ratios labelled as seconds)
+        assert delta["records"] and delta["records_on_ratio"] is False
         await ws.send_json_to({"type": "resync"})
         assert (await ws.receive_json_from())["version"] == 2
         await ws.disconnect()

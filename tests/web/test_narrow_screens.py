@@ -78,6 +78,10 @@ OVERLAPPING = ["main > *", "main .card > *", ".timeline li", "header.top nav > *
 def site(live_server, demo_task, monkeypatch):
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync API runs an event loop
     pool = local_cpu_pool()
+    node = pool.nodes.first() or pool.nodes.create(hostname="box")
+    node.sandbox = {"mode": "auto", "backend": "bubblewrap", "memory_cgroup_error": "",  # what a container reports
+                    "memory_cgroup": "v1 /sys/fs/cgroup/memory/process_api/8ca1c30f4a7a1686f968b1d3922756dd"}
+    node.save(update_fields=["sandbox"])
     board = LeaderboardFactory(name="vectoradd-with-a-rather-long-name", problem=problem_from(demo_task),
                                gpu_types=[pool.cpu])
     ada = UserFactory(username="ada-lovelace-the-analytical", is_staff=True, is_superuser=True)
