@@ -309,6 +309,10 @@ RUN_STATE_DEADLINES = {
 }
 # A runner that reports heartbeats (the local one does, every 2 s) keeps a dispatched or running run's deadline this
 # many seconds ahead, so a run whose runner died is retried within seconds instead of at the state deadline.
+# A run's on_finish task (ranking its result, recording a health check) not done this many seconds after it was sent
+# is sent again by the reaper: its message may have been lost (the broker away or hanging when it was sent, a worker
+# killed while running it). Every hook is idempotent, so a late original and a re-send change nothing twice.
+RUN_HOOK_RESEND = int(os.environ.get("KERNELBOT_HOOK_RESEND", "20"))
 RUN_HEARTBEAT_DEADLINE = int(os.environ.get("KERNELBOT_HEARTBEAT_DEADLINE", "10"))
 # A node agent (`python -m runners.harness.node`) asks for work every 0.5 s (its --poll) and beats each run it holds
 # every heartbeat deadline / 4; a node not heard of for AGENT_DEADLINE seconds has no live agent: it gets no run and
