@@ -61,6 +61,7 @@ MIDDLEWARE = [
     "kernelbot.dbhealth.DatabaseHealthMiddleware",  # first: a lost connection is retried (safe requests) or a 503
     "django.middleware.security.SecurityMiddleware",
     "kernelbot.middleware.RejectNulBytesMiddleware",
+    "kernelbot.middleware.JsonMethodNotAllowedMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
