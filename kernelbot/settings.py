@@ -201,15 +201,11 @@ LOGIN_REDIRECT_URL = "/"
 ACCOUNT_LOGIN_METHODS = {"username"}
 ACCOUNT_SIGNUP_FIELDS = ["username*", "email", "password1*", "password2*"]
 ACCOUNT_EMAIL_VERIFICATION = "none"
-# The site's login limits (allauth's ACCOUNT_RATE_LIMITS; the API's password login counts with them) are per account
-# and per client address. Behind the TLS proxy every request comes from the proxy: name how many proxies append to
-# X-Forwarded-For (1 for one nginx), else one address's failures refuse everyone's logins.
+# The site's login limits (allauth's ACCOUNT_RATE_LIMITS; the API's password login counts with them) and the CLI logins
+# started per minute are per account and per client address. Behind the TLS proxy every request comes from the proxy:
+# name how many proxies append to X-Forwarded-For (1 for one nginx), else one address's failures refuse everyone's.
 ALLAUTH_TRUSTED_PROXY_COUNT = int(os.environ.get("KERNELBOT_TRUSTED_PROXY_COUNT", "0"))
 SOCIALACCOUNT_EMAIL_VERIFICATION = "none"
-# The site's login limits (allauth's ACCOUNT_RATE_LIMITS; the API's password login counts with them) are per account
-# and per client address. Behind the TLS proxy every request comes from the proxy: name how many proxies append to
-# X-Forwarded-For (1 for one nginx), else one address's failures refuse everyone's logins.
-ALLAUTH_TRUSTED_PROXY_COUNT = int(os.environ.get("KERNELBOT_TRUSTED_PROXY_COUNT", "0"))
 SOCIALACCOUNT_ONLY = False
 SOCIALACCOUNT_PROVIDERS = {
     provider: {"APPS": [{"client_id": os.environ[f"{provider.upper()}_CLIENT_ID"],
