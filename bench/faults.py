@@ -12,7 +12,7 @@ sweep each other's.
 
 Then, for `--seconds`, a steady stream of submissions through the JSON APIs the CLIs use (kernelbot's `POST
 /api/v1/submissions` with a user's API token, and popcorn-cli's `POST /popcorn/submission/...` with its cli id), one
-every `--interval` s, round-robin over 4 users, every 6th ranked (leaderboard mode, two runs), the others test mode;
+every `--interval` s, round-robin over 4 users, every 8th ranked (leaderboard mode, two runs), the others test mode;
 beside it two clients probing pages and API reads (home, the board page, /api/v1/leaderboards, /api/v1/me,
 /api/v1/health/runners, the user's submissions), every request on a new connection. Meanwhile:
 
@@ -58,6 +58,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -220,6 +221,8 @@ class Tally:
         self.bad: list[str] = []
         self.latency: list[tuple[float, float]] = []  # (start, seconds)
         self.accepted: dict[int, str] = {}  # submission id → mode
+        self.accepted_at: list[float] = []  # seconds into the load
+        self.failures: list[tuple[float, float, str]] = []  # (start, end, class) of each request that got no answer
         self.refused_503 = 0
         self.not_accepted: list[str] = []
 
@@ -227,8 +230,10 @@ class Tally:
         with self.lock:
             self.codes[(kind, what)] += 1
             self.latency.append((started, time.monotonic() - started))
+            if not what[0].isdigit():
+                self.failures.append((started - T0, time.monotonic() - T0, what))
             if what not in ("2xx",) and len(self.bad) < 40:
-                self.bad.append(f"{time.monotonic() - T0:6.1f}s {kind} {what} {detail}"[:300])
+                self.bad.append(f"{started - T0:6.1f}-{time.monotonic() - T0:.1f}s {kind} {what} {detail}"[:300])
 
 
 T0 = time.monotonic()
@@ -269,7 +274,7 @@ def submitter(layout: Layout, tally: Tally, tokens: list[str], stop: threading.E
     n = 0
     while not stop.is_set():
         started = time.monotonic()
-        token, mode = tokens[n % len(tokens)], "leaderboard" if n % 6 == 5 else "test"
+        token, mode = tokens[n % len(tokens)], "leaderboard" if n % 8 == 7 else "test"
         code = CORRECT + f"\n# submission {n}\n".encode()
         if n % 2 == 0:  # kernelbot CLI
             r = request(tally, "submit", "POST", f"{layout.url}/api/v1/submissions",
@@ -285,6 +290,7 @@ def submitter(layout: Layout, tally: Tally, tokens: list[str], stop: threading.E
         if sid is not None:
             with tally.lock:
                 tally.accepted[int(sid)] = mode
+                tally.accepted_at.append(started - T0)
         elif r is not None:
             with tally.lock:
                 tally.refused_503 += r.status_code == 503
@@ -363,13 +369,14 @@ def start_check_round() -> str:
     return ", ".join(f"{c.node.hostname if getattr(c, 'node', None) else 'pool'}" for c in checks) or "none new"
 
 
-def verify(tally: Tally) -> dict:
+def verify(tally: Tally, start) -> dict:
     """Every accepted submission once, each run terminal once; boards equal a rebuild."""
     from django.db import transaction
 
     from leaderboards.health import CHECK_BOARD
     from leaderboards.models import TERMINAL_STATUSES, Board, BoardEntry, Record, Run, RunAttempt, Submission
     from leaderboards.ranks import do_recompute_ranks
+    from runners.reservations.models import DeviceHold, HoldKind
 
     subs = Submission.objects.exclude(leaderboard__name=CHECK_BOARD)
     stored = set(subs.values_list("pk", flat=True))
@@ -385,6 +392,8 @@ def verify(tally: Tally) -> dict:
         final = [o for o in ends if o and o != "retried"]
         if len(final) != 1 or final[0] != run.status or ends[-1] != run.status:
             doubled.append((run.pk, run.status, ends))
+    node_of = {(run_id, number): host for run_id, number, host in DeviceHold.objects.filter(
+        kind=HoldKind.RUN, run_id__in=[r.pk for r in runs]).values_list("run_id", "run_attempt", "node__hostname")}
     expected_runs = sum(2 if mode == "leaderboard" else 1 for mode in tally.accepted.values())
     checks = Run.objects.filter(submission__leaderboard__name=CHECK_BOARD)
     boards_equal, boards = True, 0
@@ -408,9 +417,10 @@ def verify(tally: Tally) -> dict:
         "unanswered_stored": len(stored - accepted), "runs": len(runs), "expected_runs": expected_runs,
         "not_terminal": len(not_terminal), "doubled": len(doubled), "doubled_detail": doubled[:5],
         "statuses": dict(statuses), "attempts": dict(attempts),
-        "runs_on": dict(Counter(RunAttempt.objects.filter(run__in=runs).values_list("runner", flat=True))),
-        "retried_reasons": list(RunAttempt.objects.filter(run__in=runs, outcome="retried").values_list(
-            "reason", flat=True))[:5],
+        "runs_on": dict(Counter(node_of.values())),
+        "retried": [f"run {a.run_id} attempt {a.number} on {node_of.get((a.run_id, a.number), '?')}, "
+                    f"{(a.dispatched_at - start).total_seconds():.0f}-{(a.finished_at - start).total_seconds():.0f} s"
+                    f": {a.reason}" for a in RunAttempt.objects.filter(run__in=runs, outcome="retried")],
         "checks": dict(Counter(checks.values_list("status", flat=True))),
         "check_nodes": dict(Counter(f"{n}:{s}" for n, s in checks.values_list("node__hostname", "status"))),
         "boards": boards, "boards_equal_rebuild": boards_equal}
@@ -462,7 +472,20 @@ def login(init: int, line: str, command: str) -> int:
     return int(done.stdout)
 
 
-def reservation_phase(layout: Layout, tokens: list[str]) -> dict:
+def inner_of(init: int, needle: bytes) -> int | None:
+    """The inner pid of the live process in the namespace whose command line contains `needle`."""
+    for inner, outer in ns_pids(init).items():
+        with contextlib.suppress(OSError):
+            if needle in Path(f"/proc/{outer}/cmdline").read_bytes() and alive(outer):
+                return inner
+    return None
+
+
+def reservation_phase(layout: Layout, tokens: list[str], tries: int = 3) -> dict:
+    """Successions on the lend node until one is not disturbed from outside: an agent of someone else's on this machine
+    (a test's, in the root PID namespace, which sees every process) kills every process tagged with a reservation
+    that is not its own. Each process of holder 1 must be alive just before the end and, if dead after it, named in
+    this node's agent's log as killed by it; holder 2's login must not have been killed by anything else."""
     smi_dir = layout.dir / "smi"
     smi_dir.mkdir()
     (smi_dir / "nvidia-smi").write_text(FAKE_NVIDIA_SMI)
@@ -477,51 +500,78 @@ def reservation_phase(layout: Layout, tokens: list[str]) -> dict:
     api = f"{layout.url}/api/v1/gpus/reservations"
     first_token, second_token = tokens[USERS], tokens[USERS + 1]
 
-    def reserve(token: str) -> dict:
+    def reserve(token: str) -> int:
         r = request(tally, "reserve", "POST", api, headers={"Authorization": f"Bearer {token}"},
                     json={"gpu_type": "CPU", "gpu_count": 1, "minutes": 30, "pool": "lend"})
         assert r is not None and r.status_code == 201, r and r.text
-        return r.json()
+        return r.json()["id"]
 
     def status(token: str, rid: int) -> str:
         r = request(tally, "reserve", "GET", f"{api}/{rid}", headers={"Authorization": f"Bearer {token}"})
         return r.json()["status"] if r is not None and r.status_code == 200 else "?"
 
-    first = reserve(first_token)["id"]
-    wait_for(lambda: status(first_token, first) == "active", 60, "the first reservation to start")
-    line1 = wait_for(lambda: [x for x in keys_file.read_text().splitlines()
-                              if f"reservation-{first}" in x] if keys_file.exists() else [], 30, "holder 1's key")[0]
-    on_device = login(init, line1, "sleep 600")
-    login(init, line1, "sleep 601")
-    login(init, line1, "setsid nohup sleep 602 >/dev/null 2>&1 < /dev/null & exit 0")  # detached: new session
-    untagged = login(init, line1, "exec env -u KERNELBOT_RESERVATION sleep 603")  # dropped the tag, on the device
-    (smi_dir / "pids").write_text(f"{on_device}\n{untagged}\n")
-    time.sleep(3)  # a sweep or two while the reservation holds the device
-    inner = ns_pids(init)
-    outer_untagged = inner.get(untagged)
-    holder1 = tagged(init, first) | ({outer_untagged} if outer_untagged else set())
-    alive_before = len([p for p in holder1 if alive(p)])
-    second = reserve(second_token)["id"]
-    wait_for(lambda: status(second_token, second) in ("pending", "queued", "promised"), 30,
-             "the second reservation to wait") if status(second_token, second) != "active" else None
-    second_status_before = status(second_token, second)
-    r = request(tally, "reserve", "POST", f"{api}/{first}/cancel", headers={"Authorization": f"Bearer {first_token}"})
-    ended_at = time.monotonic()
-    assert r is not None and r.status_code == 200, r and r.text
-    wait_for(lambda: status(second_token, second) == "active", 60, "the second reservation to start")
-    successor_after = time.monotonic() - ended_at
-    line2 = wait_for(lambda: [x for x in keys_file.read_text().splitlines() if f"reservation-{second}" in x],
-                     30, "holder 2's key")[0]
-    theirs = login(init, line2, "sleep 604")
-    (smi_dir / "pids").write_text(f"{on_device}\n{untagged}\n{theirs}\n")
-    time.sleep(10)
-    survivors = [p for p in holder1 if alive(p)] + sorted(tagged(init, first) - holder1)
-    theirs_outer = ns_pids(init).get(theirs)
-    return {"holder1_processes": len(holder1), "alive_before_end": alive_before,
-            "second_status_before": second_status_before, "successor_active_after_s": round(successor_after, 2),
-            "survivors": len(survivors), "holder2_alive": bool(theirs_outer and alive(theirs_outer)),
-            "http": {f"{kind} {what}": n for (kind, what), n in tally.codes.items()},
-            "agent_said": [x for x in layout.log("agent-lend").splitlines() if "killed pid" in x]}
+    def cancel(token: str, rid: int) -> None:
+        r = request(tally, "reserve", "POST", f"{api}/{rid}/cancel", headers={"Authorization": f"Bearer {token}"})
+        assert r is not None and r.status_code == 200, r and r.text
+
+    def key_line(rid: int) -> str:
+        return wait_for(lambda: [x for x in keys_file.read_text().splitlines() if x.endswith(f"reservation-{rid}")]
+                        if keys_file.exists() else [], 30, f"reservation {rid}'s key line")[0]
+
+    def killed_by_agent(rid: int) -> set[int]:
+        return {int(m) for m in re.findall(rf"killed pid (\d+) of reservation {rid}\b", layout.log("agent-lend"))}
+
+    disturbed, outcome = [], {}
+    for attempt in range(tries):
+        first = reserve(first_token)
+        wait_for(lambda rid=first: status(first_token, rid) == "active", 60, "the first reservation to start")
+        line1 = key_line(first)
+        mark = 600 + 10 * attempt
+        procs = {"on the device": login(init, line1, f"sleep {mark}"),
+                 "beside it": login(init, line1, f"sleep {mark + 1}")}
+        login(init, line1, f"setsid nohup sleep {mark + 2} >/dev/null 2>&1 < /dev/null & exit 0")
+        procs["detached (own session)"] = wait_for(lambda m=mark: inner_of(init, f"sleep\0{m + 2}".encode()), 10,
+                                                   "the detached process")
+        procs["untagged, on the device"] = login(init, line1, f"exec env -u KERNELBOT_RESERVATION sleep {mark + 3}")
+        (smi_dir / "pids").write_text(f"{procs['on the device']}\n{procs['untagged, on the device']}\n")
+        time.sleep(3)  # sweeps while the reservation holds the device: nothing of it is killed
+        second = reserve(second_token)
+        waiting = status(second_token, second)
+        inner = ns_pids(init)
+        before = {name: inner.get(pid) for name, pid in procs.items()}
+        alive_before = [name for name, outer in before.items() if outer and alive(outer)]
+        cancel(first_token, first)  # holder 1 ends it; holder 2's, waiting for the device, starts at once
+        ended_at = time.monotonic()
+        wait_for(lambda rid=second: status(second_token, rid) == "active", 60, "the second reservation to start")
+        successor_after = time.monotonic() - ended_at
+        theirs = login(init, key_line(second), f"sleep {mark + 4}")
+        (smi_dir / "pids").write_text("".join(f"{p}\n" for p in (procs["on the device"],
+                                                                   procs["untagged, on the device"], theirs)))
+        time.sleep(10)  # five sweeps
+        survivors = [name for name, outer in before.items() if outer and alive(outer)]
+        survivors += [f"tagged pid {p}" for p in tagged(init, first)
+                      if p not in before.values()]  # anything else of its
+        by_agent = killed_by_agent(first)
+        by_others = [name for name, pid in procs.items() if name not in survivors and pid not in by_agent]
+        theirs_outer = ns_pids(init).get(theirs)
+        holder2_alive = bool(theirs_outer and alive(theirs_outer))
+        outcome = {"holder1_processes": len(procs), "alive_before_end": len(alive_before),
+                   "successor_waiting_before": waiting, "successor_active_after_s": round(successor_after, 2),
+                   "survivors": len(survivors), "survivor_names": survivors,
+                   "killed_by_the_agent": len(by_agent & set(procs.values())), "holder2_alive": holder2_alive,
+                   "holder2_killed_by_the_agent": theirs in killed_by_agent(second)}
+        outside = len(alive_before) < len(procs) or by_others or (not holder2_alive and
+                                                                  not outcome["holder2_killed_by_the_agent"])
+        cancel(second_token, second)  # the device is free for the next try, holder 2's processes end
+        if not outside:
+            break
+        disturbed.append(f"try {attempt + 1}: killed from outside the node's agent: "
+                         f"{[n for n in procs if n not in alive_before] + by_others} (holder 2 alive: {holder2_alive})")
+        say(f"reservation phase {disturbed[-1]}; again")
+        time.sleep(3)
+    outcome["disturbed_tries"] = disturbed
+    outcome["http"] = {f"{kind} {what}": n for (kind, what), n in tally.codes.items()}
+    return outcome
 
 
 # --- the round ------------------------------------------------------------------------------------------------------
@@ -529,7 +579,7 @@ def reservation_phase(layout: Layout, tokens: list[str]) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=120, help="how long submissions are sent")
-    parser.add_argument("--interval", type=float, default=2.5, help="seconds between submissions")
+    parser.add_argument("--interval", type=float, default=4, help="seconds between submissions")
     parser.add_argument("--node-b", choices=["dead", "misconfigured"], default="dead")
     parser.add_argument("--redis-port", type=int, default=6391)
     parser.add_argument("--redis-stop", type=float, default=20, help="seconds Redis stays SIGSTOPped")
@@ -566,6 +616,7 @@ def main() -> int:
 
         tally, stop, availability = Tally(), threading.Event(), []
         T0 = time.monotonic()
+        load_started = datetime.now(UTC)
         threads = [threading.Thread(target=submitter, args=(layout, tally, tokens[:USERS], stop, args.interval)),
                    *(threading.Thread(target=prober, args=(layout, tally, tokens[k], stop, k, availability))
                      for k in range(2))]
@@ -592,18 +643,22 @@ def main() -> int:
         redis_at = max(b_out + 8, 0.3 * args.seconds)
         at(redis_at)
         os.kill(layout.redis.pid, signal.SIGSTOP)
+        stopped_at = time.monotonic() - T0
         event("Redis SIGSTOPped")
         at(redis_at + args.redis_stop / 2)
         workers = children(layout.services["web"].pid)
         victim = min(workers)
+        kills = [time.monotonic() - T0]
         os.kill(victim, signal.SIGKILL)
         event(f"granian worker {victim} SIGKILLed (workers were {sorted(workers)})")
         at(redis_at + args.redis_stop)
         os.kill(layout.redis.pid, signal.SIGCONT)
+        resumed_at = time.monotonic() - T0
         event("Redis SIGCONTed")
         at(redis_at + args.redis_stop + 15)
         workers = children(layout.services["web"].pid)
         victim = max(workers)
+        kills.append(time.monotonic() - T0)
         os.kill(victim, signal.SIGKILL)
         event(f"granian worker {victim} SIGKILLed (workers were {sorted(workers)})")
         at(max(redis_at + args.redis_stop + 25, 0.85 * args.seconds))
@@ -625,17 +680,20 @@ def main() -> int:
                 t.join()
         event("every run ended")
         time.sleep(3)  # the last rank tasks
-        figures = verify(tally)
+        figures = verify(tally, load_started)
         workers_now = children(layout.services["web"].pid)
         unavailable = [(t, why) for t, why, _ in availability if why is not None]
         out = [nodes for _, _, nodes in availability if nodes]
         reservation = None if args.no_reservations else reservation_phase(layout, tokens)
 
         lat = [s for _, s in tally.latency]
+        # a request the killed worker had taken (sent before the kill, no answer after it) died with the process
+        in_flight = [f for f in tally.failures if f[2] == "reset" and any(f[0] <= k <= f[1] for k in kills)]
+        during_stop = sum(stopped_at <= t < resumed_at for t in tally.accepted_at)
         codes = tally.codes
         total = sum(codes.values())
         print("\n=== issue 35: combined fault round ===")
-        print(f"load: {args.seconds:.0f} s of submissions every {args.interval} s (4 users, 1 in 6 ranked), "
+        print(f"load: {args.seconds:.0f} s of submissions every {args.interval} s (4 users, 1 in 8 ranked), "
               f"2 probing clients; node B {args.node_b}")
         for line in events:
             print(f"  {line}")
@@ -648,6 +706,7 @@ def main() -> int:
             ("5xx", sum(v for (k, w), v in codes.items() if w == "5xx"), "0"),
             ("connections refused", sum(v for (k, w), v in codes.items() if w == "refused"), "0"),
             ("connections reset / dropped", sum(v for (k, w), v in codes.items() if w == "reset"), "0"),
+            ("  of which in flight in a worker when it was SIGKILLed", len(in_flight), ""),
             ("timeouts (60 s) / other errors", f"{sum(v for (k, w), v in codes.items() if w == 'timeout')} / "
                                                f"{sum(v for (k, w), v in codes.items() if w == 'other')}", "0 / 0"),
             ("request p50 / p99 / max", f"{statistics.median(lat) * 1000:.0f} ms / "
@@ -656,6 +715,7 @@ def main() -> int:
             ("submissions accepted / refused 503 / other refusals",
              f"{len(tally.accepted)} / {tally.refused_503} / {len(tally.not_accepted) - tally.refused_503}",
              "all / 0 / 0"),
+            ("submissions accepted while Redis was stopped", during_stop, "> 0"),
             ("CPU reported unavailable by /api/v1/health/runners", len(unavailable), "0"),
             ("submissions stored / lost / stored unanswered",
              f"{figures['stored']} / {figures['lost_submissions']} / {figures['unanswered_stored']}", "= / 0 / 0"),
@@ -664,7 +724,7 @@ def main() -> int:
             ("runs not ended exactly once (doubled)", figures["doubled"], "0"),
             ("run statuses", figures["statuses"], ""),
             ("attempts per run", figures["attempts"], ""),
-            ("attempts by runner", figures["runs_on"], ""),
+            ("attempts by node", figures["runs_on"], ""),
             ("health-check runs (node:status)", figures["check_nodes"], ""),
             (f"boards equal a rebuild ({figures['boards']})", figures["boards_equal_rebuild"], "True"),
             ("granian workers at the end", len(workers_now), "2"),
@@ -673,9 +733,12 @@ def main() -> int:
             rows += [
                 ("reservation: holder 1's processes (alive before its end)",
                  f"{reservation['holder1_processes']} ({reservation['alive_before_end']})", "4 (4)"),
+                ("reservation: successor's state while holder 1 held the device",
+                 reservation["successor_waiting_before"], "pending"),
                 ("reservation: successor active after holder 1 ended", f"{reservation['successor_active_after_s']} s",
                  "at once"),
                 ("reservation: holder 1's processes alive 10 s after its end", reservation["survivors"], "0"),
+                ("reservation: of them killed by the node's agent", reservation["killed_by_the_agent"], "4"),
                 ("reservation: successor's login alive", reservation["holder2_alive"], "True"),
             ]
         for name, value, target in rows:
@@ -692,16 +755,19 @@ def main() -> int:
             print("refused submissions:", tally.not_accepted[:5])
         if figures["doubled_detail"]:
             print("runs not ended exactly once:", figures["doubled_detail"])
-        if figures["retried_reasons"]:
-            print("retried attempts' reasons (first 5):", figures["retried_reasons"])
+        for line in figures["retried"]:
+            print("retried:", line)
         if reservation:
             print("reservation phase:", json.dumps({k: v for k, v in reservation.items()}, default=str))
-        met = (not any(w in ("5xx", "refused", "reset", "timeout", "other") for (_, w) in codes)
-               and not tally.not_accepted and not unavailable and figures["lost_submissions"] == 0
+        dropped = sum(v for (k, w), v in codes.items() if w == "reset") - len(in_flight)
+        met = (not any(w in ("5xx", "refused", "timeout", "other") for (_, w) in codes) and dropped == 0
+               and not tally.not_accepted and not unavailable and during_stop > 0 and figures["lost_submissions"] == 0
                and figures["unanswered_stored"] == 0 and figures["runs"] == figures["expected_runs"]
                and figures["not_terminal"] == 0 and figures["doubled"] == 0 and figures["boards_equal_rebuild"]
                and (reservation is None or (reservation["survivors"] == 0 and reservation["holder2_alive"]
-                                            and reservation["alive_before_end"] == reservation["holder1_processes"])))
+                                            and reservation["alive_before_end"] == reservation["holder1_processes"]
+                                            and reservation["killed_by_the_agent"] == reservation["holder1_processes"]
+                                            )))
         print(f"\nall figures met: {met}")
         ok = met
     finally:
