@@ -23,11 +23,13 @@ beside it two clients probing pages and API reads (home, the board page, /api/v1
 - Redis is SIGSTOPped for 20 s, then SIGCONTed;
 - one granian worker (not the master) is SIGKILLed during the Redis stop and another after it.
 
-Counted: the answers by status class (5xx must be 0), connections refused or reset (must be 0), submissions
-accepted vs refused (a 503 for CPU, the live node's type, must be 0). After the load, every run is waited for: each
-submission answered 201/accepted must exist once with all its runs in exactly one terminal state, one attempt ending
-it and the others retried (0 lost, 0 doubled), no submission stored that no answer reported, and every board's
-ranks and records equal a rebuild from its runs (`leaderboards.ranks.do_recompute_ranks`, rolled back).
+Counted: the answers by status class (5xx must be 0), connections refused or reset (must be 0; a request the killed
+worker had already taken, sent before the kill and unanswered after it, dies with the process: counted apart),
+submissions accepted vs refused (a 503 for CPU, the live node's type, must be 0). After the load, every run is
+waited for: each submission answered 201/accepted must exist once with all its runs in exactly one terminal state,
+one attempt ending it and the others retried (0 lost, 0 doubled), no submission stored that no answer reported, and
+every board's ranks and records equal a rebuild from its runs (`leaderboards.ranks.do_recompute_ranks`, rolled
+back).
 
 Last, the reservation phase on a second pool (`lend`, one node whose agent keeps holders' SSH keys with
 `--authorized-keys`, and a stand-in nvidia-smi listing the processes "on" its device): holder 1 reserves it through
@@ -566,7 +568,8 @@ def reservation_phase(layout: Layout, tokens: list[str], tries: int = 3) -> dict
         if not outside:
             break
         disturbed.append(f"try {attempt + 1}: killed from outside the node's agent: "
-                         f"{[n for n in procs if n not in alive_before] + by_others} (holder 2 alive: {holder2_alive})")
+                         f"{sorted({*(n for n in procs if n not in alive_before), *by_others})} (holder 2 alive: "
+                         f"{holder2_alive})")
         say(f"reservation phase {disturbed[-1]}; again")
         time.sleep(3)
     outcome["disturbed_tries"] = disturbed
