@@ -15,3 +15,26 @@ class RejectNulBytesMiddleware:
                                          for key, values in request.GET.lists() for value in values):
             return JsonResponse({"detail": self.MESSAGE}, status=400)
         return self.get_response(request)
+
+
+class JsonMethodNotAllowedMiddleware:
+    """A method a route of the APIs (/api/..., /popcorn/...) does not take is a 405 in the APIs' error format,
+    {"detail": ...}, with its Allow header, not the frameworks' bare text (django-ninja's "Method not allowed",
+    Django's empty body for require_POST views)."""
+
+    PREFIXES = ("/api/", "/popcorn/")
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        response = self.get_response(request)
+        if response.status_code != 405 or not request.path.startswith(self.PREFIXES) \
+                or response.get("Content-Type", "").startswith("application/json"):
+            return response
+        allowed = response.get("Allow", "")
+        answer = JsonResponse({"detail": f"{request.method} is not allowed on {request.path}; "
+                                         f"it takes {allowed or 'no method'}."}, status=405)
+        if allowed:
+            answer["Allow"] = allowed
+        return answer

@@ -61,6 +61,7 @@ MIDDLEWARE = [
     "kernelbot.dbhealth.DatabaseHealthMiddleware",  # first: a lost connection is retried (safe requests) or a 503
     "django.middleware.security.SecurityMiddleware",
     "kernelbot.middleware.RejectNulBytesMiddleware",
+    "kernelbot.middleware.JsonMethodNotAllowedMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -200,15 +201,11 @@ LOGIN_REDIRECT_URL = "/"
 ACCOUNT_LOGIN_METHODS = {"username"}
 ACCOUNT_SIGNUP_FIELDS = ["username*", "email", "password1*", "password2*"]
 ACCOUNT_EMAIL_VERIFICATION = "none"
-# The site's login limits (allauth's ACCOUNT_RATE_LIMITS; the API's password login counts with them) are per account
-# and per client address. Behind the TLS proxy every request comes from the proxy: name how many proxies append to
-# X-Forwarded-For (1 for one nginx), else one address's failures refuse everyone's logins.
+# The site's login limits (allauth's ACCOUNT_RATE_LIMITS; the API's password login counts with them) and the CLI logins
+# started per minute are per account and per client address. Behind the TLS proxy every request comes from the proxy:
+# name how many proxies append to X-Forwarded-For (1 for one nginx), else one address's failures refuse everyone's.
 ALLAUTH_TRUSTED_PROXY_COUNT = int(os.environ.get("KERNELBOT_TRUSTED_PROXY_COUNT", "0"))
 SOCIALACCOUNT_EMAIL_VERIFICATION = "none"
-# The site's login limits (allauth's ACCOUNT_RATE_LIMITS; the API's password login counts with them) are per account
-# and per client address. Behind the TLS proxy every request comes from the proxy: name how many proxies append to
-# X-Forwarded-For (1 for one nginx), else one address's failures refuse everyone's logins.
-ALLAUTH_TRUSTED_PROXY_COUNT = int(os.environ.get("KERNELBOT_TRUSTED_PROXY_COUNT", "0"))
 SOCIALACCOUNT_ONLY = False
 SOCIALACCOUNT_PROVIDERS = {
     provider: {"APPS": [{"client_id": os.environ[f"{provider.upper()}_CLIENT_ID"],
@@ -309,6 +306,10 @@ RUN_STATE_DEADLINES = {
 }
 # A runner that reports heartbeats (the local one does, every 2 s) keeps a dispatched or running run's deadline this
 # many seconds ahead, so a run whose runner died is retried within seconds instead of at the state deadline.
+# A run's on_finish task (ranking its result, recording a health check) not done this many seconds after it was sent
+# is sent again by the reaper: its message may have been lost (the broker away or hanging when it was sent, a worker
+# killed while running it). Every hook is idempotent, so a late original and a re-send change nothing twice.
+RUN_HOOK_RESEND = int(os.environ.get("KERNELBOT_HOOK_RESEND", "20"))
 RUN_HEARTBEAT_DEADLINE = int(os.environ.get("KERNELBOT_HEARTBEAT_DEADLINE", "10"))
 # A node agent (`python -m runners.harness.node`) asks for work every 0.5 s (its --poll) and beats each run it holds
 # every heartbeat deadline / 4; a node not heard of for AGENT_DEADLINE seconds has no live agent: it gets no run and

@@ -18,6 +18,7 @@ from django.db import transaction
 from django.db.models import F, Q, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
+from django.utils.module_loading import import_string
 
 from runners.actions import do_fail_pool, do_node_back_in_service
 from runners.backends.base import (
@@ -35,11 +36,11 @@ from runners.harness.probe import device_is
 from runners.harness.result import NEEDS_CUDA, NEEDS_CUDA_FLAG, PROBLEM_BROKEN, PROBLEM_ERROR_FLAG
 from runners.jobs import gpu_count, job_payload, run_limits, sandbox_uid, total_timeout
 from runners.models import Gpu, GpuPool, GpuType, Node, NodeService, RunnerBackendName, agents_live_since
-from runners.queue import enqueue_on_commit
+from runners.queue import enqueue, enqueue_on_commit
 from runners.reservations import allocator
 
 from . import events, ranks
-from .models import Problem, Run, RunAttempt, RunStatus, SubmissionMode
+from .models import RUN_HOOK_TASK, Problem, Run, RunAttempt, RunStatus, SubmissionMode
 from .scoring import final_progress, phase_totals, ratio_fields, ratio_from_result, score_from_result
 from .serializers import problem_error_of
 
@@ -654,7 +655,38 @@ def do_reap_overdue_runs(now=None) -> int:
             reaped += 1
     for run_id in lost:
         dispatch_run(run_id)
+    do_resend_run_hooks(now)
     return reaped
+
+
+def do_run_hook(run_id: int):
+    """A run ended (or an ended run was requeued): call its `on_finish` task with its id, then mark the task done,
+    unless the run moved on meanwhile (its next change sent the task again and owes it)."""
+    row = Run.objects.filter(pk=run_id).values_list("on_finish", "hook_due").first()
+    if row is None or not row[0]:
+        return None
+    done = import_string(row[0])(run_id)
+    Run.objects.filter(pk=run_id, hook_due=row[1]).update(hook_due=None)
+    return done
+
+
+HOOK_RESEND_BATCH = 500
+
+
+def do_resend_run_hooks(now=None) -> int:
+    """Send again the `on_finish` task of every run whose task is past due: its message was lost (sent while the
+    broker was away or hanging, or taken by a worker that was killed). Each is due again a resend period later, so
+    while the broker stays away it is tried again then; the hooks are idempotent."""
+    now = now or timezone.now()
+    due = list(Run.objects.filter(hook_due__lt=now).order_by("hook_due").values_list("pk", flat=True)
+               [:HOOK_RESEND_BATCH])
+    if not due:
+        return 0
+    Run.objects.filter(pk__in=due).update(hook_due=now + timedelta(seconds=settings.RUN_HOOK_RESEND))
+    for run_id in due:
+        log.info("run %s: its on_finish task was not done in time; sent again", run_id)
+        enqueue(RUN_HOOK_TASK, run_id)
+    return len(due)
 
 
 def _remote_silence(run: Run, attempt: RunAttempt | None, now) -> str:

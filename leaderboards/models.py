@@ -302,6 +302,10 @@ TIMESTAMP_FIELD = {RunStatus.QUEUED: "queued_at", RunStatus.DISPATCHED: "dispatc
                    RunStatus.RUNNING: "started_at"}
 
 
+# The task that calls a run's `on_finish` with its id and then marks it done (clears `Run.hook_due`).
+RUN_HOOK_TASK = "leaderboards.lifecycle.do_run_hook"
+
+
 class InvalidTransition(Exception):
     pass
 
@@ -355,6 +359,9 @@ class Run(models.Model):
         "not the competitor's failure, never charged to their quota.")
     on_finish = models.CharField(max_length=200, blank=True, help_text="Dotted path of the task called with the "
                                  "run's id after commit whenever the run ends or an ended run is requeued.")
+    hook_due = models.DateTimeField(null=True, blank=True, help_text="Its on_finish task was sent and has not run "
+                                    "yet: past this moment the reaper sends it again (its message may have been lost, "
+                                    "e.g. sent while the broker was away).")
     pool = models.ForeignKey("runners.GpuPool", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
                              help_text="Run only on this pool (health checks); empty: any pool serving the GPU type.")
     node = models.ForeignKey("runners.Node", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
@@ -364,6 +371,8 @@ class Run(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["submission", "gpu_type", "secret"], name="run_unique")]
+        # the reaper's look every few seconds for owed on_finish tasks reads only the runs that owe one
+        indexes = [models.Index(fields=["hook_due"], condition=Q(hook_due__isnull=False), name="run_hook_due")]
         ordering = ["submission", "gpu_type", "secret"]
 
     def __str__(self) -> str:
@@ -402,6 +411,9 @@ class Run(models.Model):
         self.status_deadline = self.deadline_for(status, deadline_seconds)
         if status in TERMINAL_STATUSES:
             self.finished_at = now
+        hook = bool(self.on_finish) and (status in TERMINAL_STATUSES or previous in TERMINAL_STATUSES)
+        if hook:  # saved with the status: the task is owed until it has run (`lifecycle.do_run_hook` clears it)
+            self.hook_due = now + timedelta(seconds=settings.RUN_HOOK_RESEND)
         for name in ("stdout", "stderr"):
             value = getattr(self, name)
             if len(value) > self.OUTPUT_CAP:
@@ -416,8 +428,8 @@ class Run(models.Model):
                 reason=self.error if reason is None else reason)
             allocator.end_attempt_holds(self.pk, self.attempt)  # the attempt left its devices
         transaction.on_commit(lambda: events.run_changed(self))
-        if self.on_finish and (status in TERMINAL_STATUSES or previous in TERMINAL_STATUSES):
-            enqueue_on_commit(self.on_finish, self.pk)
+        if hook:
+            enqueue_on_commit(RUN_HOOK_TASK, self.pk)
 
 
 class RunAttempt(models.Model):

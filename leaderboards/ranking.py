@@ -46,9 +46,13 @@ def ratio_from_timings(timings: Sequence[dict], rule: str) -> Interval | None:
 
 def slower_run(runs: Sequence[tuple[float, Interval | None]]) -> tuple[float, Interval | None]:
     """The (time, ratio) a submission is scored on: the slower of its public and secret runs, by the ratio when
-    both have one, else by time. The board, the API and every page use this one rule."""
+    both have one, else by time. The board, the API and every page use this one rule. Ties are broken on the rest
+    (time, then the interval), never on the order the runs were read in: the database returns a submission's runs in
+    any order, and the incremental ranks and a rebuild read them differently."""
     by_ratio = all(ratio is not None for _, ratio in runs)
-    return max(runs, key=lambda run: run[1].value if by_ratio and run[1] is not None else run[0])
+    if by_ratio:
+        return max(runs, key=lambda run: (run[1].value, run[0], run[1].high, run[1].low))
+    return max(runs, key=lambda run: (run[0], *((1, run[1].value, run[1].high, run[1].low) if run[1] else (0,) * 4)))
 
 
 def statistically_tied(a: Interval, b: Interval) -> bool:

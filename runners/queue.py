@@ -24,8 +24,8 @@ def enqueue_on_commit(func: str, *args, group: str | None = None) -> None:
 
 def enqueue(func: str, *args, group: str | None = None) -> None:
     """Hand a task to the broker. The broker being away (Redis restarting, a network cut) fails nothing that was
-    committed: the reaper dispatches a queued run whose message was lost (`lifecycle.do_reap_overdue_runs`), and the
-    next change of a board rebuilds it."""
+    committed: the reaper dispatches a queued run whose message was lost and sends again a run's `on_finish` task
+    (ranking its result) not done in time (`lifecycle.do_reap_overdue_runs`)."""
     try:
         async_task(func, *args, group=group, broker=broker())
     except (RedisError, OSError) as exc:

@@ -117,3 +117,37 @@ def test_the_site_login_works_while_redis_is_away(outage, request, client, produ
     assert wrong.status_code == 200 and b"not correct" in wrong.content
     right = client.post("/accounts/login/", {"login": "carol", "password": "correct horse"})
     assert right.status_code == 302 and client.session.get("_auth_user_id") == str(user.pk)
+
+
+def test_a_result_that_ends_while_redis_hangs_still_reaches_its_board(
+        redis_server, production_redis, leaderboard, monkeypatch, settings, django_capture_on_commit_callbacks):
+    """A ranked run's result arriving while Redis hangs is stored, but the task that ranks it (its `on_finish`) has
+    no message: the reaper sends it again once it is overdue, so the board ends as a rebuild from the runs would be
+    (issue 35's fault round: the incremental records went on without it and differed from a rebuild)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+    from django_q.conf import Conf
+
+    from leaderboards import lifecycle, ranks
+    from leaderboards.models import BoardEntry, Record, Run
+
+    from .factories import submission
+    from .leaderboards.test_lifecycle import finish
+
+    production_redis(redis_server.url)
+    redis_server.hang()
+    sub = submission(leaderboard)
+    with django_capture_on_commit_callbacks(execute=True):
+        finish(sub, [1000.0])  # both runs pass; their rank tasks meet the hanging broker
+    assert not BoardEntry.objects.exists() and Run.objects.filter(hook_due__isnull=False).count() == 2
+    redis_server.resume()
+    monkeypatch.setattr(Conf, "SYNC", True)  # from here a worker takes every task sent
+    with django_capture_on_commit_callbacks(execute=True):
+        lifecycle.do_reap_overdue_runs(timezone.now() + timedelta(seconds=settings.RUN_HOOK_RESEND - 1))
+    assert not BoardEntry.objects.exists()  # not due yet: a slow queue is not a lost message
+    with django_capture_on_commit_callbacks(execute=True):
+        lifecycle.do_reap_overdue_runs(timezone.now() + timedelta(seconds=settings.RUN_HOOK_RESEND + 1))
+    assert BoardEntry.objects.get().submission_id == sub.pk and Record.objects.get().submission_id == sub.pk
+    assert not Run.objects.filter(hook_due__isnull=False).exists()  # done: not sent again
+    assert not ranks.do_recompute_ranks(leaderboard.pk, leaderboard.gpu_types.get().pk)  # a rebuild changes nothing

@@ -16,7 +16,7 @@ from allauth.core.internal.ratelimit import get_rates
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.cache import cache
-from django.core.exceptions import ValidationError
+from django.core.exceptions import ImproperlyConfigured, PermissionDenied, ValidationError
 from django.db import transaction
 from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Min
 from django.utils import timezone
@@ -114,6 +114,16 @@ def check_password_login(request, username: str, password: str):
 
 def is_pending_login(raw: str | None) -> bool:
     return bool(raw) and PendingLogin.objects.filter(digest=digest(raw.strip()), token__isnull=True).exists()
+
+
+def client_address(request) -> str:
+    """The client's address as the site's login limits find it (allauth's adapter): the X-Forwarded-For entry
+    `KERNELBOT_TRUSTED_PROXY_COUNT` proxies from the end when set, else REMOTE_ADDR; "" when it cannot be told (the
+    forwarded header shorter than the proxies named: not through them)."""
+    try:
+        return get_adapter(request).get_client_ip(request)
+    except (PermissionDenied, ImproperlyConfigured):
+        return ""
 
 
 def check_cli_login_rate(address: str) -> None:

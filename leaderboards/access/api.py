@@ -86,7 +86,7 @@ def password_login(request, body: PasswordLoginIn):
 @router.post("/auth/cli", response={201: CliLoginOut, 400: ErrorOut}, auth=None)
 def start_cli_login(request):
     """The kernelbot CLI's browser login: a pending id to paste on the link page; usable as a token once linked."""
-    return 201, {"cli_id": actions.do_start_cli_login(None, request.META.get("REMOTE_ADDR", "")),
+    return 201, {"cli_id": actions.do_start_cli_login(None, actions.client_address(request)),
                  "link_url": request.build_absolute_uri(reverse("access:link-cli"))}
 
 

@@ -36,7 +36,7 @@ def link_cli(request):
                                 "Run `kernelbot login` (or `popcorn-cli register`) again.")
     return render(request, "leaderboards/access/link_cli.html", {
         "cli_id": state if asking else "", "asking": asking, "cli": actions.cli_name(asking.provider) if asking else "",
-        "your_address": request.META.get("REMOTE_ADDR", "")}, status=status)
+        "your_address": actions.client_address(request)}, status=status)
 
 
 @login_required

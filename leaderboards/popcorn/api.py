@@ -195,7 +195,7 @@ def join(request, body: JoinIn):
 # --- registration ---------------------------------------------------------------------------------
 @api.get("/auth/init", auth=None)
 def auth_init(request, provider: str):
-    return {"state": access.do_start_cli_login(provider, request.META.get("REMOTE_ADDR", ""))}
+    return {"state": access.do_start_cli_login(provider, access.client_address(request))}
 
 
 @api.get("/auth/cli/{provider}", auth=None)

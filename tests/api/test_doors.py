@@ -53,3 +53,19 @@ def test_anonymous_cli_logins_are_limited_per_address(client):
     assert PendingLogin.objects.count() == CLI_LOGINS_PER_MINUTE
     other = client.post("/api/v1/auth/cli?provider=github", REMOTE_ADDR="203.0.113.7")
     assert other.status_code == 201  # another address has its own allowance
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("start", ["/api/v1/auth/cli", "/popcorn/auth/init?provider=github"])
+def test_behind_a_proxy_cli_logins_are_limited_per_forwarded_address(client, settings, start):
+    """issue 35: the CLI-login allowance counted REMOTE_ADDR, which behind the TLS proxy is the proxy's for everyone:
+    one client's burst refused every CLI login. It finds the client as the site's login limits do
+    (KERNELBOT_TRUSTED_PROXY_COUNT entries from the end of X-Forwarded-For)."""
+    settings.ALLAUTH_TRUSTED_PROXY_COUNT = 1
+    method = client.post if start.startswith("/api/") else client.get
+    answers = [method(start, HTTP_X_FORWARDED_FOR="203.0.113.7").status_code
+               for _ in range(CLI_LOGINS_PER_MINUTE + 1)]
+    assert answers == [201 if start.startswith("/api/") else 200] * CLI_LOGINS_PER_MINUTE + [429]
+    other = method(start, HTTP_X_FORWARDED_FOR="spoofed, 198.51.100.9")  # the proxy's entry is the last one
+    assert other.status_code in (200, 201)  # another client behind the same proxy (REMOTE_ADDR 127.0.0.1)
+    assert PendingLogin.objects.filter(address="198.51.100.9").count() == 1

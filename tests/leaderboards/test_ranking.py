@@ -3,7 +3,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from leaderboards.ranking import Candidate, Interval, rank, ratio_from_timings, statistically_tied
+from leaderboards.ranking import Candidate, Interval, rank, ratio_from_timings, slower_run, statistically_tied
 from taskspec.scoring import score_seconds
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -102,3 +102,15 @@ def case(ratio, low, high, reference=1.0):
 def test_ratio_from_timings(timings, rule, expected):
     got = ratio_from_timings(timings, rule)
     assert got == expected if expected is None else (got.value, got.low, got.high) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("runs", [
+    [(1.0e-6, Interval(0.52, 0.51, 0.53)), (1.2e-6, Interval(0.52, 0.51, 0.53))],  # equal ratios, times differ
+    [(1.0e-6, Interval(0.52, 0.50, 0.53)), (1.0e-6, Interval(0.52, 0.51, 0.54))],  # equal ratio and time
+    [(1.0e-6, None), (1.0e-6, Interval(0.52, 0.51, 0.53))],  # equal times, by time
+])
+def test_the_slower_run_does_not_depend_on_the_order_the_runs_are_read_in(runs):
+    """The database returns a submission's runs in any order (the incremental ranks and a rebuild read them through
+    different plans); on a tie the first read won, so a board could differ from its rebuild (issue 35's fault round:
+    a row updated after its result moved in the heap and the entry took the other run's time)."""
+    assert slower_run(runs) == slower_run(runs[::-1])
