@@ -85,7 +85,8 @@ def run_harness(job: dict, *, python: str, pythonpath: str, timeout: float, on_p
     lines: queue.Queue[bytes | None] = queue.Queue()
     stderr_tail: list[bytes] = []
     threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
-    threading.Thread(target=_tail, args=(proc.stderr, stderr_tail), daemon=True).start()
+    tail_reader = threading.Thread(target=_tail, args=(proc.stderr, stderr_tail), daemon=True)
+    tail_reader.start()
     proc.stdin.write(json.dumps(job).encode())
     proc.stdin.close()
 
@@ -124,6 +125,7 @@ def run_harness(job: dict, *, python: str, pythonpath: str, timeout: float, on_p
     _kill(proc)
     proc.wait()
     if result is None and not failure and proc.returncode not in (None, -signal.SIGKILL):
+        tail_reader.join(timeout=5)  # the exit can be seen before the reader has drained stderr (a busy machine)
         tail = b"".join(stderr_tail).decode(errors="replace")[-2000:]
         failure = f"harness exited with code {proc.returncode} without a result: {tail}"
     return result, failure
