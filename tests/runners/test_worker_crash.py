@@ -21,7 +21,10 @@ from ..conftest import REPO, reap_group
 from ..factories import UserFactory
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-CODE = (REPO / "problems" / "demo" / "vectoradd_py" / "solutions" / "correct.py").read_bytes()
+# a correct kernel whose import takes 3 s: a run lasts long enough that the kill lands while one is mid-flight (on the
+# warm path a plain one ends in well under a second, and all four could end between seeing one run and the kill)
+CODE = (REPO / "problems" / "demo" / "vectoradd_py" / "solutions" / "correct.py").read_bytes() + \
+    b"\nimport time\n\ntime.sleep(3)\n"
 
 
 def start_cluster(tmp_path) -> subprocess.Popen:
