@@ -197,6 +197,10 @@ class SlurmBackend(RunnerBackend):
             if state in names:
                 if marker is not None and remote in (RemoteState.QUEUED, RemoteState.RUNNING):
                     return marker  # the job's shell has ended; Slurm has not caught up yet
+                if marker is None and remote == RemoteState.FAILED:  # the script may have written it since we looked
+                    marker = self.marker(job_id, tag)[0]
+                    if marker is not None and marker.state != RemoteState.CANCELLED:
+                        return marker  # its own account says why (the agent's exit code), Slurm's only that it failed
                 detail = state if reason in ("", "None") else f"{state}: {reason}"
                 return Poll(remote, detail)
         return marker or Poll(RemoteState.RUNNING, f"unknown Slurm state {state}")  # the deadline decides
