@@ -61,9 +61,15 @@ class Message:
         return bool(self.flags & 64)
 
 
+# Snowflakes are unique across the test process, as Discord's are for ever: discord.py keeps one webhook adapter per
+# process whose rate-limit locks are keyed by interaction token, so a token seen again by a later test's bot (on its
+# own event loop) would meet a lock still held on an earlier, stopped loop.
+SNOWFLAKES = itertools.count(1_000_000_000_000_000_000)
+
+
 class FakeDiscord:
     def __init__(self):
-        self.ids = itertools.count(1_000_000_000_000_000_000)
+        self.ids = SNOWFLAKES
         self.messages: dict[int, Message] = {}
         self.deleted: list[Message] = []
         self.refuse_posts = 0  # the next N channel messages get 403 Missing Access, as from a misconfigured channel
