@@ -671,20 +671,24 @@ def do_run_hook(run_id: int):
 
 
 HOOK_RESEND_BATCH = 500
+HOOK_RESEND_MAX = 3600  # seconds: a hook that keeps failing is still tried hourly, never dropped
 
 
 def do_resend_run_hooks(now=None) -> int:
     """Send again the `on_finish` task of every run whose task is past due: its message was lost (sent while the
-    broker was away or hanging, or taken by a worker that was killed). Each is due again a resend period later, so
-    while the broker stays away it is tried again then; the hooks are idempotent."""
+    broker was away or hanging, or taken by a worker that was killed). While it stays undone (the broker is still
+    away, or the hook itself fails) it is due again after as long as it has been owed since the run ended (at least
+    RUN_HOOK_RESEND, at most an hour): tried again soon after an outage, not every few seconds for ever; the hooks
+    are idempotent."""
     now = now or timezone.now()
-    due = list(Run.objects.filter(hook_due__lt=now).order_by("hook_due").values_list("pk", flat=True)
+    due = list(Run.objects.filter(hook_due__lt=now).order_by("hook_due").values_list("pk", "finished_at")
                [:HOOK_RESEND_BATCH])
-    if not due:
-        return 0
-    Run.objects.filter(pk__in=due).update(hook_due=now + timedelta(seconds=settings.RUN_HOOK_RESEND))
-    for run_id in due:
-        log.info("run %s: its on_finish task was not done in time; sent again", run_id)
+    for run_id, finished_at in due:
+        owed = (now - finished_at).total_seconds() if finished_at else 0
+        wait = min(max(settings.RUN_HOOK_RESEND, owed), HOOK_RESEND_MAX)
+        Run.objects.filter(pk=run_id).update(hook_due=now + timedelta(seconds=wait))
+        log.log(logging.INFO if owed < HOOK_RESEND_MAX else logging.WARNING,
+                "run %s: its on_finish task was not done in time (owed for %.0f s); sent again", run_id, owed)
         enqueue(RUN_HOOK_TASK, run_id)
     return len(due)
 

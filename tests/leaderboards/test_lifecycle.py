@@ -1,5 +1,6 @@
 """The run state machine, result ingestion, retries, the reaper and materialised ranks."""
 
+import itertools
 from datetime import timedelta
 
 import pytest
@@ -238,3 +239,26 @@ def test_a_result_waits_for_its_run_only_not_its_leaderboard_or_gpu_type(postgre
             cursor.execute("RESET lock_timeout")
     run.refresh_from_db()
     assert run.status == RunStatus.SUCCEEDED
+
+
+def test_a_hook_that_keeps_failing_is_sent_again_less_and_less_often_and_never_dropped(leaderboard, monkeypatch,
+                                                                                       settings):
+    """A run's on_finish task that never gets done (a broker away for long, or a hook that raises) is sent again
+    after as long as it has been owed, from RUN_HOOK_RESEND up to an hour: not every 20 s for ever."""
+    sent = []
+    monkeypatch.setattr(lifecycle, "enqueue", lambda func, run_id: sent.append(run_id))
+    sub = submission(leaderboard)
+    finish(sub, [1000.0])  # the hooks are owed: their on-commit sends never ran
+    run = sub.runs.get(secret=False)
+    waits, now = [], run.hook_due
+    for _ in range(12):
+        now += timedelta(seconds=1)  # each try just after the run is due again
+        lifecycle.do_resend_run_hooks(now)
+        run.refresh_from_db()
+        waits.append((run.hook_due - now).total_seconds())
+        now = run.hook_due
+    assert sent.count(run.pk) == 12  # never dropped
+    assert settings.RUN_HOOK_RESEND <= waits[0] < 2 * settings.RUN_HOOK_RESEND + 2
+    assert all(later >= 2 * earlier or later == lifecycle.HOOK_RESEND_MAX
+               for earlier, later in itertools.pairwise(waits))
+    assert waits[-1] == lifecycle.HOOK_RESEND_MAX
