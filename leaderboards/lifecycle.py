@@ -676,20 +676,20 @@ HOOK_RESEND_MAX = 3600  # seconds: a hook that keeps failing is still tried hour
 
 def do_resend_run_hooks(now=None) -> int:
     """Send again the `on_finish` task of every run whose task is past due: its message was lost (sent while the
-    broker was away or hanging, or taken by a worker that was killed). While it stays undone (the broker is still
-    away, or the hook itself fails) it is due again after as long as it has been owed since the run ended (at least
-    RUN_HOOK_RESEND, at most an hour): tried again soon after an outage, not every few seconds for ever; the hooks
-    are idempotent."""
+    broker was away or hanging, or taken by a worker that was killed). Due again RUN_HOOK_RESEND later while the
+    broker does not take it, so it goes soon after the broker is back; once taken and still not done (the hook
+    itself fails), after as long as it has been owed since the run ended, at most an hour: never dropped, not tried
+    every few seconds for ever. The hooks are idempotent."""
     now = now or timezone.now()
     due = list(Run.objects.filter(hook_due__lt=now).order_by("hook_due").values_list("pk", "finished_at")
                [:HOOK_RESEND_BATCH])
     for run_id, finished_at in due:
         owed = (now - finished_at).total_seconds() if finished_at else 0
-        wait = min(max(settings.RUN_HOOK_RESEND, owed), HOOK_RESEND_MAX)
-        Run.objects.filter(pk=run_id).update(hook_due=now + timedelta(seconds=wait))
         log.log(logging.INFO if owed < HOOK_RESEND_MAX else logging.WARNING,
-                "run %s: its on_finish task was not done in time (owed for %.0f s); sent again", run_id, owed)
-        enqueue(RUN_HOOK_TASK, run_id)
+                "run %s: its on_finish task was not done in time (owed for %.0f s); sending it again", run_id, owed)
+        wait = min(max(settings.RUN_HOOK_RESEND, owed), HOOK_RESEND_MAX) if enqueue(RUN_HOOK_TASK, run_id) else \
+            settings.RUN_HOOK_RESEND
+        Run.objects.filter(pk=run_id, hook_due__lt=now).update(hook_due=now + timedelta(seconds=wait))
     return len(due)
 
 

@@ -22,11 +22,13 @@ def enqueue_on_commit(func: str, *args, group: str | None = None) -> None:
     transaction.on_commit(lambda: enqueue(func, *args, group=group))
 
 
-def enqueue(func: str, *args, group: str | None = None) -> None:
-    """Hand a task to the broker. The broker being away (Redis restarting, a network cut) fails nothing that was
-    committed: the reaper dispatches a queued run whose message was lost and sends again a run's `on_finish` task
-    (ranking its result) not done in time (`lifecycle.do_reap_overdue_runs`)."""
+def enqueue(func: str, *args, group: str | None = None) -> bool:
+    """Hand a task to the broker; whether it took it. The broker being away (Redis restarting, a network cut) fails
+    nothing that was committed: the reaper dispatches a queued run whose message was lost and sends again a run's
+    `on_finish` task (ranking its result) not done in time (`lifecycle.do_reap_overdue_runs`)."""
     try:
         async_task(func, *args, group=group, broker=broker())
     except (RedisError, OSError) as exc:
         log.warning("could not enqueue %s%r (%r); the reaper picks the work up", func, args, exc)
+        return False
+    return True

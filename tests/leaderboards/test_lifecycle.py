@@ -243,22 +243,29 @@ def test_a_result_waits_for_its_run_only_not_its_leaderboard_or_gpu_type(postgre
 
 def test_a_hook_that_keeps_failing_is_sent_again_less_and_less_often_and_never_dropped(leaderboard, monkeypatch,
                                                                                        settings):
-    """A run's on_finish task that never gets done (a broker away for long, or a hook that raises) is sent again
-    after as long as it has been owed, from RUN_HOOK_RESEND up to an hour: not every 20 s for ever."""
-    sent = []
-    monkeypatch.setattr(lifecycle, "enqueue", lambda func, run_id: sent.append(run_id))
+    """A run's on_finish task that the broker takes but that never gets done (the hook raises, its worker is killed)
+    is sent again after as long as it has been owed, from RUN_HOOK_RESEND up to an hour, not every 20 s for ever;
+    one the broker does not take (away, hanging) is tried again RUN_HOOK_RESEND later, however long it is owed."""
+    sent, broker_up = [], [True]
+    monkeypatch.setattr(lifecycle, "enqueue", lambda func, run_id: sent.append(run_id) or broker_up[0])
     sub = submission(leaderboard)
     finish(sub, [1000.0])  # the hooks are owed: their on-commit sends never ran
     run = sub.runs.get(secret=False)
-    waits, now = [], run.hook_due
-    for _ in range(12):
+    now = run.hook_due
+
+    def resend() -> float:
+        nonlocal now
         now += timedelta(seconds=1)  # each try just after the run is due again
         lifecycle.do_resend_run_hooks(now)
         run.refresh_from_db()
-        waits.append((run.hook_due - now).total_seconds())
-        now = run.hook_due
+        wait, now = (run.hook_due - now).total_seconds(), run.hook_due
+        return wait
+    waits = [resend() for _ in range(12)]
     assert sent.count(run.pk) == 12  # never dropped
     assert settings.RUN_HOOK_RESEND <= waits[0] < 2 * settings.RUN_HOOK_RESEND + 2
     assert all(later >= 2 * earlier or later == lifecycle.HOOK_RESEND_MAX
                for earlier, later in itertools.pairwise(waits))
     assert waits[-1] == lifecycle.HOOK_RESEND_MAX
+    broker_up[0] = False
+    assert [resend() for _ in range(3)] == [settings.RUN_HOOK_RESEND] * 3  # owed for hours, yet tried soon again
+    assert sent.count(run.pk) == 15
