@@ -51,7 +51,7 @@ def run_agent(run_id: int, attempt: int, nonce: str, platform_url: str, timeout_
         work = Path(tmp)
         with (urllib.request.urlopen(f"{base}/api/runner/v1/harness.tar.gz", timeout=60) as response,
               tarfile.open(fileobj=io.BytesIO(response.read()), mode="r:gz") as archive):
-            archive.extractall(work, filter="data")
+            archive.extractall(work, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))  # < 3.11.4
         result_file = work / "result.json"
         command = [sys.executable, "-m", "runners.harness.agent", "--platform", base, "--run", str(run_id),
                    "--attempt", str(attempt), "--result-file", str(result_file), "--workdir", tmp]

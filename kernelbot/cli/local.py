@@ -12,13 +12,11 @@ process (`runners.harness.runner.run_harness`, as every agent runs it)."""
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import os
 import re
 import shutil
 import sys
-import tarfile
 import tempfile
 import time
 from collections.abc import Callable
@@ -83,8 +81,7 @@ def install_harness(data: bytes, version: str) -> Path:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{version[:12]}-", dir=target.parent))
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-        tar.extractall(staging, filter="data")
+    jobspec.extract_tarball(data, staging)
     try:
         staging.rename(target)
     except OSError:  # another `kernelbot run` unpacked it first

@@ -272,11 +272,14 @@ class Sandbox:
             raise SandboxUnavailable(f"KERNELBOT_SANDBOX=require but bubblewrap is unusable: {err}")
         self.bwrap = None if err else bwrap
         self.fallback_reason = "" if self.bwrap else ("KERNELBOT_SANDBOX=none" if self.mode == "none" else err)
-        closed = "" if self.bwrap or self.uid is None else _closed_to_others(sys.executable)
-        if closed:  # without bubblewrap's mounts another uid could not even start the interpreter
+        # without bubblewrap's mounts another uid could not even start the interpreter or enter the run directory
+        closed = [f"{what} lies under {at}, which other users cannot enter" for what, path in
+                  (("the interpreter", sys.executable), ("the run directory", os.path.dirname(self.workdir)))
+                  if not self.bwrap and self.uid is not None and (at := _closed_to_others(path))]
+        if closed:
             self.uid = None
-            self.fallback_reason += (f"; the interpreter lies under {closed}, which other users cannot enter, so runs "
-                                     "keep this process's uid (install bubblewrap to drop it)")
+            self.fallback_reason += f"; {'; '.join(closed)}, so runs keep this process's uid (install bubblewrap to " \
+                                    "drop it)"
         self.tree_memory = tree_memory_limit(limits)
         self.cgroup: MemoryParent | None = None
         self.cgroup_error = "KERNELBOT_SANDBOX=none"

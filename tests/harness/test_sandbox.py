@@ -544,6 +544,37 @@ def test_without_bubblewrap_an_interpreter_other_users_cannot_reach_keeps_the_ui
     assert o.returncode == 0 and o.stdout.split() == ["0"], o
 
 
+@root_only
+def test_without_bubblewrap_a_run_directory_other_users_cannot_reach_keeps_the_uid(tmp_path: Path, monkeypatch):
+    """The same for the run directory: an agent whose runs live under a directory closed to others (a 0700 state
+    directory, pytest's tmp) would start every run as the sandbox uid unable to read its own files ("can't open
+    file ... _harness_child.py: Permission denied", seen with Debian's /usr/bin/python3 and no bubblewrap); under an
+    open directory the uid is still dropped."""
+    monkeypatch.setattr(sb, "_bwrap_path", lambda: None)
+    monkeypatch.setenv("KERNELBOT_SANDBOX", "auto")
+    monkeypatch.setattr(sys, "executable", "/bin/sh")  # an interpreter every user can start
+    closed = tmp_path / "state"
+    (closed / "work").mkdir(parents=True)
+    closed.chmod(0o700)
+    (closed / "work" / "job.txt").write_text("job")
+    opened = Path(tempfile.mkdtemp(prefix="kernelbot-runs-"))
+    try:
+        opened.chmod(0o755)
+        (opened / "work").mkdir()
+        (opened / "work" / "job.txt").write_text("job")
+        for parent, dropped, uid in ((closed, False, "0"), (opened, True, "60123")):
+            box = Sandbox(str(parent / "work"), Limits(wall_seconds=30), uid=60123)
+            d = box.describe()
+            assert d["uid_dropped"] is dropped, d
+            assert ("the run directory lies under" in d["fallback_reason"]) is not dropped, d["fallback_reason"]
+            o = box.start(["/bin/sh", "-c", "id -u; cat job.txt"]).wait()
+            assert o.returncode == 0 and o.stdout.split() == [uid, "job"], o
+        assert sb._closed_to_others(str(closed)) and f"under {sb._closed_to_others(str(closed))}, which other " \
+            "users cannot enter" in Sandbox(str(closed / "work"), Limits(), uid=60123).describe()["fallback_reason"]
+    finally:
+        shutil.rmtree(opened, ignore_errors=True)
+
+
 def test_fallback_wall_time(tmp_path: Path, monkeypatch):
     monkeypatch.setenv("KERNELBOT_SANDBOX", "none")
     o = Sandbox(str(tmp_path), Limits(wall_seconds=0.5)).start(["/bin/sh", "-c", "sleep 30"]).wait()

@@ -9,15 +9,14 @@ current entries (to record a deliberate change)."""
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 from typing import Any
 
+from taskspec import jobspec
 from taskspec.loader import TaskFileError, load_competition, load_task
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,8 +57,7 @@ def test_problems_import_as_before(tmp_path):
         archive = subprocess.run(["git", "-C", clone, "archive", expected["commit"], expected["path"]],
                                  capture_output=True, check=False)
         assert archive.returncode == 0, f"{clone} lacks commit {expected['commit']}: {archive.stderr.decode()}"
-        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-            tar.extractall(tmp_path / name, filter="data")
+        jobspec.extract_tarball(archive.stdout, tmp_path / name)
         assert collection(tmp_path / name / expected["path"]) == expected["entries"], name
 
 

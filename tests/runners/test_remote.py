@@ -23,6 +23,7 @@ from runners.backends.base import BACKENDS, Poll, RemoteState, RunnerBackend, av
 from runners.harness.agent import Refused, runner_token
 from runners.models import Gpu, GpuPool, GpuType, GpuVendor, Node
 from runners.reservations.models import DeviceHold, HoldKind
+from taskspec import jobspec
 
 from ..agents import in_process_agent
 from ..conftest import REPO
@@ -394,7 +395,7 @@ def test_the_harness_tarball_runs_the_agent_without_django(client, tmp_path):
     assert response.status_code == 200
     with tarfile.open(fileobj=io.BytesIO(response.content)) as tar:
         names = tar.getnames()
-        tar.extractall(tmp_path, filter="data")
+    jobspec.extract_tarball(response.content, tmp_path)
     assert "runners/harness/agent.py" in names and "runners/__init__.py" in names
     # -S: no site-packages, so no Django: the shipped package runs on a bare python3
     done = subprocess.run([sys.executable, "-S", "-E", "-m", "runners.harness.agent", "--help"], cwd=tmp_path,

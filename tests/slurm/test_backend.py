@@ -371,7 +371,7 @@ def test_sbatch_arguments_follow_the_pool_and_the_job():
 def test_a_job_that_fails_between_the_marker_check_and_squeue_is_told_by_its_marker(tmp_path):
     """One poll reads the marker, then squeue: a job that writes its marker and exits in between is FAILED to Slurm
     (NonZeroExitCode, seen under load); the poll looks at the marker once more, which names the agent's exit code."""
-    backend = SlurmBackend(Harness(tmp_path).pool())
+    backend = SlurmBackend(Harness(tmp_path).pool(ssh="login.example"))  # Slurm is faked here: no sbatch needed
     answers = iter(["@kernelbot:Q\n42|FAILED|NonZeroExitCode\n", "@kernelbot:M\n137\n"])
     backend.call = lambda argv, stdin=None: subprocess.CompletedProcess(argv, 0, next(answers), "")
     polled = backend.poll("42:5eed")
