@@ -168,7 +168,7 @@ def _insert_with_orm(user, request: SubmissionRequest, sha256: str, now) -> Subm
         deadline = Run.deadline_for(RunStatus.QUEUED)
         submission.new_runs = Run.objects.bulk_create([
             Run(submission=submission, gpu_type=gpu_type, secret=secret, status_deadline=deadline, queued_at=now,
-                on_finish=_on_finish(request))
+                first_queued_at=now, on_finish=_on_finish(request))
             for gpu_type, secret in _run_keys(request)])
     return submission
 
@@ -190,8 +190,8 @@ WITH new_code AS (
   RETURNING id, code_id
 ), runs AS (
   INSERT INTO {Run._meta.db_table} (submission_id, gpu_type_id, secret, status, attempt, status_deadline, queued_at,
-    runner, verdict, error, result, system_info, stdout, stderr, progress, infra_failures, on_finish)
-  SELECT submission.id, new.gpu_type_id, new.secret, %(status)s, 0, %(deadline)s, %(now)s,
+    first_queued_at, runner, verdict, error, result, system_info, stdout, stderr, progress, infra_failures, on_finish)
+  SELECT submission.id, new.gpu_type_id, new.secret, %(status)s, 0, %(deadline)s, %(now)s, %(now)s,
     '', '', '', '{{}}', '{{}}', '', '', '{{}}', 0, %(on_finish)s
   FROM submission, unnest(%(gpu_type_ids)s::bigint[], %(secrets)s::boolean[]) AS new(gpu_type_id, secret)
   RETURNING id, gpu_type_id, secret
@@ -230,7 +230,8 @@ def _insert_in_one_statement(user, request: SubmissionRequest, sha256: str, now)
     submission.new_runs = []
     for _, _, run_id, gpu_type_id, secret, ahead in rows:
         run = Run(pk=run_id, submission=submission, gpu_type=gpu_types[gpu_type_id], secret=secret,
-                  status_deadline=params["deadline"], queued_at=now, on_finish=params["on_finish"])
+                  status_deadline=params["deadline"], queued_at=now, first_queued_at=now,
+                  on_finish=params["on_finish"])
         run.queued_ahead = ahead
         submission.new_runs.append(run)
     return submission

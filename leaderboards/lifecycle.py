@@ -359,7 +359,7 @@ def _claim_one(node: Node, gpus: list[Gpu]) -> dict | None:
                    .filter(status=RunStatus.DISPATCHED, gpu_type=gpu_type, attempts__number=F("attempt"),
                            attempts__pool_id=node.pool_id, attempts__external_id="")
                    .filter(Q(node=node) if not node.in_service else Q(node__isnull=True) | Q(node=node))
-                   .order_by("queued_at", "pk"))
+                   .order_by("first_queued_at", "pk"))  # a retry keeps its place
         candidates = list(waiting[:20])
         avoid = _failed_elsewhere_first(node, candidates, gpu_type)
         on_node = None
@@ -769,6 +769,7 @@ def do_requeue_run(run: Run, reason: str = "requeued by an organiser") -> None:
                     enqueue_on_commit(ranks.RECOMPUTE_TASK, *board)
         # the previous attempt's results go (its reason stays in RunAttempt): no page shows them as this run's
         run.update_status(RunStatus.QUEUED, infra_failures=0, problem_error=False, error=reason, verdict="",
+                          first_queued_at=timezone.now(),
                           passed=None, score=None, **ratio_fields(None), progress={}, result={}, system_info={},
                           stdout="", stderr="")
         enqueue_on_commit(DISPATCH_TASK, run.pk)

@@ -336,6 +336,9 @@ class Run(models.Model):
                                           "ignored.")
     status_deadline = models.DateTimeField(null=True, blank=True, db_index=True)
     queued_at = models.DateTimeField(default=timezone.now)
+    first_queued_at = models.DateTimeField(default=timezone.now, help_text="When it was first queued: a retry keeps "
+                                           "its place in the queue (agents take the earliest first); set again only "
+                                           "by an organiser's requeue.")
     dispatched_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -28,7 +28,8 @@ def columns(row, exclude=()) -> dict:
 
 def stored(submission: Submission) -> tuple[dict, list[dict]]:
     row = columns(Submission.objects.get(pk=submission.pk), exclude=["id"])
-    runs = [columns(run, exclude=["id", "submission_id", "status_deadline", "queued_at"])
+    runs = [columns(run, exclude=["id", "submission_id", "status_deadline", "queued_at",
+                                    "first_queued_at"])
             for run in Run.objects.filter(submission=submission).order_by("gpu_type", "secret")]
     return row, runs
 

@@ -133,6 +133,23 @@ def test_a_restarted_agent_gets_its_dead_predecessors_runs_retried_at_once(leade
 
 
 @pytest.mark.django_db
+def test_a_retried_run_keeps_its_place_ahead_of_the_backlog_queued_meanwhile(leaderboard, cpu_pool):
+    agent = in_process_agent(cpu_pool.nodes.get())
+    first = submit(leaderboard).runs.get()
+    dispatch_all()
+    assert [c["run"] for c in agent._call("poll", {"free": [0]})["claims"]] == [first.pk]  # then the agent dies
+    backlog = [submit(leaderboard).runs.get().pk for _ in range(3)]
+    dispatch_all()
+    agent = in_process_agent(cpu_pool.nodes.get(), machine_probe())  # its successor: the run is retried
+    first.refresh_from_db()
+    assert first.status == RunStatus.QUEUED and first.infra_failures == 1
+    assert first.queued_at > Run.objects.get(pk=backlog[-1]).queued_at  # queued again after the backlog
+    dispatch_all()
+    claimed = [c["run"] for c in agent._call("poll", {"free": [0]})["claims"]]
+    assert claimed == [first.pk]  # yet it runs first: its place is its first queued time
+
+
+@pytest.mark.django_db
 def test_a_silent_agents_run_is_retried_at_its_heartbeat_deadline(leaderboard, cpu_pool, settings):
     agent = in_process_agent(cpu_pool.nodes.get())
     submit(leaderboard)
