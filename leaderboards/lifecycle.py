@@ -32,6 +32,7 @@ from runners.backends.base import (
     platform_url,
     queue_timeout,
 )
+from runners.harness.device import OOM_UNKNOWN_FLAG, UNKNOWN_PREFIX
 from runners.harness.probe import device_is
 from runners.harness.result import NEEDS_CUDA, NEEDS_CUDA_FLAG, PROBLEM_BROKEN, PROBLEM_ERROR_FLAG
 from runners.jobs import gpu_count, job_payload, run_limits, sandbox_uid, total_timeout
@@ -453,6 +454,11 @@ def do_ingest_result(run_id: int, attempt: int, result: dict) -> bool:
             run.update_status(RunStatus.ERROR, infra_failures=run.infra_failures + 1, reason=result["error"],
                               error=str(result.get("error") or NEEDS_CUDA), result=result,
                               system_info=result.get("system", {}))
+            return True
+        if result.get("status") != "ok" and OOM_UNKNOWN_FLAG in (result.get("flags") or []) and run.attempts.filter(
+                outcome="retried", reason__startswith=UNKNOWN_PREFIX).exists():  # tried once more: charged to no one
+            run.update_status(RunStatus.ERROR, infra_failures=run.infra_failures + 1, error=str(result.get("error")),
+                              result=result, system_info=result.get("system") or {})
             return True
         if result.get("status") != "ok":
             _infrastructure_failure(run, result.get("error") or "the runner reported an error")

@@ -139,17 +139,22 @@ def main(spare: dict | None = None) -> int:
     except ProblemError as exc:
         result = Result(mode=mode, protocol=protocol, status="error")
         said = device.exception_text(exc.cause)
-        oom = device.is_oom(said)  # a device that ran out of memory exists: not a CUDA-less runner
-        if oom and (found := device.holders(visible_devices())):
-            result.device_busy(found, said)
+        oom = device.oom_raised(exc.cause)  # a device that ran out of memory exists: not a CUDA-less runner
+        judged = exc.blame or (device.blame(device.measure(visible_devices()), device.figures(said).asked,
+                                            "problem") if oom else None)
+        if judged is not None and judged.who in ("device", "unknown"):
+            result.out_of_memory(judged, said)
+        elif judged is not None and judged.who == "submission":
+            result.status = "ok"
+            result.fail("fail", f"the submission's processes held the device's memory when the problem's own code "
+                        f"ran out of it ({exc.where}): {judged.why}")
+            result.extra["device_memory"] = judged.memory.as_dict() if judged.memory else None
         elif not oom and needs_cuda(exc.cause):
             result.fail("fail", NEEDS_CUDA)
             result.flags.append(NEEDS_CUDA_FLAG)
             result.extra["cause"] = f"{type(exc.cause).__name__}: {str(exc.cause)[:500]}"
         else:
-            figures = device.figures(said).describe() if oom else ""
-            result.fail("fail", str(exc) + (f" (out of memory on a device no other process used: {figures})"
-                                             if oom else ""))
+            result.fail("fail", str(exc) + (f" (out of device memory: {judged.why})" if judged else ""))
             result.flags.append(PROBLEM_ERROR_FLAG)
             result.extra["problem_error"] = {"where": exc.where, "traceback": exc.traceback}
     except (JobError, json.JSONDecodeError) as exc:

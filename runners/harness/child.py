@@ -18,7 +18,8 @@ Messages (one JSON object per SOCK_SEQPACKET message, descriptors attached):
 Parent -> child: {"op": "call"|"time"|"profile"|"echo"|"warm"|"import"|"exit", "id": k, "data": TREE,
 "new": [{"buf", "kind", "size"}], "drop": [buf ids]} with one descriptor per "new" entry.
 Child -> parent: {"op": "hello", "seconds"}, {"op": "sample", "ns"}, {"op": "output", "out": TREE, "new", "drop"},
-{"op": "error", "kind": "import|kernel|output|threads|tamper", "message"}, {"op": "profile", "report"}.
+{"op": "error", "kind": "import|kernel|output|threads|tamper", "message", "oom": bool (torch's error type)},
+{"op": "profile", "report"}.
 TREE: {"T": [buf, dtype, shape, stride|null, offset]} for a tensor (null stride: contiguous), {"tuple": [...]},
 {"list": [...]}, {"dict": [[key, TREE], ...]}, {"dtype": name}, {"device": name}, or a JSON scalar.
 """
@@ -540,6 +541,19 @@ def busy_threads(before: dict[int, int], after: dict[int, int]) -> tuple[int, li
     return sum(max(0, v) for v in used.values()), sorted(t for t, v in used.items() if v > 0)
 
 
+def _out_of_memory() -> bool:
+    """The current exception is torch's out-of-memory error by its type, or was raised from one (whose fault it is,
+    the parent decides from the device's memory)."""
+    oom, exc = getattr(sys.modules.get("torch"), "OutOfMemoryError", None), sys.exc_info()[1]
+    for _ in range(8):
+        if exc is None or oom is None:
+            return False
+        if isinstance(exc, oom):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def _format_error() -> str:
     """The current exception's traceback without the harness's own frames, and without the server's paths: the
     workdir's files by their names, libraries from site-packages on."""
@@ -725,7 +739,8 @@ class Runner:
                 else:
                     out = self.kernel(data)
             except Exception:
-                self.send({"op": "error", "id": rid, "kind": "kernel", "message": _format_error()})
+                self.send({"op": "error", "id": rid, "kind": "kernel", "message": _format_error(),
+                           "oom": _out_of_memory()})
                 continue
             self.finish(rid, out, before)
 
@@ -756,7 +771,7 @@ def main(argv: list[str]) -> int:
     try:
         runner.import_submission()
     except BaseException:
-        runner.send({"op": "error", "kind": "import", "message": _format_error()})
+        runner.send({"op": "error", "kind": "import", "message": _format_error(), "oom": _out_of_memory()})
         return 0
     runner.send({"op": "hello", "seconds": runner.seconds})
     with contextlib.suppress(EOFError):

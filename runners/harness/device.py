@@ -1,15 +1,20 @@
 """Whose fault an out-of-memory error on the device is. Stdlib only (the parent imports it before torch decides).
 
-A CUDA allocation that fails while processes other than the run's hold memory on its device is the device's fault
-(an infrastructure failure, retried where there is room, with the holders named for organisers). On an otherwise
-empty device it is the fault of whoever asked: the problem's own code (a problem error) or the submission (a fail,
-with what was asked, free and total). The holders come from nvidia-smi, read by the trusted parent, never from
-anything the child says.
+Whether an error is out of memory comes from its type as torch raised it (`torch.OutOfMemoryError`, alias
+`torch.cuda.OutOfMemoryError`), never from words a submission can print. Who is to blame comes from the device's
+memory measured by the trusted parent at the moment of failure, before the child is killed (`measure`: nvidia-smi,
+else rocm-smi, per process where the driver says): the run's own processes, other processes and their sizes, and the
+request (`blame`). Others' memory is the cause (the device is busy: an infrastructure failure, retried, the holders
+named for organisers) only when they hold enough to explain the failure; the submission's when its own processes
+hold it or it asked for more than the device has; the problem's only when the problem's own code failed on a device
+otherwise empty. Where nothing can be measured the answer is "unknown": neither the problem nor the competitor is
+charged, and the platform tries once more.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import pwd
 import re
@@ -17,15 +22,23 @@ import shutil
 import subprocess
 
 DEVICE_BUSY_FLAG = "device-busy"  # status "error": another process held the device's memory; the platform retries
+OOM_UNKNOWN_FLAG = "oom-unknown"  # status "error": out of memory, the device unmeasured; the platform tries once more
+UNKNOWN_PREFIX = "the device ran out of memory and whose fault it was is unknown"  # its error starts so
 BUSY_PREFIX = "the device ran out of memory while other processes held"  # how its error (the attempt's reason) starts
-OOM = re.compile(r"OutOfMemoryError|CUDA out of memory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation"
-                 r"|out of memory(?: on device| while)|HIP out of memory")
 _SIZE = r"([0-9.]+) ?([KMGT]i?B)"
 _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
-def is_oom(text: str) -> bool:
-    return bool(OOM.search(text))
+def oom_raised(exc: BaseException | None) -> bool:
+    """The exception, or one it was raised from, is torch's out-of-memory error (by its type, not its text)."""
+    for _ in range(8):
+        if exc is None:
+            return False
+        if any(cls.__name__ == "OutOfMemoryError" and cls.__module__.split(".")[0] == "torch"
+               for cls in type(exc).__mro__):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def exception_text(exc: BaseException) -> str:
@@ -103,33 +116,149 @@ def descends_from(pid: int, ancestor: int) -> bool:
     return False
 
 
-def holders(devices: list[str], own: int | None = None) -> list[Holder]:
-    """Processes other than `own` and its descendants (this run) with memory on `devices` (host indices; all when
-    empty), from nvidia-smi; none where it is missing or fails."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return []
-    own = os.getpid() if own is None else own
+@dataclasses.dataclass(frozen=True)
+class Memory:
+    """The run's devices' memory at one moment: their total, what the run's own processes (`run_pid` and its
+    descendants) and other processes held, and what pids this host cannot place (a container's driver reports the
+    host's pids)."""
 
+    source: str
+    total: int
+    run_pid: int
+    own: list[Holder]
+    others: list[Holder]
+    unplaced: int = 0
+    per_process: bool = True
+
+    def held(self, child: bool | None = None) -> int:
+        """Bytes the run held: all of it, its child's (the sandbox's processes) or the parent's own."""
+        return sum(h.memory for h in self.own if child is None or (h.pid != self.run_pid) == child)
+
+    def foreign(self) -> int:
+        return sum(h.memory for h in self.others)
+
+    def as_dict(self) -> dict:
+        return {"source": self.source, "total_mib": self.total >> 20, "run_mib": self.held() >> 20,
+                "others": [h.as_dict() for h in self.others], "unplaced_mib": self.unplaced >> 20,
+                "per_process": self.per_process}
+
+
+def _exists(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}")
+
+
+def _split(run_pid: int, found: list[tuple[int, int, str]], total: int, source: str) -> Memory:
+    own, others, unplaced = [], [], 0
+    for pid, used, index in found:
+        if not _exists(pid):
+            unplaced += used
+        elif pid == run_pid or descends_from(pid, run_pid):
+            own.append(Holder(pid, _user(pid), used, index))
+        else:
+            others.append(Holder(pid, _user(pid), used, index))
+    return Memory(source, total, run_pid, own, others, unplaced)
+
+
+def _run(argv: list[str]) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False).stdout
+
+
+def _nvidia(smi: str, devices: list[str], run_pid: int) -> Memory | None:
     def query(what: str) -> list[list[str]]:
-        done = subprocess.run([smi, f"--query-{what}", "--format=csv,noheader,nounits"], capture_output=True,
-                              text=True, timeout=20, check=False)
-        return [[f.strip() for f in line.split(",")] for line in done.stdout.splitlines() if line.strip()]
+        return [[f.strip() for f in line.split(",")] for line in
+                _run([smi, f"--query-{what}", "--format=csv,noheader,nounits"]).splitlines() if line.strip()]
 
-    try:
-        index_of = {bus.lower(): index for index, bus in query("gpu=index,pci.bus_id")}
-        found = []
-        for pid, memory, bus in query("compute-apps=pid,used_memory,gpu_bus_id"):
-            device = index_of.get(bus.lower())
-            if device is None or (devices and device not in devices) or not pid.isdigit():
+    gpus = {row[1].lower(): row for row in query("gpu=index,pci.bus_id,memory.total") if len(row) == 3}
+    mine = {bus: row for bus, row in gpus.items() if not devices or row[0] in devices}
+    if not mine or not all(row[2].isdigit() for row in mine.values()):
+        return None  # no device, or a MIG slice / container whose total the driver does not give
+    found = []
+    for row in query("compute-apps=pid,used_memory,gpu_bus_id"):
+        if len(row) == 3 and row[2].lower() in mine and row[0].isdigit():
+            found.append((int(row[0]), int(row[1]) << 20 if row[1].isdigit() else 0, mine[row[2].lower()][0]))
+    return _split(run_pid, found, sum(int(row[2]) << 20 for row in mine.values()), "nvidia-smi")
+
+
+def _rocm(smi: str, devices: list[str], run_pid: int) -> Memory | None:
+    """rocm-smi --json: {"card0": {"VRAM Total Memory (B)": ...}} and {"system": {"PID<n>": "name, gpus, vram B,
+    ..."}} (per process only on one device: the pids' devices are not named)."""
+    cards = json.loads(_run([smi, "--showmeminfo", "vram", "--json"]) or "{}")
+    totals = {name.removeprefix("card"): int(info["VRAM Total Memory (B)"]) for name, info in cards.items()
+              if name.startswith("card") and str(info.get("VRAM Total Memory (B)", "")).isdigit()}
+    mine = {index: total for index, total in totals.items() if not devices or index in devices}
+    if not mine:
+        return None
+    pids = json.loads(_run([smi, "--showpids", "--json"]) or "{}").get("system", {})
+    found = []
+    for key, value in pids.items():
+        fields = [f.strip() for f in str(value).split(",")]
+        if key.startswith("PID") and key[3:].isdigit() and len(fields) >= 3 and fields[2].isdigit():
+            found.append((int(key[3:]), int(fields[2]), next(iter(mine))))
+    memory = _split(run_pid, found, sum(mine.values()), "rocm-smi")
+    return dataclasses.replace(memory, per_process=len(totals) == 1 or len(mine) == len(totals))
+
+
+def measure(devices: list[str], run_pid: int | None = None) -> Memory | None:
+    """The memory of `devices` (host indices; all when empty) now, from the driver's tool; None where none answers."""
+    run_pid = os.getpid() if run_pid is None else run_pid
+    for name, read in (("nvidia-smi", _nvidia), ("rocm-smi", _rocm)):
+        if tool := shutil.which(name):
+            try:
+                if memory := read(tool, devices, run_pid):
+                    return memory
+            except (OSError, ValueError, KeyError, AttributeError, subprocess.TimeoutExpired):
                 continue
-            if descends_from(int(pid), own):
-                continue
-            used = int(memory) << 20 if memory.isdigit() else 0
-            found.append(Holder(int(pid), _user(int(pid)), used, device))
-    except (OSError, ValueError, subprocess.TimeoutExpired):
-        return []
-    return found
+    return None
+
+
+def device_wide(free: int, total: int, run_pid: int | None = None) -> Memory:
+    """torch.cuda.mem_get_info's figures where no tool answers: the total, nobody's share."""
+    return Memory("torch", total, os.getpid() if run_pid is None else run_pid, [], [], total - free, False)
+
+
+@dataclasses.dataclass(frozen=True)
+class Blame:
+    who: str  # "device" (others held it: infrastructure), "submission", "problem" or "unknown"
+    why: str
+    memory: Memory | None = None
+
+
+def _explains(held: int, asked: int | None, room: int) -> bool:
+    """`held` bytes caused the failure: without them the request fitted in `room` (what the device left the asker),
+    with them it did not; a request of unknown size, when they held at least half of that room."""
+    if held <= 0:
+        return False
+    if asked is None:
+        return 2 * held >= room
+    return room - held < asked <= room
+
+
+def blame(memory: Memory | None, asked: int | None, where: str) -> Blame:
+    """Whose fault the out-of-memory error of `where` ("submission": the child; "problem": the parent's problem
+    code) is, from the memory measured at the failure and the bytes asked (None when unknown)."""
+    if memory is None:
+        return Blame("unknown", "nothing could measure the device's memory")
+    said = f"{mib(memory.total)} on the device, the run held {mib(memory.held())}, other processes " \
+           f"{mib(memory.foreign())}" + (f", asked {mib(asked)}" if asked is not None else "")
+    if asked is not None and asked > memory.total:
+        return Blame(where, f"asked for more than the device has ({said})", memory)
+    if not memory.per_process:
+        return Blame("unknown", f"the driver did not say which process held what ({said})", memory)
+    foreign, child, parent = memory.foreign(), memory.held(child=True), memory.held(child=False)
+    if where == "submission":
+        if _explains(foreign, asked, memory.total - parent - child):
+            return Blame("device", f"other processes held enough to explain it ({said})", memory)
+        culprit = "submission"
+    else:
+        both = foreign + child
+        if _explains(both, asked, memory.total - parent):
+            who = "device" if foreign >= child else "submission"
+            return Blame(who, f"{'other processes' if who == 'device' else 'the submission'} held enough to "
+                         f"explain it ({said})", memory)
+        culprit = "problem"
+    if _explains(memory.unplaced, asked, memory.total - memory.held()):
+        return Blame("unknown", f"processes this host cannot place held enough to explain it ({said})", memory)
+    return Blame(culprit, f"{said}; no other process held enough to explain it", memory)
 
 
 def busy_message(found: list[Holder], said: str) -> str:

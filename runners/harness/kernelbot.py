@@ -28,7 +28,7 @@ import torch
 from . import child as child_module
 from . import device, stats
 from .job import Case, Job
-from .problem import Problem, backend_flags, derive_seed, format_spec
+from .problem import Problem, ProblemError, backend_flags, derive_seed, format_spec
 from .result import CaseResult, Emitter, Result, tail
 from .sandbox import Outcome, Sandbox
 
@@ -54,12 +54,12 @@ class Stop(Exception):
         self.verdict, self.message = verdict, message
 
 
-class DeviceBusy(Exception):
-    """The submission ran out of device memory while other processes held it: the runner's failure."""
+class OutOfMemory(Exception):
+    """The submission ran out of device memory and it was not its fault (others held it) or nobody can say."""
 
-    def __init__(self, found: list[device.Holder], said: str):
+    def __init__(self, judged: device.Blame, said: str):
         super().__init__(said)
-        self.found, self.said = found, said
+        self.judged, self.said = judged, said
 
 
 class ChildSession:
@@ -181,15 +181,21 @@ class ChildSession:
                 raise Stop("hacked", message)
             prefix = {"import": "the submission could not be imported", "kernel": "custom_kernel raised",
                       "output": "invalid output"}.get(kind, "the submission failed")
-            if kind in ("import", "kernel") and device.is_oom(message):
-                if found := device.holders(list(self.job.gpus)):
-                    raise DeviceBusy(found, message)
-                figures = device.figures(message).describe()
-                prefix += f" (out of device memory{'; ' + figures if figures else ''}; no other process used it)"
+            if kind in ("import", "kernel") and header.get("oom") is True:  # measured while the child lives
+                judged = device.blame(self.measure(), device.figures(message).asked, "submission")
+                if judged.who != "submission":
+                    raise OutOfMemory(judged, message)
+                prefix += f" (out of device memory: {judged.why})"
             raise Stop("fail", f"{prefix}: {message}")
         if header["op"] != op or header.get("id") != rid:
             raise Stop("hacked", f"protocol violation: expected {op!r} for call {rid}, got {header['op']!r}")
         return header
+
+    def measure(self) -> device.Memory | None:
+        """The run's devices' memory now, per process from the driver's tool, else torch's device-wide figures."""
+        if (memory := device.measure(list(self.job.gpus))) is None and torch.cuda.is_available():
+            return device.device_wide(*torch.cuda.mem_get_info())
+        return memory
 
     def output(self, rid: int, deadline: float, max_bytes: int) -> Any:
         """The parent's own copy of the output of call `rid`, taken the moment it is announced."""
@@ -635,10 +641,15 @@ class KernelbotRun:
                 result.extra["ranking_by"] = job.ranking_by
         except Stop as stop:
             self.stopped(stop)
-        except DeviceBusy as busy:
+        except OutOfMemory as oom:
             if self.session is not None:
                 self.session.kill()
-            result.device_busy(busy.found, busy.said)
+            result.out_of_memory(oom.judged, oom.said)
+        except ProblemError as exc:  # its out-of-memory error is judged now, the child (and its memory) still here
+            if device.oom_raised(exc.cause) and self.session is not None:
+                said = device.exception_text(exc.cause)
+                exc.blame = device.blame(self.session.measure(), device.figures(said).asked, "problem")
+            raise
         finally:
             with self.clock("teardown"):
                 if self.problem is not None:

@@ -125,9 +125,13 @@ def run(job: Job, emitter: Emitter) -> Result:
                                               uid=job.sandbox_uid))
     if failed is None:
         return result
-    said = f"{failed.error}\n{tail(failed.stderr)}"
-    if device.is_oom(said) and (found := device.holders(list(job.gpus))):  # eval.py and the submission share a
-        return result.device_busy(found, said)  # process: whoever asked, a device full of others' memory is the cause
+    # eval.py and the submission share the sandboxed process: nothing trusted says the failure was out of memory
+    # (its output and stderr are the submission's to write). It is the device's when other processes held at least
+    # half of it at the end of the stage (the stage's own memory is gone with its process by then).
+    memory = device.measure(list(job.gpus))
+    if memory is not None and memory.per_process and (judged := device.blame(memory, None, "submission")).who == \
+            "device":
+        return result.out_of_memory(judged, failed.error)
     return result.fail(failed.verdict, failed.error)
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from . import child
+from . import child, device
 from .job import Case
 
 SUBMISSION = "submission.py"
@@ -75,6 +75,7 @@ class ProblemError(Exception):
     def __init__(self, where: str, exc: BaseException):
         super().__init__(f"the problem's own code failed: {where}: {type(exc).__name__}: {str(exc)[:500]}")
         self.where, self.cause = where, exc
+        self.blame: device.Blame | None = None  # of an out-of-memory error, judged while the run's child lived
         self.traceback = "".join(traceback.format_exception(exc, limit=-12))[-8000:]
 
 

@@ -125,6 +125,20 @@ class Result:
         self.extra["device_holders"] = [h.as_dict() for h in found]
         return self
 
+    def out_of_memory(self, judged: device.Blame, said: str) -> Result:
+        """An out-of-memory error charged to neither the submission nor the problem: the device's (other processes
+        held enough to explain it; retried) or unknown (nothing measured the device; tried once more)."""
+        if judged.who == "device" and judged.memory is not None:
+            self.device_busy(judged.memory.others, said)
+        else:
+            self.status, self.verdict = "error", "fail"
+            self.error = (f"{device.UNKNOWN_PREFIX}: {judged.why}. Charged "
+                          f"neither to the submission nor to the problem; tried once more. ({said.strip()[-300:]})")
+            self.flags.append(device.OOM_UNKNOWN_FLAG)
+        if judged.memory is not None:
+            self.extra["device_memory"] = judged.memory.as_dict()
+        return self
+
     def as_dict(self, nonce: str = "") -> dict[str, Any]:
         d: dict[str, Any] = {
             "event": "result", "status": self.status, "verdict": self.verdict,

@@ -1,10 +1,14 @@
-"""An out-of-memory error is blamed on whoever caused it (issue 34): the device's fault while other processes hold
-its memory (an infrastructure failure the platform retries, the holders named), else the problem's (its own code
-asked) or the submission's (with what was asked, free and total). The errors are those torch's CUDA allocator
-raises, injected on CPU; the device's holders come from a stand-in nvidia-smi on PATH."""
+"""An out-of-memory error is blamed from facts (issues 34 and 41): it is one by torch's error type, never by words a
+submission can print; whose fault it is comes from the device's memory measured by the parent when it happened, the
+child still alive: the device's when other processes held enough to explain it (an infrastructure failure the
+platform retries, the holders named), the submission's when its own processes held it or it asked for more than the
+device has, the problem's only when its own code failed on a device otherwise empty, and "unknown" (charged to no one,
+tried once more) where nothing measures the device. The errors are those torch's CUDA allocator raises, injected on
+CPU; the device's memory comes from a stand-in nvidia-smi (or rocm-smi) on PATH."""
 
 import os
 import stat
+import sys
 
 import pytest
 
@@ -13,29 +17,78 @@ from runners.harness.result import PROBLEM_ERROR_FLAG
 
 from .helpers import FIXTURES, SUBMISSIONS, job_for, make_workdir, run_harness
 
-OOM = ("torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of "
-       "79.19 GiB of which 1.50 GiB is free. Of the allocated memory 2.1 GiB is allocated by PyTorch')")
+TOTAL_MIB = 81_091  # 79.19 GiB, as torch's message below says
+MESSAGE = ("CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.50 GiB "
+           "is free. Of the allocated memory 2.1 GiB is allocated by PyTorch")
+OOM = f"torch.OutOfMemoryError({MESSAGE!r})"
+HUGE = ("torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 200.00 GiB. GPU 0 has a total capacity of "
+        "79.19 GiB of which 78.50 GiB is free.')")
 GENERATE_OOM = f"\ndef generate_input(m, n, k, seed):\n    import torch\n    raise {OOM}\n"
 KERNEL_OOM = f"import torch\n\n\ndef custom_kernel(data):\n    raise {OOM}\n"
 IMPORT_OOM = f"import torch\n\nraise {OOM}\n"
+KERNEL_HUGE = f"import torch\n\n\ndef custom_kernel(data):\n    raise {HUGE}\n"
+WORDS_ONLY = f"def custom_kernel(data):\n    raise ValueError({MESSAGE!r})\n"
+PRINTS_WORDS = ("import sys\n\n\ndef custom_kernel(data):\n    print('torch.OutOfMemoryError: ' + "
+                f"{MESSAGE!r}, file=sys.stderr)\n    sys.exit(1)\n")
+
+SMI = """#!{python}
+# A stand-in nvidia-smi: one device of {total} MiB; `others` (pid, MiB) hold memory on it, and the calling harness's
+# child (its parent's other child process) holds {child} MiB.
+import os, sys
+BUS = "00000000:01:00.0"
+if sys.argv[1].startswith("--query-gpu="):
+    fields = {{"index": "0", "pci.bus_id": BUS, "memory.total": "{total}"}}
+    print(", ".join(fields[name] for name in sys.argv[1].split("=", 1)[1].split(",")))
+elif sys.argv[1].startswith("--query-compute-apps="):
+    rows = {others!r}
+    if {child}:
+        me, parent = os.getpid(), os.getppid()
+        for pid in sorted(int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != me):
+            try:
+                with open(f"/proc/{{pid}}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == parent:
+                        rows.append((pid, {child}))
+                        break
+            except (OSError, ValueError, IndexError):
+                pass
+    for pid, used in rows:
+        print(f"{{pid}}, {{used}}, {{BUS}}")
+"""
 
 
 @pytest.fixture
-def holder(tmp_path, monkeypatch):
-    """nvidia-smi that reports one device and, on it, this test's own process holding 70,000 MiB (another user's
-    training job, as far as the run is concerned: not the run's parent or any of its descendants)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    smi = bin_dir / "nvidia-smi"
-    smi.write_text(f"""#!/bin/sh
-case "$1" in
-  --query-gpu=*) echo "0, 00000000:01:00.0" ;;
-  --query-compute-apps=*) echo "{os.getpid()}, 70000, 00000000:01:00.0" ;;
-esac
-""")
-    smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+def smi(tmp_path, monkeypatch):
+    """Install a stand-in nvidia-smi on PATH: smi(others=[(pid, MiB)], child=MiB, total=MiB)."""
+    def install(others=(), child=0, total=TOTAL_MIB):
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir(exist_ok=True)
+        tool = bin_dir / "nvidia-smi"
+        tool.write_text(SMI.format(python=sys.executable, total=total, others=list(others), child=child))
+        tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+        monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return install
+
+
+@pytest.fixture
+def holder(smi):
+    """Another user's training job, as far as the run is concerned (this test process: not the run's parent or any
+    of its descendants), holding 70,000 MiB of the device."""
+    smi(others=[(os.getpid(), 70000)])
     return os.getpid()
+
+
+@pytest.fixture
+def small_holder(smi):
+    smi(others=[(os.getpid(), 1)])  # 1 MiB: a monitoring tool's context, say
+    return os.getpid()
+
+
+@pytest.fixture
+def no_tool(monkeypatch):
+    """No nvidia-smi nor rocm-smi to be found (this machine has none; a stray one on PATH would not be asked)."""
+    monkeypatch.setenv("PATH", os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
+                                               if not any(os.path.exists(os.path.join(p, t))
+                                                          for t in ("nvidia-smi", "rocm-smi"))))
 
 
 def test_torchs_message_gives_the_figures():
@@ -43,14 +96,77 @@ def test_torchs_message_gives_the_figures():
                           "of which 1.50 GiB is free. Including non-PyTorch memory, this process has 2 GiB")
     assert (said.asked, said.free, said.total) == (20 << 30, int(1.5 * (1 << 30)), int(79.19 * (1 << 30)))
     assert said.describe() == "asked 20,480 MiB, free 1,536 MiB, total 81,091 MiB"
-    assert device.is_oom("torch.OutOfMemoryError: CUDA out of memory.") and not device.is_oom("ValueError: bad m")
 
 
-def test_holders_leave_out_the_run_itself(holder):
-    found = device.holders([], own=1)  # as a run's parent sees another process's memory
-    assert [(h.pid, h.memory >> 20, h.device) for h in found] == [(holder, 70000, "0")]
-    assert device.holders([]) == device.holders([], own=os.getppid()) == []  # this process and its descendants
-    assert device.holders(["1"], own=1) == []  # another device
+def test_out_of_memory_is_torchs_error_type_not_its_words():
+    import torch
+
+    assert device.oom_raised(torch.OutOfMemoryError("x")) and device.oom_raised(torch.cuda.OutOfMemoryError("x"))
+    try:
+        try:
+            raise torch.OutOfMemoryError("x")
+        except RuntimeError as exc:
+            raise ValueError("wrapped") from exc
+    except ValueError as exc:
+        assert device.oom_raised(exc)
+    assert not device.oom_raised(ValueError(MESSAGE)) and not device.oom_raised(RuntimeError("CUDA out of memory"))
+
+
+def test_the_measure_splits_the_run_from_other_processes(holder):
+    memory = device.measure([], run_pid=1)  # as a run's parent sees another process's memory
+    assert memory is not None and memory.total == TOTAL_MIB << 20 and memory.source == "nvidia-smi"
+    assert [(h.pid, h.memory >> 20, h.device) for h in memory.others] == [(holder, 70000, "0")]
+    mine = device.measure([])  # this process and its descendants are the run
+    assert mine is not None and mine.others == [] and mine.held() == 70000 << 20
+    assert device.measure(["1"], run_pid=1) is None  # another device: nothing measured
+
+
+def memory(total=80_000, parent=0, child=0, others=0, unplaced=0, per_process=True):
+    own = [device.Holder(10, "k", parent << 20, "0")] + ([device.Holder(11, "k", child << 20, "0")] if child else [])
+    foreign = [device.Holder(99, "x", others << 20, "0")] if others else []
+    return device.Memory("nvidia-smi", total << 20, 10, own, foreign, unplaced << 20, per_process)
+
+
+@pytest.mark.parametrize(("measured", "asked", "where", "who"), [
+    (None, 20 << 30, "submission", "unknown"),  # nothing measured
+    (memory(others=1, child=2_000), 20 << 30, "submission", "submission"),  # a 1 MiB holder explains nothing
+    (memory(others=70_000, child=2_000), 20 << 30, "submission", "device"),  # without them it fitted
+    (memory(others=1, child=2_000), 200 << 30, "submission", "submission"),  # more than the device has
+    (memory(others=70_000, child=2_000), 200 << 30, "submission", "submission"),  # ... even beside a big holder
+    (memory(others=1, child=78_000), 20 << 30, "submission", "submission"),  # its own processes held it
+    (memory(others=1, child=78_000, parent=500), 20 << 30, "problem", "submission"),  # the child held it
+    (memory(others=70_000, child=500, parent=500), 20 << 30, "problem", "device"),
+    (memory(others=1, child=500, parent=500), 20 << 30, "problem", "problem"),  # otherwise empty
+    (memory(others=1, child=500, parent=500), 200 << 30, "problem", "problem"),
+    (memory(others=60_000, child=500), None, "submission", "device"),  # size unknown: others held over half
+    (memory(others=1_000, child=500), None, "submission", "submission"),
+    (memory(unplaced=70_000, child=500), 20 << 30, "submission", "unknown"),  # a container's host pids
+    (memory(others=70_000, per_process=False), 20 << 30, "submission", "unknown"),  # device-wide figures only
+    (memory(per_process=False), 200 << 30, "submission", "submission"),
+])
+def test_blame_follows_the_measured_memory(measured, asked, where, who):
+    assert device.blame(measured, asked, where).who == who
+
+
+ROCM = """#!/bin/sh
+case "$*" in
+  *showmeminfo*) echo '{{"card0": {{"VRAM Total Memory (B)": "{total}", "VRAM Total Used Memory (B)": "1"}}}}' ;;
+  *showpids*) echo '{{"system": {{"PID{pid}": "python3, 1, {used}, 0, 0"}}}}' ;;
+esac
+"""
+
+
+def test_rocm_smi_is_asked_where_nvidia_smi_is_missing(tmp_path, monkeypatch, no_tool):
+    bin_dir = tmp_path / "rocm"
+    bin_dir.mkdir()
+    tool = bin_dir / "rocm-smi"
+    tool.write_text(ROCM.format(total=64 << 30, pid=os.getpid(), used=40 << 30))
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    memory = device.measure([], run_pid=1)
+    assert memory is not None and (memory.source, memory.total) == ("rocm-smi", 64 << 30)
+    assert [(h.pid, h.memory) for h in memory.others] == [(os.getpid(), 40 << 30)]
+    assert device.blame(memory, 30 << 30, "submission").who == "device"
 
 
 def workdir_with(tmp_path, submission: str | None = None, reference_patch: str = ""):
@@ -76,11 +192,45 @@ def test_the_submissions_oom_on_a_full_device_is_the_devices_fault(tmp_path, hol
 @pytest.mark.slow
 @pytest.mark.parametrize(("submission", "prefix"), [
     (KERNEL_OOM, "custom_kernel raised"), (IMPORT_OOM, "the submission could not be imported")])
-def test_the_submissions_oom_on_an_empty_device_is_its_own_fail(tmp_path, submission, prefix):
+def test_the_submissions_oom_beside_an_unrelated_small_holder_is_its_own_fail(tmp_path, small_holder, submission,
+                                                                              prefix):
     result, _ = run_harness(job_for(workdir_with(tmp_path, submission), "test"))
     assert (result["status"], result["verdict"]) == ("ok", "fail")
-    assert result["error"].startswith(f"{prefix} (out of device memory; asked 20,480 MiB, free 1,536 MiB, total "
-                                      "81,091 MiB; no other process used it): ")
+    assert device.DEVICE_BUSY_FLAG not in result["flags"]
+    assert result["error"].startswith(f"{prefix} (out of device memory: 81,091 MiB on the device, the run held 0 MiB, "
+                                      "other processes 1 MiB, asked 20,480 MiB; no other process held enough to "
+                                      "explain it): ")
+
+
+@pytest.mark.slow
+def test_the_submissions_own_processes_holding_the_device_make_its_oom_its_fail(tmp_path, smi):
+    smi(others=[(os.getpid(), 1)], child=78_000)
+    result, _ = run_harness(job_for(workdir_with(tmp_path, KERNEL_OOM), "test"))
+    assert (result["status"], result["verdict"]) == ("ok", "fail") and device.DEVICE_BUSY_FLAG not in result["flags"]
+    assert "the run held 78,000 MiB" in result["error"]
+
+
+@pytest.mark.slow
+def test_words_alone_are_no_out_of_memory_error(tmp_path, small_holder):
+    result, _ = run_harness(job_for(workdir_with(tmp_path, WORDS_ONLY), "test"))
+    assert (result["status"], result["verdict"]) == ("ok", "fail") and device.DEVICE_BUSY_FLAG not in result["flags"]
+    assert result["error"].startswith("custom_kernel raised: ") and "out of device memory" not in result["error"]
+    assert "ValueError: CUDA out of memory" in result["error"]
+
+
+@pytest.mark.slow
+def test_a_request_larger_than_the_device_is_the_submissions_fail(tmp_path, small_holder):
+    result, _ = run_harness(job_for(workdir_with(tmp_path, KERNEL_HUGE), "test"))
+    assert (result["status"], result["verdict"]) == ("ok", "fail") and device.DEVICE_BUSY_FLAG not in result["flags"]
+    assert "asked for more than the device has" in result["error"] and "asked 204,800 MiB" in result["error"]
+
+
+@pytest.mark.slow
+def test_an_oom_nothing_can_measure_is_charged_to_no_one(tmp_path, no_tool):
+    result, _ = run_harness(job_for(workdir_with(tmp_path, KERNEL_OOM), "test"))
+    assert (result["status"], result["passed"]) == ("error", False)
+    assert device.OOM_UNKNOWN_FLAG in result["flags"] and PROBLEM_ERROR_FLAG not in result["flags"]
+    assert result["error"].startswith(f"{device.UNKNOWN_PREFIX}: nothing could measure the device's memory.")
 
 
 @pytest.mark.slow
@@ -91,27 +241,51 @@ def test_the_problems_oom_on_a_full_device_is_the_devices_fault(tmp_path, holder
 
 
 @pytest.mark.slow
-def test_the_problems_oom_on_an_empty_device_is_a_problem_error(tmp_path):
+def test_the_problems_oom_while_the_submissions_child_holds_the_device_is_the_submissions(tmp_path, smi):
+    smi(child=78_000)  # measured before the child is killed: its memory is the cause
+    result, _ = run_harness(job_for(workdir_with(tmp_path, reference_patch=GENERATE_OOM), "test"))
+    assert (result["status"], result["verdict"]) == ("ok", "fail")
+    assert PROBLEM_ERROR_FLAG not in result["flags"] and device.DEVICE_BUSY_FLAG not in result["flags"]
+    assert result["error"].startswith("the submission's processes held the device's memory when the problem's own "
+                                      "code ran out of it (generate_input): ")
+    assert result["device_memory"]["run_mib"] == 78_000
+
+
+@pytest.mark.slow
+def test_the_problems_oom_beside_an_unrelated_small_holder_is_a_problem_error(tmp_path, small_holder):
     result, _ = run_harness(job_for(workdir_with(tmp_path, reference_patch=GENERATE_OOM), "test"))
     assert result["status"] == "error" and PROBLEM_ERROR_FLAG in result["flags"]
+    assert device.DEVICE_BUSY_FLAG not in result["flags"]
     assert result["error"].startswith("the problem's own code failed: generate_input: OutOfMemoryError: ")
-    assert result["error"].endswith("(out of memory on a device no other process used: asked 20,480 MiB, free "
-                                    "1,536 MiB, total 81,091 MiB)")
+    assert result["error"].endswith("other processes 1 MiB, asked 20,480 MiB; no other process held enough to "
+                                    "explain it)")
+
+
+@pytest.mark.slow
+def test_the_problems_oom_nothing_can_measure_is_no_problem_error(tmp_path, no_tool):
+    result, _ = run_harness(job_for(workdir_with(tmp_path, reference_patch=GENERATE_OOM), "test"))
+    assert result["status"] == "error" and device.OOM_UNKNOWN_FLAG in result["flags"]
+    assert PROBLEM_ERROR_FLAG not in result["flags"]
+
+
+def popcorn_workdir(tmp_path, submission):
+    workdir = workdir_with(tmp_path, submission)
+    (workdir / "eval.py").write_text((FIXTURES / "popcorn" / "eval.py").read_text())
+    return workdir
 
 
 @pytest.mark.slow
 def test_an_oom_under_the_popcorn_protocol_on_a_full_device_is_the_devices_fault(tmp_path, holder):
-    workdir = workdir_with(tmp_path, KERNEL_OOM)
-    (workdir / "eval.py").write_text((FIXTURES / "popcorn" / "eval.py").read_text())
-    result, _ = run_harness(job_for(workdir, "test", protocol="popcorn"))
+    result, _ = run_harness(job_for(popcorn_workdir(tmp_path, KERNEL_OOM), "test", protocol="popcorn"))
     assert result["status"] == "error" and device.DEVICE_BUSY_FLAG in result["flags"]
     assert result["device_holders"][0]["pid"] == holder
 
 
 @pytest.mark.slow
-def test_an_oom_under_the_popcorn_protocol_on_an_empty_device_stays_the_submissions(tmp_path):
-    workdir = workdir_with(tmp_path, KERNEL_OOM)
-    (workdir / "eval.py").write_text((FIXTURES / "popcorn" / "eval.py").read_text())
-    result, _ = run_harness(job_for(workdir, "test", protocol="popcorn"))
+@pytest.mark.parametrize("submission", [KERNEL_OOM, PRINTS_WORDS], ids=["raises", "prints"])
+def test_an_oom_under_the_popcorn_protocol_beside_a_small_holder_stays_the_submissions(tmp_path, small_holder,
+                                                                                       submission):
+    """Under popcorn the submission shares eval.py's process: its stderr is its own to write, never evidence."""
+    result, _ = run_harness(job_for(popcorn_workdir(tmp_path, submission), "test", protocol="popcorn"))
     assert result["status"] == "ok" and result["verdict"] in ("crash", "fail")
     assert device.DEVICE_BUSY_FLAG not in result["flags"]

@@ -251,3 +251,23 @@ def test_a_busy_device_is_the_runners_failure_retried_with_the_holders_on_record
     reason = RunAttempt.objects.get(run=run, number=number).reason
     assert "other processes held 70,000 MiB of it: pid 4242 (alice, 70,000 MiB on device 0)" in reason
     assert not Problem.objects.get(pk=leaderboard.problem_id).broken_since
+
+
+def test_an_out_of_memory_error_nobody_could_measure_is_tried_once_more_and_charged_to_no_one(leaderboard, settings):
+    """Issue 41: where nothing measured the device, an out-of-memory error is the harness's "oom-unknown" result:
+    retried once (not up to RUN_MAX_ATTEMPTS), then the run ends in ERROR: never the competitor's fail, never a
+    problem error."""
+    from runners.harness.device import Blame
+
+    settings.RUN_MAX_ATTEMPTS = 5
+    run = submission(leaderboard, mode="test").runs.get()
+    said = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+    for expected in (RunStatus.QUEUED, RunStatus.ERROR):
+        result = Result(mode="test", protocol="kernelbot").out_of_memory(
+            Blame("unknown", "nothing could measure the device's memory"), said)
+        assert lifecycle.do_ingest_result(run.pk, dispatch(run), json.loads(json.dumps(result.as_dict())))
+        run.refresh_from_db()
+        assert (run.status, run.problem_error, run.passed) == (expected, False, None)
+    assert run.infra_failures == 2 and run.error.startswith("the device ran out of memory and whose fault it was is "
+                                                            "unknown: nothing could measure")
+    assert not Problem.objects.get(pk=leaderboard.problem_id).broken_since
