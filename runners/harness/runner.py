@@ -179,38 +179,62 @@ class Spares:
     limits, devices and sandbox user, never its seed or files): a job of another shape gets a new child instead.
     Only kernelbot-protocol Python jobs have a child to start early. While no reservation holds a slot's devices its
     spare's parent and child also make their device contexts ahead (the costliest part of a GPU run's start); a spare
-    that holds them when a reservation takes one of its devices is replaced by one that does not (`reserve`)."""
+    that holds them when a reservation (`reserve`) or a run of another slot (`take`: a multi-device run covers
+    single-device slots) takes one of its devices is replaced by one that does not, and warmed again once free."""
 
     def __init__(self, python: str, pythonpath: str, workroot: Path):
         self.python, self.pythonpath, self.workroot = python, pythonpath, workroot
         self.lock = threading.Lock()
         self.ready: dict[tuple[str, ...], Spare] = {}
         self.reserved: set[str] = set()  # devices reservations hold, as the platform last said
+        self.running: list[tuple[str, ...]] = []  # the slots of the runs in flight (taken, not yet prepared again)
 
     def reserve(self, devices: list[str]) -> None:
         """The devices reservations hold now: no spare keeps a device context on any of them."""
         with self.lock:
             self.reserved = set(devices)
-            warm = [(slot, spare) for slot, spare in self.ready.items() if spare.warm and self.reserved & set(slot)]
-        for slot, spare in warm:
-            self.prepare(slot, spare.job)  # replaces (and discards) it
+        self._rewarm()
 
     def take(self, slot: tuple[str, ...]) -> Spare | None:
+        """A run starts on `slot` (with this spare, if one is ready): until it ends (`prepare`) no spare keeps a
+        device context or flush buffer on its devices."""
         with self.lock:
             spare = self.ready.pop(slot, None)
+            self.running.append(slot)
+        self._rewarm()
         if spare is not None and spare.proc.poll() is not None:
             self.discard(spare)
             return None
         return spare
 
     def prepare(self, slot: tuple[str, ...], job: dict) -> None:
+        """The run on `slot` ended (or none was taken): leave the next spare for the slot, in the run's shape."""
+        with self.lock:
+            if slot in self.running:
+                self.running.remove(slot)
+        self._make(slot, job)
+        self._rewarm()
+
+    def _may_warm(self, slot: tuple[str, ...]) -> bool:
+        busy = self.reserved.union(*self.running)
+        return bool(slot) and not busy & set(slot)
+
+    def _rewarm(self) -> None:
+        """Replace each spare whose device contexts are wrong now: held on a device a reservation or another run
+        uses, or missing on devices free again."""
+        with self.lock:
+            wrong = [(slot, spare) for slot, spare in self.ready.items() if spare.warm != self._may_warm(slot)]
+        for slot, spare in wrong:
+            self._make(slot, spare.job)  # replaces (and discards) it
+
+    def _make(self, slot: tuple[str, ...], job: dict) -> None:
         shape = {key: job[key] for key in SPARE_KEYS if key in job}
         if shape.get("protocol", "kernelbot") != "kernelbot" or shape.get("lang", "py") != "py":
             return
         workdir = new_workdir(self.workroot)
         workdir.mkdir()
         with self.lock:
-            warm = bool(slot) and not self.reserved & set(slot)
+            warm = self._may_warm(slot)
         try:
             proc = start_harness(str(workdir), python=self.python, pythonpath=self.pythonpath, warm=True,
                                  spare={**shape, "gpus": list(slot), "workdir": str(workdir), "warm_device": warm})

@@ -218,6 +218,31 @@ def test_a_spare_makes_device_contexts_ahead_only_while_no_reservation_holds_its
         spares.close()
 
 
+@pytest.mark.slow
+def test_no_spare_holds_device_contexts_on_a_device_a_run_of_another_slot_uses(tmp_path):
+    """Issue 41: a two-device run covers the single-device slots' devices: their spares' contexts and flush buffers
+    go while it runs (replaced by spares that make none) and come back when it ends."""
+    spares = Spares(sys.executable, str(ROOT), tmp_path)
+    job = job_for(Path("/unused"), "test")
+    try:
+        spares.prepare(("0",), job)
+        spares.prepare(("1",), job)
+        spares.prepare(("2",), job)
+        before = {slot: spare for slot, spare in spares.ready.items()}
+        assert all(spare.warm for spare in before.values())
+        assert spares.take(("0", "1")) is None  # no spare of that shape yet: the run starts its own parent
+        assert not spares.ready[("0",)].warm and not spares.ready[("1",)].warm
+        assert spares.ready[("2",)] is before[("2",)]  # another device: kept
+        assert before[("0",)].proc.wait(10) is not None and before[("1",)].proc.wait(10) is not None
+        spares.prepare(("0", "1"), job)  # the run ended: every slot warm again
+        assert all(spares.ready[slot].warm for slot in [("0",), ("1",), ("2",), ("0", "1")])
+        taken = spares.take(("0",))  # a one-device run: the two-device slot's spare lets go of device 0
+        assert taken is not None and taken.warm and not spares.ready[("0", "1")].warm
+        Spares.discard(taken)
+    finally:
+        spares.close()
+
+
 def test_a_run_says_where_its_seconds_went(tmp_path):
     """The breakdown each result carries (what bench/gpu.py prints): phases in order, with the child's own account."""
     workdir = tmp_path / "work"
