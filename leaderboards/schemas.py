@@ -117,8 +117,15 @@ class RunOut(Schema):
     ratio_high: float | None
     error: str
     queued_at: datetime
+    dispatched_at: datetime | None = Field(description="When its current attempt was handed to a runner pool.")
     started_at: datetime | None
     finished_at: datetime | None
+    seconds: dict[str, float] = Field(
+        description="Where the run's time went, in order: queue (queued to dispatched), dispatch (dispatched to "
+        "started on a runner), harness_start (the harness's parent and its sandboxed child up, torch imported), "
+        "device_context, problem (loading the problem and calibrating data movement), import (the submission's), "
+        "tests, benchmarks, ranked, teardown (profile in profile runs). Only the phases the run went through; the "
+        "harness's phases only where its timings may be seen (not a secret run's, except to staff).")
     progress: dict[str, Any]
     tests: list[CaseOut]
     benchmarks: list[CaseOut]

@@ -92,6 +92,38 @@ def problem_error_detail(run: Run) -> dict[str, Any] | None:
             "traceback": str(detail.get("traceback") or "")}
 
 
+# The run's seconds by phase, in order: (name, the harness's `seconds` entries it sums). queue and dispatch come from
+# the run's own timestamps; the rest from its result (kernelbot-protocol runs: runners/harness/kernelbot.py).
+PHASES = (("harness_start", ("parent_start", "child_start", "child_ready")), ("device_context", ("device_context",)),
+          ("problem", ("problem_load", "calibrate")), ("import", ("submission_import",)), ("profile", ("profile",)),
+          ("tests", ("tests",)), ("benchmarks", ("benchmark",)), ("ranked", ("ranked",)), ("teardown", ("teardown",)))
+PHASE_NAMES = {"queue": "queued", "dispatch": "dispatch", "harness_start": "harness start",
+               "device_context": "device context", "problem": "problem setup", "import": "import",
+               "profile": "profile", "tests": "tests", "benchmarks": "benchmarks", "ranked": "ranked",
+               "teardown": "teardown"}
+
+
+def phase_seconds(run: Run, result: dict[str, Any]) -> dict[str, float]:
+    """Where the run's time went: queue (queued to dispatched), dispatch (dispatched to started on a runner), then the
+    harness's phases from `result` (empty when the viewer may not see timings)."""
+    spans = {"queue": (run.queued_at, run.dispatched_at), "dispatch": (run.dispatched_at, run.started_at)}
+    out = {name: round((end - start).total_seconds(), 3) for name, (start, end) in spans.items()
+           if start is not None and end is not None and end >= start}
+    measured = result.get("seconds")
+    if isinstance(measured, dict):
+        for name, parts in PHASES:
+            found = [float(measured[p]) for p in parts if isinstance(measured.get(p), int | float)]
+            if found:
+                out[name] = round(sum(found), 3)
+    return out
+
+
+def phase_line(seconds: dict[str, float]) -> str:
+    """One line a competitor reads: "queued 2.1 s · dispatch 0.4 s · harness start 1.2 s · …"."""
+    return " · ".join(f"{PHASE_NAMES.get(name, name)} {value:.1f} s" if value >= 0.1 else
+                      f"{PHASE_NAMES.get(name, name)} {value * 1000:.0f} ms" for name, value in seconds.items())
+
+
 def run_out(run: Run, view: RunView) -> dict[str, Any]:
     """Everything a viewer with `view` may know of a run. Needs `run.gpu_type`. A run the problem's own code broke
     shows every viewer but staff the plain PROBLEM_BROKEN and nothing of what the harness sent back."""
@@ -112,7 +144,7 @@ def run_out(run: Run, view: RunView) -> dict[str, Any]:
             "score": run.score if timings else None, "progress": run.progress if timings else {},
             **{name: getattr(run, name) if timings else None for name in ("ratio", "ratio_low", "ratio_high")},
             "queued_at": run.queued_at, "dispatched_at": run.dispatched_at, "started_at": run.started_at,
-            "finished_at": run.finished_at, **cases,
+            "finished_at": run.finished_at, "seconds": phase_seconds(run, result), **cases,
             "system_info": run.system_info if timings else {},
             "error": error, "stdout": run.stdout if details else "",
             "stderr": run.stderr if details else "", "profile": result.get("profile") if details else None,

@@ -24,7 +24,7 @@ from .board_rows import PAGE_ROWS, attach_breakdown, interval_text, name_of, rec
 from .errors import AccessDenied, Refused, SubmissionRejected
 from .history import board_history
 from .models import Board, BoardEntry, Leaderboard, Run, Submission, number_rows
-from .serializers import Outcome, run_out, score_rule, submission_scores
+from .serializers import Outcome, phase_line, run_out, score_rule, submission_scores
 from .web_forms import SubmitForm
 
 LOG_PREVIEW = 8 * 1024
@@ -132,6 +132,7 @@ def submission(request: HttpRequest, pk: int) -> HttpResponse:
         shown["stdout_preview"], shown["stderr_preview"] = shown["stdout"][:LOG_PREVIEW], shown["stderr"][:LOG_PREVIEW]
         shown["log_truncated"] = len(shown["stdout"]) > LOG_PREVIEW or len(shown["stderr"]) > LOG_PREVIEW
         shown["outcome_text"] = Outcome.TEXT.get(shown["outcome"], "")
+        shown["seconds_line"] = phase_line(shown["seconds"])
     return render(request, "leaderboards/submission.html", {
         "sub": sub, "runs": runs, "scores": submission_scores(sub.mode, runs), "score_rule": score_rule(sub.mode),
         "show_code": view >= RunView.DETAILS, "staff_view": view is RunView.ALL,

@@ -32,7 +32,9 @@ def run_item(run: Run, view: RunView) -> dict[str, Any]:
     shown = run_out(run, view)
     return {"start_time": iso(run.started_at), "end_time": iso(run.finished_at), "mode": run.submission.mode,
             "secret": run.secret, "runner": shown["gpu"], "status": run.status, "score": shown["score"],
-            "passed": run.passed, "gpu_type": shown["gpu"]}
+            "passed": run.passed, "gpu_type": shown["gpu"],
+            # ours: when it was handed to a runner, and where its time went (`serializers.phase_seconds`)
+            "dispatched_at": iso(run.dispatched_at), "seconds": shown["seconds"]}
 
 
 def run_row(run: Run, view: RunView) -> dict[str, Any]:

@@ -15,9 +15,10 @@ This module also holds the buffer code the parent uses (`Buffer`, `encode`, `dec
 speak one format.
 
 Messages (one JSON object per SOCK_SEQPACKET message, descriptors attached):
-Parent -> child: {"op": "call"|"time"|"profile"|"echo"|"warm"|"import"|"exit", "id": k, "data": TREE,
+Parent -> child: {"op": "call"|"time"|"profile"|"echo"|"warm"|"ping"|"import"|"exit", "id": k, "data": TREE,
 "new": [{"buf", "kind", "size"}], "drop": [buf ids]} with one descriptor per "new" entry.
-Child -> parent: {"op": "hello", "seconds"}, {"op": "sample", "ns"}, {"op": "output", "out": TREE, "new", "drop"},
+Child -> parent: {"op": "pong", "id"}, {"op": "hello", "seconds"}, {"op": "sample", "ns"},
+{"op": "output", "out": TREE, "new", "drop"},
 {"op": "error", "kind": "import|kernel|output|threads|tamper", "message", "oom": bool (torch's error type)},
 {"op": "profile", "report"}.
 TREE: {"T": [buf, dtype, shape, stride|null, offset]} for a tensor (null stride: contiguous), {"tuple": [...]},
@@ -752,6 +753,9 @@ def calibrate(runner: Runner) -> dict:
         header, data = runner.receive()
         if header.get("op") == "warm":
             runner.warm_device()
+            continue
+        if header.get("op") == "ping":  # the parent waits for this interpreter and torch to be ready
+            runner.send({"op": "pong", "id": header.get("id")})
             continue
         if header.get("op") != "echo":
             return header

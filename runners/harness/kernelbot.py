@@ -191,6 +191,10 @@ class ChildSession:
             raise Stop("hacked", f"protocol violation: expected {op!r} for call {rid}, got {header['op']!r}")
         return header
 
+    def ready(self, deadline: float) -> None:
+        """Wait for the child to answer: started, torch imported (so no later phase's clock counts that)."""
+        self.expect("pong", self.send("ping", None, deadline), deadline)
+
     def measure(self) -> device.Memory | None:
         """The run's devices' memory now, per process from the driver's tool, else torch's device-wide figures."""
         if (memory := device.measure(list(self.job.gpus))) is None and torch.cuda.is_available():
@@ -610,6 +614,8 @@ class KernelbotRun:
                 device_context()  # at once when a spare parent made it ahead of its job
             with self.clock("problem_load"):
                 self.problem = Problem(job.workdir)
+            with self.clock("child_ready"):  # what is left of the child's interpreter start and torch import
+                self.session.ready(self.deadline)
             if not torch.cuda.is_available() and (cases := job.tests or job.benchmarks):
                 self.problem.generate(cases[0], 0)  # a problem that needs CUDA says so before any submission runs
             if job.mode in ("benchmark", "leaderboard"):
