@@ -17,6 +17,7 @@ from leaderboards.models import Run
 from ..factories import UserFactory, ranked_result, submission
 from ..leaderboards.test_lifecycle import dispatch
 from .conftest import Popcorn
+from .test_privacy import bearer
 
 HARNESS = {"parent_start": 0.25, "child_start": 0.5, "device_context": 0.5, "problem_load": 0.2, "child_ready": 0.5,
            "calibrate": 0.1, "submission_import": 0.05, "tests": 1.0, "benchmark": 2.0, "ranked": 3.0, "teardown": 0.1}
@@ -25,13 +26,8 @@ HARNESS_PHASES = {"harness_start": 1.25, "device_context": 0.5, "problem": 0.3, 
 
 
 @pytest.fixture
-def owner(db):
-    return UserFactory(username="owner")
-
-
-@pytest.fixture
-def finished(leaderboard, owner):
-    sub = submission(leaderboard, user=owner)
+def finished(leaderboard):
+    sub = submission(leaderboard, user=UserFactory())
     queued = timezone.now() - timedelta(minutes=5)
     for run in sub.runs.all():
         assert lifecycle.do_ingest_result(run.pk, dispatch(run), {**ranked_result([1000.0]), "seconds": HARNESS})
@@ -41,9 +37,8 @@ def finished(leaderboard, owner):
 
 
 @pytest.mark.django_db
-def test_api_v1_gives_each_run_its_dispatch_time_and_seconds_by_phase(client, finished, owner):
-    body = client.get(f"/api/v1/submissions/{finished.pk}",
-                      headers={"Authorization": f"Bearer {do_create_token(owner)[1]}"})
+def test_api_v1_gives_each_run_its_dispatch_time_and_seconds_by_phase(client, finished):
+    body = client.get(f"/api/v1/submissions/{finished.pk}", headers=bearer(finished.user))
     assert body.status_code == 200
     runs = {r["secret"]: r for r in body.json()["runs"]}
     public, secret = runs[False], runs[True]
@@ -55,16 +50,17 @@ def test_api_v1_gives_each_run_its_dispatch_time_and_seconds_by_phase(client, fi
 
 
 @pytest.mark.django_db
-def test_popcorn_submission_detail_carries_the_same(client, finished, owner):
-    detail = json.loads(Popcorn(client, do_create_token(owner)[1]).get(f"user/submissions/{finished.pk}").content)
+def test_popcorn_submission_detail_carries_the_same(client, finished):
+    popcorn = Popcorn(client, do_create_token(finished.user)[1])
+    detail = json.loads(popcorn.get(f"user/submissions/{finished.pk}").content)
     public = next(r for r in detail["runs"] if not r["secret"])
     assert public["dispatched_at"].endswith("Z") or "+" in public["dispatched_at"]
     assert public["seconds"] == {"queue": 2.0, "dispatch": 0.5, **HARNESS_PHASES}
 
 
 @pytest.mark.django_db
-def test_the_submission_page_shows_the_breakdown_in_one_line(client, finished, owner):
-    client.force_login(owner)
+def test_the_submission_page_shows_the_breakdown_in_one_line(client, finished):
+    client.force_login(finished.user)
     page = client.get(f"/s/{finished.pk}/").content.decode()
     assert ("Where the time went: queued 2.0 s · dispatch 0.5 s · harness start 1.2 s · device context 0.5 s · "
             "problem setup 0.3 s · import 50 ms · tests 1.0 s · benchmarks 2.0 s · ranked 3.0 s · teardown 0.1 s"
