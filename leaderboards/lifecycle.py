@@ -756,7 +756,7 @@ def do_resend_queued_runs(queued_before=None, queued_after=None) -> int:
         runs = runs.filter(queued_at__lt=queued_before)
     if queued_after is not None:
         runs = runs.filter(queued_at__gte=queued_after)
-    run_ids = list(runs.values_list("pk", flat=True))
+    run_ids = list(runs.order_by("first_queued_at", "pk").values_list("pk", flat=True))  # a retry keeps its place
     for run_id in run_ids:
         dispatch_run(run_id)
     return len(run_ids)
