@@ -223,3 +223,61 @@ def _memory_parent(configured: str) -> MemoryParent:
             continue
         return parent
     raise CgroupUnavailable("; ".join(problems))
+
+
+class HoldGroups:
+    """Each reservation's processes in a cgroup of its own, `kernelbot-<installation>-reservation-<id>` beside the
+    runs' groups: a holder's login joins it (hold.py) and the agent kills it whole when the reservation ends. The
+    installation's key is in the name, so agents of other installations on the machine never touch it."""
+
+    def __init__(self, parent: MemoryParent, key: str):
+        self.version, self.parent, self.key = parent.version, parent.path, key
+
+    def path(self, rid: int) -> str:
+        return os.path.join(self.parent, f"{PREFIX}{self.key}-reservation-{int(rid)}")
+
+    def ensure(self, rid: int) -> str:
+        """The reservation's group, created when missing; "" when it cannot be."""
+        path = self.path(rid)
+        try:
+            os.makedirs(path, 0o755, exist_ok=True)
+        except OSError:
+            return ""
+        return path
+
+    def groups(self) -> dict[int, str]:
+        """reservation id → group of this installation's reservations that have one now."""
+        found = {}
+        with contextlib.suppress(OSError):
+            for name in os.listdir(self.parent):
+                match = re.fullmatch(rf"{PREFIX}{re.escape(self.key)}-reservation-(\d+)", name)
+                if match:
+                    found[int(match.group(1))] = os.path.join(self.parent, name)
+        return found
+
+    def pids(self, rid: int) -> list[int]:
+        return MemoryGroup(self.path(rid), self.version, 0).pids()
+
+    def end(self, active: set[int]) -> dict[int, list[int]]:
+        """Kill and remove the group of every reservation of this installation not in `active`: what each held."""
+        ended = {}
+        for rid, path in self.groups().items():
+            if rid not in active:
+                group = MemoryGroup(path, self.version, 0)
+                ended[rid] = group.pids()
+                group.remove()
+        return ended
+
+
+def hold_groups(key: str) -> HoldGroups | None:
+    """Reservations' groups for installation `key`: beside the runs' (their memory parent), else in KERNELBOT_CGROUP
+    where it is writable (they need no controller); None where no cgroup is usable."""
+    try:
+        return HoldGroups(memory_parent(), key)
+    except CgroupUnavailable:
+        configured = os.environ.get("KERNELBOT_CGROUP", "").strip()
+        if configured and os.access(os.path.join(configured, "cgroup.procs"), os.W_OK):
+            version = "v2" if os.path.exists(os.path.join(configured, "cgroup.controllers")) else "v1"
+            return HoldGroups(MemoryParent(version, os.path.realpath(configured)), key)
+        return None
+
