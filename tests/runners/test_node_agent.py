@@ -357,6 +357,8 @@ def test_a_reservations_processes_die_at_its_end_even_when_the_next_one_takes_it
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        if agent.holds is not None:
+            agent.holds.end(set())
 
 
 def new_key(user, directory: Path) -> None:
