@@ -324,8 +324,9 @@ class NodeAgent:
         if reservations is not None and self.holds is not None:
             for rid, pids in self.holds.end(set(active)).items():
                 killed += pids
-                print(f"node agent: killed reservation {rid}'s group ({len(pids)} processes), as it ended",
-                      file=sys.stderr)
+                for pid in pids:
+                    print(f"node agent: killed pid {pid} of reservation {rid}, which ended (its cgroup)",
+                          file=sys.stderr)
         return killed
 
     def kill_tree(self, roots: list[int]) -> list[int]:
