@@ -6,7 +6,9 @@ It puts itself in the reservation's cgroup, then becomes the login shell (or run
 the holder starts is in that group however it detaches or rewrites its environment (`setsid env -i …`), and the
 node agent kills the group whole when the reservation ends. Where no group can be joined it forks a keeper that is a
 child subreaper (orphans of the login are re-parented to it, not to init) and carries the reservation's tag, so the
-agent finds the whole tree under it. Stdlib only: run by path, not as part of the package.
+agent finds the whole tree under it. That fallback holds only while the keeper lives: the holder runs as the agent's
+account and could kill it, and its orphans would go to init; a cgroup has no such gap. Stdlib only: run by path, not
+as part of the package.
 """
 
 from __future__ import annotations
