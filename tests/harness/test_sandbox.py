@@ -350,9 +350,16 @@ def test_fork_bomb_contained(tmp_path: Path):
 
 
 @pytest.mark.skipif(sb.describe()["processes"]["bound_by"] != "pids cgroup", reason="needs a pids cgroup")
-def test_a_fork_bomb_does_not_take_the_processes_of_a_run_beside_it(tmp_path: Path):
+@pytest.mark.parametrize("backend", ["bubblewrap", "rlimits-only"])
+def test_a_fork_bomb_does_not_take_the_processes_of_a_run_beside_it(tmp_path: Path, backend, monkeypatch):
     """Runs share their sandbox uid; the bomb's processes count in its own group only, so the run beside it still
-    starts its 100 processes while the bomb is at its limit."""
+    starts its 100 processes while the bomb is at its limit; with bubblewrap, and without it (auto on a bare
+    machine)."""
+    if backend == "rlimits-only":
+        monkeypatch.setenv("KERNELBOT_SANDBOX", "auto")
+        monkeypatch.setattr(sb, "_bwrap_path", lambda: None)
+    elif sb.describe()["backend"] != "bubblewrap":
+        pytest.skip("bubblewrap is not usable here")
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     bomb = Sandbox(str(tmp_path / "a"), Limits(wall_seconds=30, processes=200)).start([PY, "-c", textwrap.dedent("""
@@ -378,6 +385,7 @@ def test_a_fork_bomb_does_not_take_the_processes_of_a_run_beside_it(tmp_path: Pa
         print(sum(os.waitpid(p, 0)[1] == 0 for p in pids), "children ran")
     """, Limits(wall_seconds=30, processes=200))
     o = bomb.wait()
+    assert sb.describe()["backend"] == backend
     assert honest.returncode == 0 and honest.stdout == "100 children ran\n", honest
     assert o.processes_exceeded and o.elapsed < 20 and not o.timed_out
 
