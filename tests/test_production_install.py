@@ -6,6 +6,8 @@ gets its verdict on the device the agent registered from its probe."""
 from __future__ import annotations
 
 import configparser
+import contextlib
+import json
 import os
 import re
 import shlex
@@ -15,6 +17,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -26,11 +29,52 @@ UNITS = REPO / "deploy" / "systemd"
 pytestmark = pytest.mark.slow
 
 
-def exec_start(unit: str, env: dict[str, str], port: int, runs: str) -> list[str]:
+def unit_service(unit: str) -> configparser.SectionProxy:
     parser = configparser.ConfigParser(strict=False, interpolation=None)
     parser.optionxform = str
     parser.read(UNITS / unit)
-    service = parser["Service"]
+    return parser["Service"]
+
+
+def unit_environment(unit: str) -> dict[str, str]:
+    """The unit's `Environment=` assignments (configparser keeps the last line of a repeated key: read them raw)."""
+    found = {}
+    for line in (UNITS / unit).read_text().splitlines():
+        if line.startswith("Environment="):
+            for item in shlex.split(line.removeprefix("Environment=")):
+                key, _, value = item.partition("=")
+                found[key] = value
+    return found
+
+
+SERVICE_GROUP = "system.slice/kernelbot-agent.service"
+
+
+def service_cgroups(name: str) -> tuple[dict[str, str], list[str]]:
+    """What systemd makes for the agent's unit (Delegate=memory pids, DelegateSubgroup=runner) on this machine, at
+    `name` in place of system.slice/kernelbot-agent.service: (unit path → this test's path, the groups the agent's
+    processes start in). cgroup v2 at /sys/fs/cgroup, or the v1 memory and pids hierarchies (hybrid hosts too)."""
+    paths, procs = {f"/sys/fs/cgroup/{SERVICE_GROUP}": f"/sys/fs/cgroup/{name}"}, []
+    if os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
+        os.makedirs(f"/sys/fs/cgroup/{name}/runner")
+        procs.append(f"/sys/fs/cgroup/{name}/runner")
+    for controller in ("memory", "pids"):
+        if os.path.exists(f"/sys/fs/cgroup/{controller}/cgroup.procs"):
+            os.makedirs(f"/sys/fs/cgroup/{controller}/{name}")
+            paths[f"/sys/fs/cgroup/{controller}/{SERVICE_GROUP}"] = f"/sys/fs/cgroup/{controller}/{name}"
+            procs.append(f"/sys/fs/cgroup/{controller}/{name}")
+    return paths, procs
+
+
+def remove_cgroups(paths: list[str]) -> None:
+    for path in sorted(paths, key=len, reverse=True):
+        for child in sorted(Path(path).glob("**/"), key=lambda p: len(str(p)), reverse=True):
+            with contextlib.suppress(OSError):
+                child.rmdir()
+
+
+def exec_start(unit: str, env: dict[str, str], port: int, runs: str) -> list[str]:
+    service = unit_service(unit)
     assert service["WorkingDirectory"] == "/srv/kernelbot" and service["Restart"] == "always"
     line = service["ExecStart"].replace("/srv/kernelbot/.venv/bin/python", sys.executable)
     line = line.replace("--port 8000", f"--port {port}").replace("/var/lib/kernelbot/runs", runs)
@@ -80,11 +124,33 @@ def test_the_documented_production_install_runs_a_kernel(empty_database, redis_u
     # the agent's machine holds its node's token only, never the platform's runner key
     node = manage("node_token", "lab", "--hostname", socket.gethostname()).strip()
     agent_env = {k: v for k, v in env.items() if k != "KERNELBOT_RUNNER_KEY"} | {"KERNELBOT_NODE_TOKEN": node}
-    services = [subprocess.Popen(exec_start(unit, env, port, runs), cwd=REPO, start_new_session=True,
-                                 env=agent_env if unit == "kernelbot-agent.service" else env,
-                                 stdout=(tmp_path / f"{unit}.log").open("w"), stderr=subprocess.STDOUT)
-                for unit in ("kernelbot-web.service", "kernelbot-workers.service", "kernelbot-agent.service")]
+    unit_env = unit_environment("kernelbot-agent.service")
+    assert unit_env["KERNELBOT_SANDBOX"] == "require"  # an agent set up from the docs never runs unsandboxed
+    agent_env |= unit_env
+    name, cgroups, procs = f"kernelbot-install-{uuid.uuid4().hex[:8]}", {}, []
+    if os.geteuid() == 0:  # the unit's User=root: its cgroups as systemd makes them, on this machine's v1 or v2
+        cgroups, procs = service_cgroups(name)
+        agent_env["KERNELBOT_CGROUP"] = ":".join(cgroups.get(p, p) for p in unit_env["KERNELBOT_CGROUP"].split(":"))
+    else:
+        del agent_env["KERNELBOT_CGROUP"]
+
+    def in_service_cgroups() -> None:
+        for group in procs:
+            Path(group, "cgroup.procs").write_text("0")
+
+    services = []
     try:
+        for unit in ("kernelbot-web.service", "kernelbot-workers.service", "kernelbot-agent.service"):
+            agent = unit == "kernelbot-agent.service"
+            services.append(subprocess.Popen(exec_start(unit, env, port, runs), cwd=REPO, start_new_session=True,
+                                             env=agent_env if agent else env, preexec_fn=in_service_cgroups if agent
+                                             else None, stdout=(tmp_path / f"{unit}.log").open("w"),
+                                             stderr=subprocess.STDOUT))
+        if cgroups:  # the unit's ExecStartPost, on this machine's paths: a no-op where v2 is not at /sys/fs/cgroup
+            post = unit_service("kernelbot-agent.service")["ExecStartPost"].removeprefix("+")
+            for unit_path, path in cgroups.items():
+                post = post.replace(unit_path, path)
+            subprocess.run(shlex.split(post), check=True, timeout=10)
         agent_log = tmp_path / "kernelbot-agent.service.log"
         deadline = time.monotonic() + 180  # until its agent registered them, the pool has no device (a 503 to submit)
         while "in pool lab: devices [0]" not in agent_log.read_text():
@@ -99,6 +165,12 @@ def test_the_documented_production_install_runs_a_kernel(empty_database, redis_u
         nodes = manage("shell", "-c", "from runners.models import Gpu; print([(g.node.hostname, g.index, "
                        "g.gpu_type.name, g.device_name[:4]) for g in Gpu.objects.filter(node__pool__name='lab')])")
         assert f"('{socket.gethostname()}', 0, 'CPU', 'CPU:')" in nodes  # registered by the agent from its probe
+        sandbox = json.loads(manage("shell", "-c", "import json; from runners.models import Node; "
+                                    "print(json.dumps(Node.objects.get(pool__name='lab').sandbox))").splitlines()[-1])
+        assert sandbox["mode"] == "require" and sandbox["backend"] == "bubblewrap", sandbox
+        if cgroups:  # runs' memory and process limits in the unit's delegated groups, v2 or v1
+            assert sandbox["memory_cgroup"] in (f"v2 /sys/fs/cgroup/{name}", f"v1 /sys/fs/cgroup/memory/{name}")
+            assert sandbox["process_limit"] == "pids cgroup", sandbox
     finally:
         for service in services:
             os.killpg(service.pid, signal.SIGTERM)
@@ -108,5 +180,6 @@ def test_the_documented_production_install_runs_a_kernel(empty_database, redis_u
             except subprocess.TimeoutExpired:
                 os.killpg(service.pid, signal.SIGKILL)
             reap_group(service.pid)
+        remove_cgroups(list(cgroups.values()))
         for unit in ("kernelbot-web.service", "kernelbot-workers.service", "kernelbot-agent.service"):
             print(f"--- {unit} ---\n" + (tmp_path / f"{unit}.log").read_text(errors="replace")[-2000:])

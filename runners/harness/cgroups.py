@@ -9,9 +9,15 @@
 Both hierarchies behind the same interface: cgroup v2 (`memory.max`, `memory.swap.max`, `memory.oom.group`,
 `memory.events`) and the v1 memory controller (`memory.limit_in_bytes`, `memory.memsw.limit_in_bytes`,
 `memory.oom_control`). The parent is `KERNELBOT_CGROUP` when set (a cgroup directory this process may create
-groups in: v2 with `memory` in its `cgroup.subtree_control`, or a v1 memory-controller directory), else the
-group this process itself is in (v2 when `memory` is enabled for its children, else the v1 memory controller).
-Groups are nested there, so the run stays accounted (and limited) wherever the runner itself is.
+groups in: v2 with `memory` in its `cgroup.subtree_control`, or a v1 memory-controller directory; several separated
+by ":", the first that exists and is usable), else the group this process itself is in (v2 when `memory` is enabled
+for its children, else the v1 memory controller). Groups are nested there, so the run stays accounted (and limited)
+wherever the runner itself is.
+
+Processes of the whole tree (`create(limit, processes=N)`): the pids controller's `pids.max` in the same group (v2,
+where `pids` is in the parent's `cgroup.subtree_control`) or in a group of the same name in the v1 pids hierarchy
+(the parent's path there: the runner's own pids group, or KERNELBOT_CGROUP's path under the pids mount); a fork past
+it fails and `pids.events` counts it (`group.forks_refused()`). Without a usable pids controller the run has none.
 """
 
 from __future__ import annotations
@@ -51,21 +57,23 @@ def _field(text: str, key: str) -> int:
     return int(match.group(1)) if match else 0
 
 
-def _own_groups() -> dict[str, tuple[str, str]]:
-    """version -> (mount point, this process's group directory) from /proc/self/{cgroup,mountinfo}."""
+def _own_groups(controller: str = "memory") -> dict[str, tuple[str, str]]:
+    """version -> (mount point, this process's group directory) from /proc/self/{cgroup,mountinfo}; v1: the
+    `controller`'s hierarchy."""
     paths: dict[str, str] = {}
     for line in _read("/proc/self/cgroup").splitlines():
         _, controllers, path = line.split(":", 2)
         if controllers == "":
             paths["v2"] = path
-        elif "memory" in controllers.split(","):
+        elif controller in controllers.split(","):
             paths["v1"] = path
     found: dict[str, tuple[str, str]] = {}
     for line in _read("/proc/self/mountinfo").splitlines():
         pre, _, post = line.partition(" - ")
         fields, (fstype, _source, options) = pre.split(), post.split()[:3]
         root, mount = fields[3], fields[4]
-        version = "v2" if fstype == "cgroup2" else "v1" if fstype == "cgroup" and "memory" in options.split(",") else ""
+        version = "v2" if fstype == "cgroup2" else "v1" if fstype == "cgroup" and controller in options.split(",") \
+            else ""
         if version and version in paths and version not in found:
             rel = os.path.relpath(paths[version], root)
             if not rel.startswith(".."):
@@ -90,14 +98,27 @@ def _usable(version: str, directory: str) -> str:
 
 
 class MemoryGroup:
-    def __init__(self, path: str, version: str, limit: int):
+    def __init__(self, path: str, version: str, limit: int, pids_path: str | None = None, processes: int = 0):
+        """pids_path: the group holding its process limit (v2: `path` itself; v1: the pids hierarchy's), if any."""
         self.path, self.version, self.limit = path, version, limit
+        self.pids_path, self.processes = pids_path, processes
 
     def _file(self, name: str) -> str:
         return os.path.join(self.path, name)
 
-    def open_procs(self) -> int:
-        return os.open(self._file("cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+    def open_procs(self) -> list[int]:
+        """What the forked child writes "0" to: the group, and its v1 pids group."""
+        paths = [self.path] + ([self.pids_path] if self.pids_path and self.pids_path != self.path else [])
+        return [os.open(os.path.join(p, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC) for p in paths]
+
+    def forks_refused(self) -> int:
+        """Forks the process limit refused (pids.events `max`)."""
+        if not self.pids_path:
+            return 0
+        try:
+            return _field(_read(os.path.join(self.pids_path, "pids.events")), "max")
+        except OSError:
+            return 0
 
     def oom_kills(self) -> int:
         """Processes the kernel killed because the group hit its limit."""
@@ -131,32 +152,46 @@ class MemoryGroup:
     def remove(self, timeout: float = 5.0) -> bool:
         self.kill()
         deadline = time.monotonic() + timeout
-        while True:
-            try:
-                os.rmdir(self.path)
-                return True
-            except FileNotFoundError:
-                return True
-            except OSError:
-                if time.monotonic() > deadline:
-                    return False
-                self.kill()
-                time.sleep(0.02)
+        for path in [self.path] + ([self.pids_path] if self.pids_path and self.pids_path != self.path else []):
+            while True:
+                try:
+                    os.rmdir(path)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        return False
+                    self.kill()
+                    if path != self.path:  # v1: what is left in the pids group
+                        for pid in MemoryGroup(path, "v1", 0).pids():
+                            with contextlib.suppress(ProcessLookupError, PermissionError):
+                                os.kill(pid, signal.SIGKILL)
+                    time.sleep(0.02)
+        return True
 
 
 class MemoryParent:
-    def __init__(self, version: str, path: str):
-        self.version, self.path = version, path
+    def __init__(self, version: str, path: str, pids: str | None = None):
+        """pids: where process-limited groups go (v2: `path`, when it may; v1: a pids-hierarchy directory), or None."""
+        self.version, self.path, self.pids = version, path, pids
 
     def __str__(self) -> str:
         return f"{self.version} {self.path}"
 
-    def create(self, limit: int) -> MemoryGroup:
+    def create(self, limit: int, processes: int = 0) -> MemoryGroup:
+        """A fresh group with the memory limit and, where a pids controller is usable, at most `processes` tasks."""
         self._remove_stale()
-        path = os.path.join(self.path, f"{PREFIX}{os.getpid()}-{next(_counter)}-{time.monotonic_ns()}")
+        name = f"{PREFIX}{os.getpid()}-{next(_counter)}-{time.monotonic_ns()}"
+        path = os.path.join(self.path, name)
         os.mkdir(path, 0o755)
-        group = MemoryGroup(path, self.version, limit)
+        pids_path = os.path.join(self.pids, name) if self.pids and processes else None
+        group = MemoryGroup(path, self.version, limit, pids_path, processes)
         try:
+            if pids_path:
+                if pids_path != path:
+                    os.mkdir(pids_path, 0o755)
+                _write(os.path.join(pids_path, "pids.max"), str(processes))
             if self.version == "v2":
                 _write(group._file("memory.max"), str(limit))
                 _write(group._file("memory.oom.group"), "1")  # an OOM kills the whole tree, not one process
@@ -174,12 +209,13 @@ class MemoryParent:
 
     def _remove_stale(self) -> None:
         """Groups left by a runner that died before removing them (empty once their processes are gone)."""
-        with contextlib.suppress(OSError):
-            for name in os.listdir(self.path):
-                match = re.fullmatch(rf"{PREFIX}(\d+)-\d+-\d+", name)
-                if match and not _alive(int(match.group(1))):
-                    with contextlib.suppress(OSError):
-                        os.rmdir(os.path.join(self.path, name))
+        for parent in {self.path, self.pids or self.path}:
+            with contextlib.suppress(OSError):
+                for name in os.listdir(parent):
+                    match = re.fullmatch(rf"{PREFIX}(\d+)-\d+-\d+", name)
+                    if match and not _alive(int(match.group(1))):
+                        with contextlib.suppress(OSError):
+                            os.rmdir(os.path.join(parent, name))
 
 
 def _alive(pid: int) -> bool:
@@ -199,9 +235,11 @@ def memory_parent() -> MemoryParent:
 @functools.cache
 def _memory_parent(configured: str) -> MemoryParent:
     """Probed once per process and setting: create, limit and remove a group."""
-    if configured:
-        version = "v2" if os.path.exists(os.path.join(configured, "cgroup.controllers")) else "v1"
-        candidates = [(version, os.path.realpath(configured))]
+    if configured:  # one path, or several separated by ":" (one unit file for v2 and v1 hosts): the first usable
+        paths = [p for p in configured.split(":") if p]
+        existing = [p for p in paths if os.path.isdir(p)] or paths[-1:]
+        candidates = [("v2" if os.path.exists(os.path.join(p, "cgroup.controllers")) else "v1", os.path.realpath(p))
+                      for p in existing]
     else:
         try:
             own = _own_groups()
@@ -221,5 +259,95 @@ def _memory_parent(configured: str) -> MemoryParent:
         except OSError as exc:
             problems.append(f"cgroup {version}: cannot create a group in {directory}: {exc}")
             continue
+        parent.pids = _pids_parent(version, directory, configured)
         return parent
     raise CgroupUnavailable("; ".join(problems))
+
+
+def _pids_parent(version: str, directory: str, configured: str) -> str | None:
+    """Where process-limited groups go beside memory parent `directory`: itself (v2, pids enabled there), or the
+    same path in the v1 pids hierarchy (the configured memory path's, else this process's own pids group)."""
+    if version == "v2":
+        with contextlib.suppress(OSError):
+            if "pids" in _read(os.path.join(directory, "cgroup.subtree_control")).split():
+                return directory
+        return None
+    try:
+        pids = _own_groups("pids").get("v1")
+        memory = _own_groups("memory").get("v1")
+    except (OSError, ValueError, IndexError):
+        return None
+    if pids is None:
+        return None
+    candidate = pids[1]
+    if configured and memory is not None:
+        rel = os.path.relpath(directory, memory[0])
+        candidate = os.path.normpath(os.path.join(pids[0], rel))
+    if not (os.path.exists(os.path.join(candidate, "pids.max")) or os.path.exists(os.path.join(candidate, "tasks"))):
+        return None
+    name = os.path.join(candidate, f"{PREFIX}{os.getpid()}-probe-{time.monotonic_ns()}")
+    try:
+        os.mkdir(name)
+        _write(os.path.join(name, "pids.max"), "16")
+        os.rmdir(name)
+    except OSError:
+        return None
+    return candidate
+
+
+class HoldGroups:
+    """Each reservation's processes in a cgroup of its own, `kernelbot-<installation>-reservation-<id>` beside the
+    runs' groups: a holder's login joins it (hold.py) and the agent kills it whole when the reservation ends. The
+    installation's key is in the name, so agents of other installations on the machine never touch it."""
+
+    def __init__(self, parent: MemoryParent, key: str):
+        self.version, self.parent, self.key = parent.version, parent.path, key
+
+    def path(self, rid: int) -> str:
+        return os.path.join(self.parent, f"{PREFIX}{self.key}-reservation-{int(rid)}")
+
+    def ensure(self, rid: int) -> str:
+        """The reservation's group, created when missing; "" when it cannot be."""
+        path = self.path(rid)
+        try:
+            os.makedirs(path, 0o755, exist_ok=True)
+        except OSError:
+            return ""
+        return path
+
+    def groups(self) -> dict[int, str]:
+        """reservation id → group of this installation's reservations that have one now."""
+        found = {}
+        with contextlib.suppress(OSError):
+            for name in os.listdir(self.parent):
+                match = re.fullmatch(rf"{PREFIX}{re.escape(self.key)}-reservation-(\d+)", name)
+                if match:
+                    found[int(match.group(1))] = os.path.join(self.parent, name)
+        return found
+
+    def pids(self, rid: int) -> list[int]:
+        return MemoryGroup(self.path(rid), self.version, 0).pids()
+
+    def end(self, active: set[int]) -> dict[int, list[int]]:
+        """Kill and remove the group of every reservation of this installation not in `active`: what each held."""
+        ended = {}
+        for rid, path in self.groups().items():
+            if rid not in active:
+                group = MemoryGroup(path, self.version, 0)
+                ended[rid] = group.pids()
+                group.remove()
+        return ended
+
+
+def hold_groups(key: str) -> HoldGroups | None:
+    """Reservations' groups for installation `key`: beside the runs' (their memory parent), else in KERNELBOT_CGROUP
+    where it is writable (they need no controller); None where no cgroup is usable."""
+    try:
+        return HoldGroups(memory_parent(), key)
+    except CgroupUnavailable:
+        for path in filter(None, os.environ.get("KERNELBOT_CGROUP", "").strip().split(":")):
+            if os.access(os.path.join(path, "cgroup.procs"), os.W_OK):
+                version = "v2" if os.path.exists(os.path.join(path, "cgroup.controllers")) else "v1"
+                return HoldGroups(MemoryParent(version, os.path.realpath(path)), key)
+        return None
+

@@ -698,7 +698,7 @@ class KernelbotRun:
             how = outcome.reason or f"exit code {outcome.returncode}"
             if outcome.memory_exceeded:
                 result.fail("memory_limit", f"{outcome.reason} (in the {phase} phase)")
-            elif outcome.disk_exceeded:
+            elif outcome.disk_exceeded or outcome.processes_exceeded:
                 result.fail("crash", f"{outcome.reason} (in the {phase} phase)")
             elif outcome.timed_out:
                 result.fail("timeout", f"timed out in the {phase} phase ({outcome.reason})")

@@ -19,7 +19,10 @@ so a run waits for neither interpreter (`--no-spares`, `--cold` to turn these of
 With `--authorized-keys PATH` (the agent's account's ~/.ssh/authorized_keys, say) it keeps there, for each reservation
 active on this machine, its holder's SSH keys (the platform's poll answer), each line forced to a login shell or the
 ssh command with CUDA_VISIBLE_DEVICES set to the reserved devices, and removes them when the reservation ends (its
-lines only: each ends with its marker) or the agent stops.
+lines only: each ends with its marker) or the agent stops. A holder's login (hold.py) joins a cgroup of its
+reservation, which the agent kills whole when the reservation ends; where there is none, it stays the parent (a
+child subreaper) of all the login starts, and the agent kills that tree. Tags and groups carry this installation's key
+(from the node's token), so agents of other installations on the machine never touch them.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import hmac
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -44,6 +48,7 @@ from pathlib import Path
 
 from . import agent
 from .agent import KEY_ENV, Gone, Platform, Refused, Transport, http, run_attempt
+from .cgroups import HoldGroups, hold_groups
 from .device import descends_from
 from .runner import Spares
 from .warm import template
@@ -56,17 +61,25 @@ KEY_LINE = re.compile(r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ss
                       r"sk-ecdsa-sha2-nistp256@openssh\.com) [A-Za-z0-9+/]+={0,2}")
 KEY_MARK = re.compile(r" kernelbot-node-agent-reservation-\d+$")
 RESERVATION_ENV = "KERNELBOT_RESERVATION"  # set by a holder's SSH login: every process it starts inherits it
+INSTALLATION_ENV = "KERNELBOT_INSTALLATION"  # beside it: the installation whose reservation it is
+HOLD = Path(__file__).resolve().with_name("hold.py")
 
 
-def key_lines(placed: list[dict]) -> list[str]:
+def installation_key(token: str) -> str:
+    """This installation's key on the machine: the node token's own (two installations never share a token)."""
+    return hashlib.sha256(f"kernelbot-installation:{token}".encode()).hexdigest()[:16]
+
+
+def key_lines(placed: list[dict], installation: str = "", groups: dict[int, str] | None = None) -> list[str]:
     """authorized_keys lines for the reservations' keys (checked again here: only a bare key of a known type passes),
-    each forced into a login shell or the ssh command with the reservation's devices visible."""
+    each forced into hold.py (a login shell or the ssh command, in the reservation's cgroup `groups[id]`) with the
+    reservation's devices visible."""
     lines = []
     for entry in placed:
         rid, gpus = int(entry["reservation"]), ",".join(str(int(i)) for i in entry["gpus"])
-        command = (f"export CUDA_VISIBLE_DEVICES={gpus} {RESERVATION_ENV}={rid}; "
-                   "if [ -n \\\"$SSH_ORIGINAL_COMMAND\\\" ]; then exec bash -c \\\"$SSH_ORIGINAL_COMMAND\\\"; "
-                   "else exec bash -l; fi")
+        group = shlex.quote((groups or {}).get(rid, ""))
+        command = (f"export CUDA_VISIBLE_DEVICES={gpus} {RESERVATION_ENV}={rid} {INSTALLATION_ENV}={installation}; "
+                   f"exec {shlex.quote(sys.executable)} -I {shlex.quote(str(HOLD))} {group}")
         lines += [f'restrict,pty,command="{command}" {key} kernelbot-node-agent-reservation-{rid}'
                   for key in entry["keys"] if isinstance(key, str) and KEY_LINE.fullmatch(key)]
     return lines
@@ -136,23 +149,38 @@ def process_start(pid: int) -> int | None:
         return None
 
 
-def tagged_processes() -> dict[int, int]:
-    """pid → reservation id of every process whose environment carries RESERVATION_ENV (a holder's login and what it
-    started)."""
+def tagged_processes(installation: str) -> dict[int, int]:
+    """pid → reservation id of every process whose environment carries RESERVATION_ENV and this `installation`'s
+    key (a holder's login and what it started without rewriting its environment), and of all their descendants."""
     found = {}
-    mark = f"{RESERVATION_ENV}=".encode()
+    mark, ours = f"{RESERVATION_ENV}=".encode(), f"{INSTALLATION_ENV}={installation}".encode()
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
         try:
             with open(f"/proc/{entry.name}/environ", "rb") as f:
-                environ = f.read()
+                environ = f.read().split(b"\0")
         except OSError:
             continue
-        for item in environ.split(b"\0"):
-            if item.startswith(mark) and item[len(mark):].isdigit():
+        for item in environ:
+            if item.startswith(mark) and item[len(mark):].isdigit() and ours in environ:
                 found[int(entry.name)] = int(item[len(mark):])
-    return found
+    return {pid: rid for root, rid in found.items() for pid in process_tree([root])}
+
+
+def process_tree(roots: list[int]) -> list[int]:
+    """`roots` and all their descendants now (the ppid links in /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{entry.name}/stat") as f:
+            children.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry.name))
+    tree, todo = [], list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid not in tree:
+            tree.append(pid)
+            todo += children.get(pid, [])
+    return tree
 
 
 def stale_run_dirs(workroot: Path) -> list[Path]:
@@ -203,6 +231,15 @@ class NodeAgent:
         self.stopping = threading.Event()
         self.authorized_keys: Path | None = None  # where reservations' keys go (--authorized-keys)
         self.owned: dict[int, tuple[int, int | None]] = {}  # pid → (reservation, its start) seen under a reservation
+        self.installation = installation_key(token)
+        self._holds: list[HoldGroups | None] = []
+
+    @property
+    def holds(self) -> HoldGroups | None:
+        """Where reservations' cgroups go (probed once; None: no usable cgroup, holders' trees are tracked instead)."""
+        if not self._holds:
+            self._holds.append(hold_groups(self.installation))
+        return self._holds[0]
 
     def _call(self, route: str, body: dict) -> dict:
         try:
@@ -237,7 +274,9 @@ class NodeAgent:
             self.spares.reserve([str(i) for i in reserved])
         self.sweep(reserved, answer.get("reservations"))
         if self.authorized_keys is not None:
-            place_keys(self.authorized_keys, key_lines(answer.get("keys", [])))
+            active = {int(r["id"]) for r in answer.get("reservations") or []}
+            groups = {rid: path for rid in active if self.holds and (path := self.holds.ensure(rid))}
+            place_keys(self.authorized_keys, key_lines(answer.get("keys", []), self.installation, groups))
         return claims
 
     def sweep(self, reserved: list[int], reservations: list[dict] | None = None) -> list[int]:
@@ -255,7 +294,7 @@ class NodeAgent:
         active = {int(r["id"]): [int(i) for i in r["gpus"]] for r in reservations or []}
         holder_of = {index: rid for rid, gpus in active.items() for index in gpus}
         if reservations is not None:
-            for pid, rid in tagged_processes().items():
+            for pid, rid in tagged_processes(self.installation).items():
                 if not descends_from(pid, os.getpid()):  # never this agent, even started from a holder's login
                     self.owned.setdefault(pid, (rid, process_start(pid)))
         with self.lock:
@@ -271,15 +310,35 @@ class NodeAgent:
                     killed.append(pid)
                     print(f"node agent: killed pid {pid}, left on device {index}, which nothing holds",
                           file=sys.stderr)
+        ended: dict[int, list[int]] = {}
         for pid, (rid, start) in list(self.owned.items()):
             if process_start(pid) != start:
                 del self.owned[pid]  # gone (its pid may be another process's now)
             elif reservations is not None and rid not in active:
                 del self.owned[pid]
-                if self.kill(pid):
-                    killed.append(pid)
-                    print(f"node agent: killed pid {pid} of reservation {rid}, which ended", file=sys.stderr)
+                ended.setdefault(rid, []).append(pid)
+        for rid, pids in ended.items():
+            for pid in self.kill_tree(pids):
+                killed.append(pid)
+                print(f"node agent: killed pid {pid} of reservation {rid}, which ended", file=sys.stderr)
+        if reservations is not None and self.holds is not None:
+            for rid, pids in self.holds.end(set(active)).items():
+                killed += pids
+                for pid in pids:
+                    print(f"node agent: killed pid {pid} of reservation {rid}, which ended (its cgroup)",
+                          file=sys.stderr)
         return killed
+
+    def kill_tree(self, roots: list[int]) -> list[int]:
+        """Stop `roots` and their descendants until no new one appears (nothing forks while stopped), then kill them."""
+        stopped: list[int] = []
+        while fresh := [p for p in process_tree(roots) if p not in stopped and not descends_from(p, os.getpid())]:
+            for pid in fresh:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGSTOP)
+            stopped += fresh
+            roots = stopped
+        return [pid for pid in stopped if self.kill(pid)]
 
     @staticmethod
     def kill(pid: int) -> bool:

@@ -199,6 +199,8 @@ def judge(result: Result, outcome: Outcome, text: str, limit: float, program: st
     result.stdout, result.stderr = outcome.stdout, outcome.stderr
     if outcome.memory_exceeded:
         return result.fail("memory_limit", outcome.reason)
+    if outcome.processes_exceeded:
+        return result.fail("crash", outcome.reason)
     if outcome.timed_out:
         phase = PHASE.get(result.mode, result.mode)
         return result.fail("timeout", f"timed out in the {phase} phase (limit {limit:g} s)")

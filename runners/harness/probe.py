@@ -112,7 +112,8 @@ def memory_mib() -> int | None:
 def sandbox_facts() -> dict[str, Any]:
     """What a run's sandbox would have on this node, under this process's KERNELBOT_SANDBOX and KERNELBOT_CGROUP:
     `mode`; `backend` (bubblewrap, rlimits-only, or unavailable with `error`); `memory_cgroup`, the group runs' memory
-    cgroups are nested in ("v2 /sys/fs/cgroup/..."), or None with `memory_cgroup_error` saying why none is usable."""
+    cgroups are nested in ("v2 /sys/fs/cgroup/..."), or None with `memory_cgroup_error` saying why none is usable;
+    `process_limit`, what bounds a run's processes ("pids cgroup", or the uid's RLIMIT_NPROC)."""
     from . import cgroups, sandbox
 
     try:
@@ -122,7 +123,8 @@ def sandbox_facts() -> dict[str, Any]:
                 "memory_cgroup": None, "memory_cgroup_error": str(exc)}
     described = sandbox.describe()
     facts: dict[str, Any] = {"mode": mode, "backend": described.get("backend", "unavailable"),
-                             "memory_cgroup": None, "memory_cgroup_error": ""}
+                             "memory_cgroup": None, "memory_cgroup_error": "",
+                             "process_limit": described.get("processes", {}).get("bound_by")}
     if described.get("error"):
         facts["error"] = described["error"]
     if mode == "none":

@@ -21,6 +21,12 @@ its share of what this node can spare: physical memory minus a margin of max(2 G
 margin. When the kernel's OOM killer acts in the group, the
 whole tree is killed and the outcome says "memory limit exceeded" (`memory_exceeded`).
 
+Processes: the whole tree may hold `processes` tasks (threads count) through the run's pids cgroup (cgroups.py);
+the first fork it refuses kills the tree at once ("process limit exceeded", `processes_exceeded`), so a fork bomb
+ends in well under a second and its processes never count against another run: RLIMIT_NPROC, which counts all the
+processes of a uid on the host (shared by every run of that uid), is then left at this process's own. Without a pids
+controller RLIMIT_NPROC is the bound.
+
 Disk: the files in the workdir together may take `disk_bytes` (FSIZE bounds each file): their size is measured every
 DISK_POLL_S and the tree killed past it ("disk limit exceeded", `disk_exceeded`); a run can overshoot by what it
 writes in that time.
@@ -118,6 +124,7 @@ class Outcome:
     elapsed: float = 0.0  # wall seconds from start to exit, as seen by the parent
     memory_exceeded: bool = False  # the tree hit its memory cgroup limit and was killed
     disk_exceeded: bool = False  # its workdir's files passed disk_bytes and the tree was killed
+    processes_exceeded: bool = False  # a fork past its process limit (pids cgroup) was refused and the tree killed
 
 
 def node_memory() -> tuple[int, int]:
@@ -234,14 +241,16 @@ def _outermost(paths) -> list[str]:
     return out
 
 
-def _rlimits(limits: Limits, data_not_as: bool) -> list[tuple[int, int, int, str]]:
-    """(resource, soft, hard, prlimit option)."""
+def _rlimits(limits: Limits, data_not_as: bool, pids_cgroup: bool = False) -> list[tuple[int, int, int, str]]:
+    """(resource, soft, hard, prlimit option); pids_cgroup: the tree's processes are bounded by its own group, not
+    by the uid's count that other runs share."""
     mem = (resource.RLIMIT_DATA, "--data") if data_not_as else (resource.RLIMIT_AS, "--as")
     cpu = int(limits.cpu_seconds)
+    nproc = resource.getrlimit(resource.RLIMIT_NPROC)[1] if pids_cgroup else limits.processes
     return [
         (resource.RLIMIT_CPU, cpu, cpu + 1, "--cpu"),
         (mem[0], limits.memory_bytes, limits.memory_bytes, mem[1]),
-        (resource.RLIMIT_NPROC, limits.processes, limits.processes, "--nproc"),
+        (resource.RLIMIT_NPROC, nproc, nproc, "--nproc"),
         (resource.RLIMIT_FSIZE, limits.file_size_bytes, limits.file_size_bytes, "--fsize"),
         (resource.RLIMIT_NOFILE, limits.open_files, limits.open_files, "--nofile"),
         (resource.RLIMIT_CORE, 0, 0, "--core"),
@@ -309,6 +318,8 @@ class Sandbox:
             "tree_kill": "pid namespace" if bw else ("cgroup" if self.cgroup else "process group only"),
             "memory": {"cgroup": self.cgroup.version, "tree_limit_bytes": self.tree_memory} if self.cgroup else
             {"cgroup": None, "tree_limit_bytes": None, "per_process_only": self.cgroup_error},
+            "processes": {"limit": self.limits.processes,
+                          "bound_by": "pids cgroup" if self.cgroup and self.cgroup.pids else "RLIMIT_NPROC (per uid)"},
             "disk_limit_bytes": self.limits.disk_bytes or None,
             "devices": self._device_nodes() if bw else [],
             "mode": self.mode,
@@ -419,19 +430,21 @@ class Sandbox:
               clock: bool = True) -> SandboxedProcess:
         """clock=False: the wall-time limit starts only with restart_clock (a spare started ahead of its run)."""
         self.prepare_workdir()
-        limits = _rlimits(self.limits, self._data_not_as())
         data_fds: list[int] = []
-        group = self.cgroup.create(self.tree_memory) if self.cgroup else None
-        procs_fd = group.open_procs() if group else None
+        group = self.cgroup.create(self.tree_memory, self.limits.processes) if self.cgroup else None
+        limits = _rlimits(self.limits, self._data_not_as(), bool(group and group.pids_path))
+        procs_fds = group.open_procs() if group else []
         try:
             cmd = self._bwrap_argv(argv, data_fds) if self.bwrap else list(argv)
             prlimit = shutil.which("prlimit")
             if prlimit:
-                cmd = [prlimit, *(f"{opt}={soft}:{hard}" for _, soft, hard, opt in limits), "--", *cmd]
+                cmd = [prlimit, *(f"{opt}={'unlimited' if soft == resource.RLIM_INFINITY else soft}:"
+                                  f"{'unlimited' if hard == resource.RLIM_INFINITY else hard}"
+                                  for _, soft, hard, opt in limits), "--", *cmd]
 
             def preexec() -> None:
-                if procs_fd is not None:  # join the run's memory cgroup before anything is exec'd
-                    os.write(procs_fd, b"0")
+                for fd in procs_fds:  # join the run's cgroups before anything is exec'd
+                    os.write(fd, b"0")
                 if not prlimit:
                     for res, soft, hard, _ in limits:
                         resource.setrlimit(res, (soft, hard))
@@ -447,7 +460,7 @@ class Sandbox:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
-                preexec_fn=preexec if procs_fd is not None or not prlimit else None,
+                preexec_fn=preexec if procs_fds or not prlimit else None,
                 **drop,
             )
         except BaseException:
@@ -455,10 +468,8 @@ class Sandbox:
                 group.remove()
             raise
         finally:
-            for fd in data_fds:
+            for fd in (*data_fds, *procs_fds):
                 os.close(fd)
-            if procs_fd is not None:
-                os.close(procs_fd)
         return SandboxedProcess(proc, self.limits, started, bwrap=self.bwrap is not None, group=group, clock=clock,
                                 workdir=self.workdir)
 
@@ -504,6 +515,7 @@ class SandboxedProcess:
         self.proc, self.limits, self.bwrap, self.group, self.workdir = proc, limits, bwrap, group, workdir
         self.started = time.monotonic() if started is None else started
         self.timed_out, self.killed, self.memory_exceeded, self.disk_exceeded = False, False, False, False
+        self.processes_exceeded = False
         self._exited = threading.Event()
         self._lock = threading.Lock()
         self._out = _Capture(proc.stdout, limits.output_bytes)
@@ -542,14 +554,17 @@ class SandboxedProcess:
                 self._kill()
 
     def _watch_memory(self) -> None:
-        """The kernel's OOM killer takes one process (v1) or the group (v2): finish the rest of the tree."""
+        """The kernel's OOM killer takes one process (v1) or the group (v2): finish the rest of the tree. A fork the
+        process limit refused ends the tree too."""
         assert self.group is not None
         while not self._exited.wait(MEMORY_POLL_S):
-            if self.group.oom_kills():
+            oom, forks = self.group.oom_kills(), self.group.forks_refused()
+            if oom or forks:
                 with self._lock:
-                    self.memory_exceeded = True
+                    self.memory_exceeded, self.processes_exceeded = bool(oom), bool(forks) and not oom
                     if self.proc.poll() is None:
                         self._kill()
+                    self.group.kill()  # the kernel refuses forks, it does not end the tree
                 return
 
     def _watch_disk(self) -> None:
@@ -588,6 +603,8 @@ class SandboxedProcess:
             self._kill()  # leftovers in our process group (fallback) once the main process is gone
         if self.group is not None:
             self.memory_exceeded = self.memory_exceeded or self.group.oom_kills() > 0
+            self.processes_exceeded = not self.memory_exceeded and (
+                self.processes_exceeded or self.group.forks_refused() > 0)
             self.group.remove()  # kills what is left in the group, however detached, then removes it
         # EOF comes at once unless something outside our reach still holds the pipes (fallback: a
         # setsid'd grandchild); never hang on it, the reader threads keep draining and close them.
@@ -601,6 +618,10 @@ class SandboxedProcess:
             assert self.group is not None
             reason = (f"memory limit exceeded: the run's processes together reached its {self.group.limit >> 20} MiB "
                       "limit and were killed")
+        elif self.processes_exceeded:
+            assert self.group is not None
+            reason = (f"process limit exceeded: the run tried to start more than {self.group.processes} processes "
+                      "and threads together and its processes were killed")
         elif self.disk_exceeded:
             reason = (f"disk limit exceeded: the run's files in its working directory passed its "
                       f"{self.limits.disk_bytes >> 20} MiB limit and its processes were killed")
@@ -624,6 +645,7 @@ class SandboxedProcess:
             elapsed,
             self.memory_exceeded,
             self.disk_exceeded,
+            self.processes_exceeded,
         )
         return self._outcome
 

@@ -3,13 +3,15 @@ ones there (`# expected: pass`) guard against defences that misfire."""
 
 import os
 import re
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from runners.harness import cgroups, sandbox
 
-from .helpers import CHEATS, run_submission
+from .helpers import CHEATS, SUBMISSIONS, run_submission
 
 pytestmark = pytest.mark.slow
 CHEAT_FILES = sorted(CHEATS.glob("*.py"))
@@ -66,3 +68,19 @@ def test_memory_bomb_verdict_is_clear(tmp_path):
 
 def test_corpus_is_complete():
     assert len(CHEAT_FILES) >= 20
+
+
+def test_a_fork_bomb_ends_at_its_process_limit_and_the_honest_run_beside_it_passes(tmp_path):
+    """A fork bomb gets a clear verdict at its process limit, not at its timeout, and its processes never count
+    against the run beside it on the node (same sandbox uid): that one passes."""
+    if not _box["processes"]["bound_by"].startswith("pids") and os.environ.get("CI") != "true":
+        pytest.skip("needs a pids cgroup (root or a delegated cgroup)")
+    with ThreadPoolExecutor(2) as pool:
+        bomb = pool.submit(run_submission, tmp_path / "bomb", CHEATS / "fork_bomb.py", limits=CORPUS_LIMITS,
+                           timeouts={"test": 60})
+        time.sleep(1)  # the bomb's processes are there when the honest run starts
+        honest = pool.submit(run_submission, tmp_path / "honest", SUBMISSIONS / "fast.py", limits=CORPUS_LIMITS)
+        bomb, honest = bomb.result(), honest.result()
+    assert (honest["verdict"], honest["passed"]) == ("pass", True), honest["error"]
+    assert bomb["verdict"] == "crash" and bomb["error"].startswith(
+        "process limit exceeded: the run tried to start more than 256 processes and threads together"), bomb["error"]

@@ -339,9 +339,55 @@ def test_fork_bomb_contained(tmp_path: Path):
     """,
         Limits(wall_seconds=30, processes=limit),
     )
+    if sb.describe()["processes"]["bound_by"] == "pids cgroup":  # the first refused fork ends the tree
+        assert o.processes_exceeded and not o.timed_out, o  # killed, or exited on its own first
+        assert o.reason == (f"process limit exceeded: the run tried to start more than {limit} processes and "
+                            "threads together and its processes were killed")
+        return
     assert o.returncode == 0 and "fork failed after" in o.stdout and "BlockingIOError" in o.stdout, o
     assert int(o.stdout.split()[3]) < limit
     assert o.elapsed < 20  # exiting the main process tore down the sleeping children with the namespace
+
+
+@pytest.mark.skipif(sb.describe()["processes"]["bound_by"] != "pids cgroup", reason="needs a pids cgroup")
+@pytest.mark.parametrize("backend", ["bubblewrap", "rlimits-only"])
+def test_a_fork_bomb_does_not_take_the_processes_of_a_run_beside_it(tmp_path: Path, backend, monkeypatch):
+    """Runs share their sandbox uid; the bomb's processes count in its own group only, so the run beside it still
+    starts its 100 processes while the bomb is at its limit; with bubblewrap, and without it (auto on a bare
+    machine)."""
+    if backend == "rlimits-only":
+        monkeypatch.setenv("KERNELBOT_SANDBOX", "auto")
+        monkeypatch.setattr(sb, "_bwrap_path", lambda: None)
+    elif sb.describe()["backend"] != "bubblewrap":
+        pytest.skip("bubblewrap is not usable here")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    bomb = Sandbox(str(tmp_path / "a"), Limits(wall_seconds=30, processes=200)).start([PY, "-c", textwrap.dedent("""
+        import os, signal, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        while True:
+            try:
+                if os.fork() == 0:
+                    time.sleep(60)
+                    os._exit(0)
+            except OSError:
+                time.sleep(0.001)
+    """)])
+    honest = run(tmp_path / "b", """
+        import os, time
+        pids = []
+        for _ in range(100):
+            pid = os.fork()
+            if pid == 0:
+                time.sleep(0.5)
+                os._exit(0)
+            pids.append(pid)
+        print(sum(os.waitpid(p, 0)[1] == 0 for p in pids), "children ran")
+    """, Limits(wall_seconds=30, processes=200))
+    o = bomb.wait()
+    assert sb.describe()["backend"] == backend
+    assert honest.returncode == 0 and honest.stdout == "100 children ran\n", honest
+    assert o.processes_exceeded and o.elapsed < 20 and not o.timed_out
 
 
 @needs_bwrap

@@ -298,7 +298,9 @@ def test_a_local_pools_agent_keeps_active_reservations_keys_in_its_file(cpu_pool
     agent.poll()
     lines = path.read_text().splitlines()
     assert len(lines) == 1 and lines[0].startswith(
-        f'restrict,pty,command="export CUDA_VISIBLE_DEVICES=0 KERNELBOT_RESERVATION={r.pk};')
+        f'restrict,pty,command="export CUDA_VISIBLE_DEVICES=0 KERNELBOT_RESERVATION={r.pk} '
+        f'KERNELBOT_INSTALLATION={agent.installation}; exec ')
+    assert "runners/harness/hold.py" in lines[0]  # joins the reservation's cgroup (test_reservation_containment)
     assert lines[0].endswith(f"{keys.parse_key(made['ed25519'][0]).key} kernelbot-node-agent-reservation-{r.pk}")
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     with path.open("a") as f:

@@ -362,7 +362,7 @@ def test_a_reservations_processes_die_at_its_end_even_when_the_next_one_takes_it
             reservation_hold(node, second)
         agent.poll()
         (line,) = agent.authorized_keys.read_text().splitlines()
-        assert f"KERNELBOT_RESERVATION={hold.reservation_id};" not in line
+        assert f"KERNELBOT_RESERVATION={hold.reservation_id} " not in line
         theirs = login(line, "sleep 600")
         pids.append(theirs)
         (tmp_path / "pids").write_text(f"{on_device}\n{untagged}\n{theirs}\n")
@@ -374,6 +374,8 @@ def test_a_reservations_processes_die_at_its_end_even_when_the_next_one_takes_it
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        if agent.holds is not None:
+            agent.holds.end(set())
 
 
 def new_key(user, directory: Path) -> None:
