@@ -3,8 +3,8 @@
 from django.db import connection
 from ninja import NinjaAPI
 
-from leaderboards.access.api import router as access_router
 from leaderboards.access.api import optional_token_auth, token_auth
+from leaderboards.access.api import router as access_router
 from leaderboards.api import router as leaderboards_router
 from runners.actions import runner_health
 from runners.reservations.api import router as reservations_router
