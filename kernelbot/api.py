@@ -3,8 +3,8 @@
 from django.db import connection
 from ninja import NinjaAPI
 
+from leaderboards.access.api import optional_token_auth, token_auth
 from leaderboards.access.api import router as access_router
-from leaderboards.access.api import token_auth
 from leaderboards.api import router as leaderboards_router
 from runners.actions import runner_health
 from runners.reservations.api import router as reservations_router
@@ -27,7 +27,8 @@ def health(request) -> dict:
     return {"status": "ok"}
 
 
-@api.get("/health/runners", tags=["meta"])
+@api.get("/health/runners", tags=["meta"], auth=optional_token_auth)
 def health_runners(request) -> dict:
-    """Each GPU type's availability; staff also get the nodes out of service and why."""
-    return runner_health(staff=request.user.is_staff)
+    """Each GPU type's availability; staff (a browser session or an API token) also get the nodes out of service
+    and why."""
+    return runner_health(staff=request.auth.is_staff)

@@ -1,10 +1,16 @@
 """The HTTP side of kernelbot.asgi: Django's ASGI handler run like a WSGI sync worker."""
 
 import json
+import tempfile
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler
+
+
+class BodyTooLarge(Exception):
+    """A body without a (true) Content-Length that passed MAX_REQUEST_BYTES while it was read."""
 
 
 class SyncWorkerASGIHandler(ASGIHandler):
@@ -27,7 +33,37 @@ class SyncWorkerASGIHandler(ASGIHandler):
         if (size := declared_length(scope)) > settings.MAX_REQUEST_BYTES:
             await too_large(scope, send, size)  # before a byte of the body is read
             return
-        await self.handle(scope, capped(receive), send)  # no ThreadSensitiveContext: one sync thread for all
+        try:
+            await self.handle(scope, receive, send)  # no ThreadSensitiveContext: one sync thread for all
+        except BodyTooLarge:  # raised by read_body, before anything was sent
+            await too_large(scope, send, None)
+
+    async def read_body(self, receive):
+        """Django's, stopped once the body (chunked, or longer than it said) passes MAX_REQUEST_BYTES: no more of it
+        is read or kept, and the client gets a 413 rather than no answer (a 500 from granian)."""
+        body_file = tempfile.SpooledTemporaryFile(max_size=settings.FILE_UPLOAD_MAX_MEMORY_SIZE, mode="w+b")  # noqa: SIM115
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                body_file.close()
+                raise RequestAborted()
+            body_file.write(message.get("body", b""))
+            if body_file.tell() > settings.MAX_REQUEST_BYTES:
+                body_file.close()
+                raise BodyTooLarge()
+            if not message.get("more_body", False):
+                break
+        body_file.seek(0)
+        return body_file
+
+    def create_request(self, scope, body_file):
+        """A chunked body's length is known once it is read: Django's multipart parser reads nothing without it."""
+        if not any(name == b"content-length" for name, _ in scope.get("headers", ())):
+            size = body_file.seek(0, 2)
+            body_file.seek(0)
+            if size:
+                scope = {**scope, "headers": [*scope.get("headers", ()), (b"content-length", str(size).encode())]}
+        return super().create_request(scope, body_file)
 
     async def get_response_async(self, request):
         return await sync_to_async(self.get_response, thread_sensitive=True)(request)
@@ -40,10 +76,11 @@ def declared_length(scope) -> int:
     return 0
 
 
-async def too_large(scope, send, size: int) -> None:
-    """413 in the API's JSON error format (the site's pages get the same sentence as text)."""
-    text = (f"The request body is too large: {size} bytes, where this server takes at most "
-            f"{settings.MAX_REQUEST_BYTES} (KERNELBOT_MAX_REQUEST_BYTES).")
+async def too_large(scope, send, size: int | None) -> None:
+    """413 in the API's JSON error format (the site's pages get the same sentence as text); `size`: the declared
+    length, None for a body that passed the limit while it was read."""
+    text = (f"The request body is too large: {f'{size} bytes' if size else 'it passed the limit'}, where this server "
+            f"takes at most {settings.MAX_REQUEST_BYTES} (KERNELBOT_MAX_REQUEST_BYTES).")
     api = scope.get("path", "").startswith(("/api/", "/popcorn/"))
     body = json.dumps({"detail": text}).encode() if api else text.encode()
     await send({"type": "http.response.start", "status": 413, "headers": [
@@ -51,19 +88,3 @@ async def too_large(scope, send, size: int) -> None:
         (b"content-length", str(len(body)).encode()), (b"connection", b"close")]})
     await send({"type": "http.response.body", "body": body})
 
-
-def capped(receive):
-    """`receive` that ends a body (chunked, or longer than it said) once it passes MAX_REQUEST_BYTES: the client is
-    treated as gone, so no more of it is read or kept."""
-    seen = 0
-
-    async def receive_capped():
-        nonlocal seen
-        message = await receive()
-        if message["type"] == "http.request":
-            seen += len(message.get("body", b""))
-            if seen > settings.MAX_REQUEST_BYTES:
-                return {"type": "http.disconnect"}
-        return message
-
-    return receive_capped

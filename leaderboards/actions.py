@@ -70,7 +70,8 @@ class SubmissionRequest:
 
 
 def check_submission(user, leaderboard_name: str, gpu_names: list[str], mode: str, file_name: str,
-                     content: bytes) -> SubmissionRequest:
+                     content: bytes, size: int | None = None) -> SubmissionRequest:
+    """`size`: the upload's whole size where `content` holds only its first MAX_SUBMISSION_BYTES + 1 bytes."""
     leaderboard = access_leaderboard(user, leaderboard_name, for_submit=True)
     if mode not in SubmissionMode.values:
         raise SubmissionRejected(f"Unknown mode '{mode}'; use one of: {', '.join(SubmissionMode.values)}.")
@@ -88,8 +89,8 @@ def check_submission(user, leaderboard_name: str, gpu_names: list[str], mode: st
         gpu_types.append(gpu)
     if not content.strip():
         raise SubmissionRejected(f"'{file_name}' is empty.")
-    if len(content) > settings.MAX_SUBMISSION_BYTES:
-        raise SubmissionRejected(f"'{file_name}' is {len(content)} bytes; the limit is "
+    if (size := len(content) if size is None else size) > settings.MAX_SUBMISSION_BYTES:
+        raise SubmissionRejected(f"'{file_name}' is {size} bytes; the limit is "
                                  f"{settings.MAX_SUBMISSION_BYTES} bytes.", 413)
     try:
         code = content.decode("utf-8")

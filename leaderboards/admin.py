@@ -27,7 +27,7 @@ from .admin_tables import (
     timings_table,
 )
 from .forms import ProblemUploadForm
-from .importing import ImportRejected, do_import_task, previewed
+from .importing import ADMIN_FORM, ImportRejected, do_import_task, previewed
 from .models import (
     Board,
     BoardEntry,
@@ -165,8 +165,6 @@ class ProblemAdmin(ObjectActionsMixin, NoAddAdmin):  # problems come from "Impor
         return [path("upload/", self.admin_site.admin_view(self.upload), name="leaderboards_problem_upload"),
                 *super().get_urls()]
 
-    FORCE_BOX = "tick “Force” below"  # the refusal's hint on this form (the command line says --force)
-
     def upload(self, request):
         """Import a zip. One that would change an existing leaderboard is previewed first: the page lists what
         changes, and the organiser confirms (the zip is kept meanwhile) or changes the fields."""
@@ -177,7 +175,8 @@ class ProblemAdmin(ObjectActionsMixin, NoAddAdmin):  # problems come from "Impor
             name = data["leaderboard"] or None
             archive, filename = form.archive_bytes()
             options = {"leaderboard": name, "deadline": data["deadline"], "gpus": data["gpu_names"] or None,
-                       "harness": data["harness"], "force": data["force"], "force_hint": self.FORCE_BOX}
+                       "harness": data["harness"], "force": data["force"], "past_deadline": data["past_deadline"],
+                       "hints": ADMIN_FORM}
             try:
                 task = load_task_from_zip(archive, filename=filename)
                 if name and request.POST.get("confirmed") != "yes":

@@ -146,7 +146,7 @@ def create_submission(request, file: File[UploadedFile], leaderboard: Text = For
     if not leaderboard:
         raise HttpError(400, "Name a leaderboard (form field or a #!POPCORN leaderboard line).")
     checked = actions.check_submission(request.auth, leaderboard, gpus, mode, file.name or "submission",
-                                       content)
+                                       content, file.size)
     submission = actions.do_submit(request.auth, checked)
     return 201, submission_out(submission, submission.new_runs, RunView.DETAILS,
                                queue_out(submission, submission.new_runs))

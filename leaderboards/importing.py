@@ -20,10 +20,31 @@ from .taskcheck import (
     cuda_warning,
     describe,
     entry_file,
+    missing_imported_names,
     missing_trusted_names,
+    needing_modes,
 )
 
 DEFAULT_OPEN_DAYS = 365  # no deadline given anywhere: open a year, as KernelBot's problem sync does
+
+
+@dataclass(frozen=True)
+class Hints:
+    """How the organiser asks for what a refusal suggests, in the front-end they import from (the command line's
+    flags; the admin form's fields)."""
+
+    force: str = "pass --force"
+    gpu: str = "--gpu"
+    past_deadline: str = "pass --past-deadline"
+    harness: str = "--harness {protocol}"
+
+    def use(self, protocol: str) -> str:
+        return self.harness.format(protocol=protocol, label=HarnessProtocol(protocol).label)
+
+
+COMMAND_LINE = Hints()
+ADMIN_FORM = Hints(force="tick “Force” below", gpu="the GPU types field",
+                   past_deadline="tick “The deadline is in the past on purpose”", harness="choose “{label}” as Harness")
 
 
 class ImportRejected(Exception):
@@ -61,7 +82,7 @@ def describe_harness(problem: Problem) -> str:
     return f"{name} ({definition.get('main') or ' + '.join(definition.get('config', {}).get('sources', []))})"
 
 
-def resolve_harness(task: TaskDefinition, harness: str) -> str:
+def resolve_harness(task: TaskDefinition, harness: str, hints: Hints = COMMAND_LINE) -> str:
     """The protocol a problem runs under, checked against what that protocol needs from its files.
     auto: the problem's own evaluator (config.main's eval.py among its files, or a cu task's eval.cu),
     else the trusted harness."""
@@ -75,7 +96,7 @@ def resolve_harness(task: TaskDefinition, harness: str) -> str:
     if harness == HarnessProtocol.POPCORN and not own_evaluator:
         what = f"config.main {task.main} is not one of the files" if task.main else "there is no config.main"
         raise ImportRejected([f"problem {task.name}: the popcorn protocol runs the problem's own eval.py, but "
-                              f"{what}; add it to files, or use the trusted harness (--harness kernelbot)"])
+                              f"{what}; add it to files, or use the trusted harness ({hints.use('kernelbot')})"])
     if harness == HarnessProtocol.KERNELBOT and task.lang == "cu":
         raise ImportRejected([f"problem {task.name}: a cu task runs its own eval.cu (the popcorn protocol); "
                               "the kernelbot harness needs a Python problem"])
@@ -86,11 +107,20 @@ def resolve_harness(task: TaskDefinition, harness: str) -> str:
             raise ImportRejected([f"problem {task.name}: the trusted harness needs {' and '.join(missing)} among "
                                   f"the files (reference.py defines generate_input, ref_kernel and "
                                   f"check_implementation; the submission is submission.py){hint}"])
-        check_reference_interface(task, own_evaluator)
+        check_reference_interface(task, own_evaluator, hints)
+        if task.multi_gpu:
+            raise ImportRejected([f"problem {task.name}: multi_gpu: the trusted harness runs one device per run and "
+                                  "never reads world_size, so every run would fail; run it under its own eval.py "
+                                  f"(config.main, among the files: {hints.use('popcorn')}), or drop multi_gpu"])
+    missing = missing_imported_names(task.files, task.main, task.submission_name) \
+        if harness == HarnessProtocol.POPCORN and task.lang == "py" else []
+    if missing:
+        raise ImportRejected([f"problem {task.name}: {m}; every run would crash there (the popcorn protocol runs the "
+                              "task's own eval.py)" for m in missing])
     return harness
 
 
-def check_reference_interface(task: TaskDefinition, own_evaluator: bool) -> None:
+def check_reference_interface(task: TaskDefinition, own_evaluator: bool, hints: Hints) -> None:
     """The trusted harness imports reference.py and calls TRUSTED_NAMES from it: read, never run, here, so a task
     written for its own eval.py is refused at import instead of failing every run."""
     try:
@@ -101,7 +131,7 @@ def check_reference_interface(task: TaskDefinition, own_evaluator: bool) -> None
     if not missing:
         return
     if own_evaluator:
-        hint = f"keep the task's own {task.main} (the popcorn protocol): --harness popcorn, or auto"
+        hint = f"keep the task's own {task.main} (the popcorn protocol): {hints.use('popcorn')}, or auto"
     else:
         hint = ("define them in reference.py (or import them there from one of the task's files), or give the task "
                 "its own eval.py (config.main, among the files) to run under the popcorn protocol")
@@ -109,11 +139,12 @@ def check_reference_interface(task: TaskDefinition, own_evaluator: bool) -> None
                           f"reference.py, which does not define {', '.join(missing)}; {hint}"])
 
 
-def store_problem(task: TaskDefinition, harness: str = "auto", collection: str = "") -> tuple[Problem, bool]:
+def store_problem(task: TaskDefinition, harness: str = "auto", collection: str = "",
+                  hints: Hints = COMMAND_LINE) -> tuple[Problem, bool]:
     """The version of `task.name` in `collection` with this content and protocol if there is one, else a new version
     of that collection's problem. Collections reuse directory names (demo/matmul_py, pmpp_v2/matmul_py): importing
     one never adds a version to another's problem."""
-    protocol = resolve_harness(task, harness)
+    protocol = resolve_harness(task, harness, hints)
     versions = Problem.objects.filter(collection=collection, name=task.name).order_by("-version")
     same = versions.filter(content_hash=task.content_hash, harness=protocol).first()
     if same:
@@ -139,9 +170,6 @@ def gpu_types_named(names: list[str], where: str) -> list[GpuType]:
     return [known[n.lower()] for n in names]
 
 
-FORCE_HINT = "pass --force"  # how a front-end's user forces a change; the admin's form says which box to tick
-
-
 def _changes(existing: Leaderboard, values: dict, gpu_types: list[GpuType]) -> list[str]:
     """What an import changes on an existing leaderboard, as the organiser reads it (the preview and the report)."""
     shown = {"problem": "problem", "deadline": "deadline", "ranking_by": "ranking rule", "competition": "competition"}
@@ -163,14 +191,17 @@ def _changes(existing: Leaderboard, values: dict, gpu_types: list[GpuType]) -> l
 
 def upsert_leaderboard(name: str, task: TaskDefinition, deadline: datetime | None, gpu_names: list[str] | None, *,
                        harness: str = "auto", competition: Competition | None = None, collection: str = "",
-                       force: bool = False, force_hint: str = FORCE_HINT, report: ImportReport) -> Leaderboard:
+                       force: bool = False, past_deadline: bool = False, hints: Hints = COMMAND_LINE,
+                       report: ImportReport) -> Leaderboard:
     """Create or update leaderboard `name`. What the organiser set stays unless this import names it: `deadline`
     None keeps an existing board's deadline (a new one opens for a year), `gpu_names` None its GPU types (a new one
     takes the task's), and a ranking rule changed in the admin stays (one still equal to its problem's follows the
     task, and a changed rule rescores the board). No board is ever left without a GPU type. A standalone import (no
     `competition`) keeps the board's competition; a competition import refuses a board another competition owns
-    unless forced. The problem is stored in the competition's collection; a standalone import onto a board whose
-    problem has the task's name adds a version of that problem, else it is stored in `collection`."""
+    unless forced. A deadline in the past that the board does not have already is refused unless `past_deadline`
+    (the board would be closed at once). The problem is stored in the competition's collection; a standalone import
+    onto a board whose problem has the task's name adds a version of that problem, else it is stored in
+    `collection`."""
     if message := leaderboard_name_error(name):
         raise ImportRejected([f"leaderboard {name[:120]}: {message}"])
     existing = Leaderboard.objects.select_related("problem", "competition").filter(name=name).first()
@@ -180,28 +211,32 @@ def upsert_leaderboard(name: str, task: TaskDefinition, deadline: datetime | Non
         gpu_types = (list(existing.gpu_types.all()) if existing else []) or \
             gpu_types_named(task.gpus, f"leaderboard {name}")
     if not gpu_types:
-        raise ImportRejected([f"leaderboard {name}: no GPU type to run on: name at least one (--gpu, or the GPU "
-                              "types field), or list gpus in task.yml"])
+        raise ImportRejected([f"leaderboard {name}: no GPU type to run on: name at least one ({hints.gpu}), or list "
+                              "gpus in task.yml"])
+    if deadline is not None and deadline <= timezone.now() and not past_deadline and \
+            (existing is None or existing.deadline != deadline):
+        raise ImportRejected([f"leaderboard {name}: deadline {deadline.astimezone(UTC):%Y-%m-%d %H:%M} UTC is in the "
+                              f"past: the leaderboard would be closed at once; correct it, or {hints.past_deadline}"])
     if existing and competition and existing.competition not in (None, competition) and not force:
         raise ImportRejected([f"leaderboard {name} belongs to the competition {existing.competition.name!r}; "
                               f"importing {competition.name!r} would take it over. Rename it in this file, or "
-                              f"{force_hint} to move it into this competition"])
+                              f"{hints.force} to move it into this competition"])
     if existing and existing.problem.content_hash != task.content_hash and existing.is_open \
             and existing.submissions.exists() and not force:
         raise ImportRejected([f"leaderboard {name} is running with {existing.submissions.count()} submissions; "
-                              f"changing its files or benchmarks needs an explicit force: {force_hint}"])
-    protocol = resolve_harness(task, harness)
+                              f"changing its files or benchmarks needs an explicit force: {hints.force}"])
+    protocol = resolve_harness(task, harness, hints)
     lacking, requests = cuda_shortfall(task.files, task.lang, entry_file(protocol, task.main), gpu_types)
     if lacking and len(lacking) == len(gpu_types) and not force:
         raise ImportRejected([f"leaderboard {name}: the problem's code asks for a CUDA GPU ({describe(requests)}), but "
-                              f"its GPU types ({', '.join(lacking)}) have none, so every run would fail: choose a GPU "
-                              "type with CUDA (--gpu, or the GPU types field), or make that code fall back to the CPU "
-                              f"(behind torch.cuda.is_available()); {force_hint} to import it anyway"])
+                              f"its GPU types ({', '.join(lacking)}) have none, so every {needing_modes(requests)}run "
+                              f"would fail: choose a GPU type with CUDA ({hints.gpu}), or make that code fall back to "
+                              f"the CPU (behind torch.cuda.is_available()); {hints.force} to import it anyway"])
     if competition:
         collection = competition.name
     elif existing and existing.problem.name == task.name:
         collection = existing.problem.collection
-    problem, _ = store_problem(task, protocol, collection)
+    problem, _ = store_problem(task, protocol, collection, hints)
     note = ""
     if deadline is None:
         deadline = existing.deadline if existing else timezone.now() + timedelta(days=DEFAULT_OPEN_DAYS)
@@ -253,8 +288,8 @@ def previewed(do_import, *args, **kwargs) -> ImportReport:
         return done.args[0]
 
 
-def do_import_competition(definition: CompetitionFile, *, force: bool = False,
-                          force_hint: str = FORCE_HINT) -> ImportReport:
+def do_import_competition(definition: CompetitionFile, *, force: bool = False, past_deadline: bool = False,
+                          hints: Hints = COMMAND_LINE) -> ImportReport:
     report = ImportReport()
     with transaction.atomic():
         competition = Competition.objects.filter(name=definition.name).first()
@@ -269,7 +304,8 @@ def do_import_competition(definition: CompetitionFile, *, force: bool = False,
                 with transaction.atomic():
                     boards.append(upsert_leaderboard(
                         entry.name, entry.task, entry.deadline, entry.gpus, harness=entry.harness,
-                        competition=competition, force=force, force_hint=force_hint, report=report))
+                        competition=competition, force=force, past_deadline=past_deadline, hints=hints,
+                        report=report))
             except ImportRejected as exc:
                 errors.extend(exc.errors)
         if errors:
@@ -285,16 +321,16 @@ def do_import_competition(definition: CompetitionFile, *, force: bool = False,
 
 def do_import_task(task: TaskDefinition, *, leaderboard: str | None = None, deadline: datetime | None = None,
                    gpus: list[str] | None = None, harness: str = "auto", force: bool = False,
-                   force_hint: str = FORCE_HINT, collection: str = "") -> ImportReport:
+                   past_deadline: bool = False, hints: Hints = COMMAND_LINE, collection: str = "") -> ImportReport:
     """`gpus` None (or empty): a new leaderboard takes the task's GPU types, an existing one keeps its own.
     `collection`: the folder the task was read from ("" for an uploaded archive); see upsert_leaderboard."""
     report = ImportReport()
     with transaction.atomic():
         if leaderboard:
             upsert_leaderboard(leaderboard, task, deadline, gpus or None, harness=harness, collection=collection,
-                               force=force, force_hint=force_hint, report=report)
+                               force=force, past_deadline=past_deadline, hints=hints, report=report)
         else:
-            problem, created = store_problem(task, harness, collection)
+            problem, created = store_problem(task, harness, collection, hints)
             report.add(report.created if created else report.unchanged, str(problem),
                        f"problem {problem}: {describe_harness(problem)} (no leaderboard)")
     return report

@@ -1,5 +1,6 @@
 """What a task's Python code asks of the machine that runs it, read with `ast` and never imported or run: the
-names the trusted harness calls in reference.py, and whether the code needs a CUDA device. Pure Python (no Django),
+names the trusted harness calls in reference.py, the names the task's files import from each other, and whether
+(and in which modes) the code needs a CUDA device. Pure Python (no Django),
 so the importer, the models and the pages all ask the same question the same way.
 
 Both checks lean towards accepting: what cannot be known without running the code (a star import, a module
@@ -9,11 +10,12 @@ from __future__ import annotations
 
 import ast
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 REFERENCE = "reference.py"
 TRUSTED_NAMES = ("generate_input", "ref_kernel", "check_implementation")  # runners/harness/problem.py's Problem
+MODES = ("test", "benchmark", "leaderboard", "profile")  # leaderboards.models.SubmissionMode
 
 _CUDA_DEVICE = re.compile(r"cuda(:\d+)?")
 # torch.cuda calls that answer (or do nothing) on a machine without CUDA; any other torch.cuda call raises there.
@@ -28,6 +30,39 @@ def missing_trusted_names(reference: str) -> list[str]:
     assignment, or imported: `from utils import check_implementation` counts). Raises SyntaxError."""
     defined = _module_names(ast.parse(reference, REFERENCE))
     return [] if defined is None else [name for name in TRUSTED_NAMES if name not in defined]
+
+
+def missing_imported_names(files: dict[str, str], entry: str | None, submission: str) -> list[str]:
+    """Where the code a protocol runs (`entry` and the task's files it imports, in turn) imports a name from one of
+    the task's files that does not define it (`from reference import generate_inputs`): that import fails in every
+    run. The submission's file is the competitor's, so what is imported from it is not checked; a file that does not
+    parse, or whose names cannot be known, is not either."""
+    found: list[str] = []
+    defined: dict[str, set[str] | None] = {}
+    todo, seen = [entry] if entry else [], set()
+    while todo:
+        name = todo.pop(0)
+        if name in seen or name not in files or name == submission:
+            continue
+        seen.add(name)
+        try:
+            tree = ast.parse(files[name], name)
+        except SyntaxError:
+            continue
+        todo.extend(f"{module}.py" for module in _imported_modules(tree))
+        for node in ast.walk(tree):
+            source = f"{node.module}.py" if isinstance(node, ast.ImportFrom) and node.module else ""
+            if source not in files or source == submission or "." in node.module:
+                continue
+            if source not in defined:
+                try:
+                    defined[source] = _module_names(ast.parse(files[source], source))
+                except SyntaxError:
+                    defined[source] = None
+            names = defined[source]
+            found.extend(f"{name} line {node.lineno} imports {alias.name} from {source}, which does not define it"
+                         for alias in node.names if names is not None and alias.name != "*" and alias.name not in names)
+    return found
 
 
 def _module_names(tree: ast.Module) -> set[str] | None:
@@ -75,6 +110,7 @@ class CudaRequest:
     file: str
     line: int  # 0: the whole task (a cu task)
     code: str
+    modes: tuple[str, ...] = field(default=MODES, compare=False)  # the submission modes whose runs reach it
 
     def __str__(self) -> str:
         return f"{self.file} line {self.line}: {self.code}" if self.line else f"{self.file}: {self.code}"
@@ -105,8 +141,48 @@ def cuda_requests(files: dict[str, str], lang: str, entry: str | None) -> list[C
         finder = _CudaFinder()
         finder.visit(tree)
         lines = files[name].splitlines()
-        found.extend(CudaRequest(name, line, _shorten(lines[line - 1].strip())) for line in sorted(finder.lines))
+        modes = _modes_by_function(tree) if name == entry else {}
+        found.extend(CudaRequest(name, line, _shorten(lines[line - 1].strip()), _modes_at(tree, line, modes))
+                     for line in sorted(finder.lines))
     return found
+
+
+def _modes_by_function(tree: ast.Module) -> dict[str, set[str]]:
+    """For an entry file that dispatches on the mode (`if mode == "benchmark": return run_benchmarking(...)`, as
+    reference-kernels' eval.py does): each of its top-level functions → the modes whose branch calls it, directly or
+    through its other functions, and the modes it has no branch for (where they lead cannot be told). Empty when it
+    does not dispatch."""
+    functions = {f.name: f for f in tree.body if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)}
+
+    def called(nodes: list[ast.stmt]) -> set[str]:
+        found = {n.func.id for node in nodes for n in ast.walk(node)
+                 if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in functions}
+        todo = list(found)
+        while todo:
+            for n in ast.walk(functions[todo.pop()]):
+                if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in set(functions) - found:
+                    found.add(n.func.id)
+                    todo.append(n.func.id)
+        return found
+
+    reached: dict[str, set[str]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If):
+            for mode in {c.value for c in ast.walk(node.test) if isinstance(c, ast.Constant) and c.value in MODES}:
+                for function in called(node.body):
+                    reached.setdefault(function, set()).add(mode)
+    dispatched = {mode for modes in reached.values() for mode in modes}
+    return {function: modes | (set(MODES) - dispatched) for function, modes in reached.items()}  # others: unknown
+
+
+def _modes_at(tree: ast.Module, line: int, modes: dict[str, set[str]]) -> tuple[str, ...]:
+    """The modes that reach `line`: those whose branch calls the top-level function it lies in; every mode for a
+    line outside functions, in a function no branch calls (main's shared code), or where nothing dispatches."""
+    for function in tree.body:
+        if isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef) and \
+                function.lineno <= line <= (function.end_lineno or function.lineno) and function.name in modes:
+            return tuple(m for m in MODES if m in modes[function.name])
+    return MODES
 
 
 def cuda_shortfall(files: dict[str, str], lang: str, entry: str | None,
@@ -120,8 +196,16 @@ def cuda_shortfall(files: dict[str, str], lang: str, entry: str | None,
 
 def cuda_warning(lacking: list[str], requests: list[CudaRequest]) -> str:
     names = ", ".join(lacking)
-    return (f"runs on {names} will fail: the problem's code asks for a CUDA GPU ({describe(requests)}) and {names} "
-            f"{'has' if len(lacking) == 1 else 'have'} none")
+    return (f"{needing_modes(requests)}runs on {names} will fail: the problem's code asks for a CUDA GPU "
+            f"({describe(requests)}) and {names} {'has' if len(lacking) == 1 else 'have'} none")
+
+
+def needing_modes(requests: list[CudaRequest]) -> str:
+    """"benchmark and leaderboard " when only those modes' runs reach the code that needs CUDA, else ""."""
+    modes = [m for m in MODES if any(m in r.modes for r in requests)]
+    if len(modes) == len(MODES):
+        return ""
+    return (", ".join(modes[:-1]) + " and " + modes[-1] if len(modes) > 1 else modes[0]) + " "
 
 
 def describe(requests: list[CudaRequest], shown: int = 2) -> str:

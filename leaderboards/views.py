@@ -206,7 +206,7 @@ def submit(request: HttpRequest) -> HttpResponse:
         data = form.cleaned_data
         try:
             checked = actions.check_submission(request.user, data["leaderboard"], [data["gpu"]], data["mode"],
-                                               data["file_name"], data["content"])
+                                               data["file_name"], data["content"], data.get("size"))
         except Refused as exc:
             form.add_error(None, exc.message)
             status = exc.status

@@ -38,6 +38,7 @@ class SubmitForm(forms.Form):
         if upload:
             # read one byte past the limit so check_submission reports the size without buffering a huge file
             data["content"], data["file_name"] = upload.read(settings.MAX_SUBMISSION_BYTES + 1), upload.name
+            data["size"] = upload.size
         elif "code" in self.errors:  # its own message says what is wrong (e.g. a NUL character)
             return data
         elif data.get("code", "").strip():

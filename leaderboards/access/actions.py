@@ -12,7 +12,6 @@ from datetime import timedelta
 
 from allauth.account.adapter import get_adapter
 from allauth.core import ratelimit
-from allauth.core.internal.ratelimit import get_rates
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.cache import cache
@@ -25,6 +24,7 @@ from leaderboards.errors import AccessDenied, SubmissionRejected
 from leaderboards.models import ACTIVE_STATUSES, Leaderboard, Run, Submission, SubmissionMode
 from runners.models import Gpu
 
+from .adapter import longest
 from .cache import cached, cached_many, forget, key, remember, token_key
 from .models import (
     ApiToken,
@@ -92,21 +92,25 @@ def authenticate_token(raw: str | None):
 
 
 def check_password_login(request, username: str, password: str):
-    """The active user a site password logs in, checked by the site's own login (allauth's adapter) so its limits
-    count the API's attempts and the site's together: ACCOUNT_RATE_LIMITS' `login` (attempts per address) and
-    `login_failed` (failures per address, and per account on this host). Past either, both refuse, the right password
-    too: AccessDenied 429 with Retry-After (its longest window); a wrong password or an inactive user 401."""
-    def refuse(action: str, what: str):
-        retry = int(max((rate.duration for rate in get_rates(app="allauth.account", action=action)), default=60))
-        return AccessDenied(f"Too many {what}; try again in {retry // 60 or 1} min (the site's login is refused "
-                            f"as long).", 429, retry_after=retry)
-
+    """The active user a site password logs in, checked by the site's own login (allauth's adapter, see
+    leaderboards.access.adapter) so its limits count the API's attempts and the site's together: ACCOUNT_RATE_LIMITS'
+    `login` (attempts per address), `login_failed` (failures per address and per address and account) and
+    `login_failed_account` (failures per account from anywhere). Past one, both refuse, the right password too:
+    AccessDenied 429 with Retry-After (the longest window of the limit that refused); a wrong password or an inactive
+    user 401."""
     if not ratelimit.consume(request, action="login"):
-        raise refuse("login", "logins from your address")
+        retry = longest("login")
+        raise AccessDenied(f"Too many logins from your address; try again in {retry // 60 or 1} min (the site's "
+                           "login is refused as long).", 429, retry_after=retry)
+    adapter = get_adapter(request)
     try:
-        user = get_adapter(request).authenticate(request, username=username, password=password)
+        user = adapter.authenticate(request, username=username, password=password)
     except ValidationError:  # allauth's too_many_login_attempts, checked before the password
-        raise refuse("login_failed", "failed logins for this account or from your address") from None
+        account = adapter.refused_by == "login_failed_account"
+        retry = longest(adapter.refused_by or "login_failed")
+        what = "for this account (from all addresses)" if account else "for this account or from your address"
+        raise AccessDenied(f"Too many failed logins {what}; try again in {retry // 60 or 1} min (the site's login "
+                           "is refused as long).", 429, retry_after=retry) from None
     if user is None or not user.is_active:
         raise AccessDenied("Wrong username or password.", 401)
     return user

@@ -292,7 +292,8 @@ def admin_create_leaderboard(request, body: CreateLeaderboardIn):
             raise HttpError(400, f"deadline {deadline:%Y-%m-%d %H:%M} UTC is in the past: the leaderboard would be "
                             "closed at once. Correct it, or send past_deadline=true.")
         report = do_import_task(task, leaderboard=body.name or target.name.replace("_", "-"), deadline=deadline,
-                                gpus=body.gpus, force=body.force, collection=target.parent.name)
+                                gpus=body.gpus, force=body.force, past_deadline=body.past_deadline,
+                                collection=target.parent.name)
     except TaskFileError as exc:
         raise HttpError(400, str(exc)) from exc
     except ImportRejected as exc:

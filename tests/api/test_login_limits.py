@@ -1,7 +1,8 @@
 """The API's password login (the CLI's `login --username`) and the site's login count failed attempts together, with
-the site's own rule (allauth's ACCOUNT_RATE_LIMITS `login_failed`: 5 per account in 5 minutes, 10 per address a
-minute): past it both refuse, the right password too (issue 35: 25 wrong passwords, then the right one, got a token
-from the API while the site refused that address)."""
+the site's own rule (leaderboards.access.adapter: 10 per address a minute, 5 per address and account in 5 minutes,
+KERNELBOT_LOGIN_FAILURES_PER_ACCOUNT per account from anywhere): past it both refuse, the right password too (issue
+35: 25 wrong passwords, then the right one, got a token from the API while the site refused that address), but only
+from where the failures came (issue 43: strangers locked the owner out everywhere)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import json
 
 import pytest
 from django.test import Client
+
+from leaderboards.access.models import ApiToken
 
 from ..factories import UserFactory
 
@@ -76,3 +79,37 @@ def test_behind_a_proxy_the_limit_is_the_forwarded_address(client, dave, setting
     other = client.post("/api/v1/auth/password", json.dumps({"username": "dave", "password": "correct horse"}),
                         content_type="application/json", HTTP_X_FORWARDED_FOR="198.51.100.9")
     assert other.status_code == 201  # another client, the same proxy (REMOTE_ADDR 127.0.0.1)
+
+
+def test_a_strangers_failures_do_not_lock_the_owner_out(client, dave):
+    """Issue 43: 40 wrong passwords from one address refused the owner's right one from another address (429 on the
+    API and on the site for 5 minutes). Failures count per (address, account): that address is refused, the owner
+    elsewhere gets in on the API, the site and so the CLI linking page."""
+    answers = [api_login(client, "dave", f"wrong {i}", address="203.0.113.66").status_code for i in range(20)]
+    answers += [200 if "not correct" in site_login(Client(), "dave", f"wrong {i}", address="203.0.113.66")
+                .content.decode() else 429 for i in range(20)]
+    assert answers == [401] * 5 + [429] * 35
+    assert api_login(client, "dave", "correct horse", address="203.0.113.66").status_code == 429
+    token = api_login(client, "dave", "correct horse", address="198.51.100.2")
+    assert token.status_code == 201 and token.json()["token"]
+    browser = Client(REMOTE_ADDR="198.51.100.3")
+    assert site_login(browser, "dave", "correct horse", address="198.51.100.3").status_code == 302
+    assert browser.session["_auth_user_id"] == str(dave.pk)
+    cli_id = client.post("/api/v1/auth/cli", REMOTE_ADDR="198.51.100.3").json()["cli_id"]
+    assert browser.post("/tokens/link-cli/", {"cli_id": cli_id}).status_code == 302
+    assert ApiToken.objects.filter(user=dave, pendinglogin__isnull=False).exists()
+
+
+def test_failures_for_one_account_from_many_addresses_meet_a_slower_cap(client, dave, settings):
+    """A guessing spread over many addresses (each under its own limit) meets the per-account cap, in a longer
+    window; the refusal says so. KERNELBOT_LOGIN_FAILURES_PER_ACCOUNT, here 8 an hour."""
+    settings.ACCOUNT_RATE_LIMITS = {**settings.ACCOUNT_RATE_LIMITS, "login_failed_account": "8/h/key"}
+    answers = [api_login(client, "dave", "guess", address=f"203.0.113.{i // 2}").status_code for i in range(8)]
+    assert answers == [401] * 8
+    for address in ("203.0.113.50", "198.51.100.2"):
+        refused = api_login(client, "dave", "correct horse", address=address)
+        assert refused.status_code == 429 and int(refused["Retry-After"]) == 3600
+        assert refused.json()["detail"].startswith("Too many failed logins for this account (from all addresses); "
+                                                   "try again in 60 min")
+    assert SITE_REFUSAL in site_login(Client(), "dave", "correct horse", address="198.51.100.4").content.decode()
+    assert api_login(client, "someone", "guess", address="198.51.100.2").status_code == 401  # other accounts: as ever

@@ -91,6 +91,14 @@ def test_submission_create_status_list_delete(client, leaderboard, alice):
     assert client.get("/api/v1/submissions", headers=bearer(alice)).json()["count"] == 0
 
 
+def test_a_file_past_the_limit_is_refused_with_its_own_size(client, leaderboard, alice):
+    """Issue 43: a 2 MiB file was reported as 1048577 bytes (the part read to see that it is too large)."""
+    form = {"file": SimpleUploadedFile("big.py", b"#" * (2 << 20)), "leaderboard": leaderboard.name, "gpu": "CPU"}
+    response = client.post("/api/v1/submissions", form, headers=bearer(alice))
+    assert response.status_code == 413
+    assert error_text(response) == "'big.py' is 2097152 bytes; the limit is 1048576 bytes."
+
+
 def test_rate_limit_in_v1(client, leaderboard, alice):
     SubmissionQuota.objects.create(leaderboard=leaderboard, kind="test", max_submissions=1, window_seconds=60)
     codes = [client.post("/api/v1/submissions", {"file": SimpleUploadedFile("a.py", GOOD), "mode": "test",

@@ -17,6 +17,7 @@ from taskspec.loader import load_task
 
 from ..conftest import REPO
 from ..factories import LeaderboardFactory, problem_from
+from .test_importing import collection
 
 pytestmark = pytest.mark.django_db
 DEMO = REPO / "problems" / "demo"
@@ -143,7 +144,8 @@ def test_the_command_and_the_admin_refuse_it_too(cpu, cross_entropy, admin_clien
         "archive": zipped(cross_entropy), "harness": "kernelbot", "leaderboard": "ce", "gpus": "CPU"})
     page = response.content.decode()
     assert response.status_code == 400 and "which does not define generate_input, ref_kernel" in page
-    assert "--harness popcorn, or auto" in page and not Problem.objects.exists()
+    # issue 43: the form's words, not the command line's ("--harness popcorn")
+    assert "as Harness, or auto" in page and "--harness" not in page and not Problem.objects.exists()
 
 
 def test_cuda_code_on_a_cpu_board_is_refused_with_where_it_asks(cpu, h100, vectorsum):
@@ -152,8 +154,8 @@ def test_cuda_code_on_a_cpu_board_is_refused_with_where_it_asks(cpu, h100, vecto
         do_import_task(task, leaderboard="vs", gpus=["CPU"])
     assert info.value.errors == [
         f"leaderboard vs: the problem's code asks for a CUDA GPU ({CUDA_LINES}), but its GPU types (CPU) have none, "
-        "so every run would fail: choose a GPU type with CUDA (--gpu, or the GPU types field), or make that code fall "
-        "back to the CPU (behind torch.cuda.is_available()); pass --force to import it anyway"]
+        "so every run would fail: choose a GPU type with CUDA (--gpu), or make that code fall back to the CPU (behind "
+        "torch.cuda.is_available()); pass --force to import it anyway"]
     assert not Leaderboard.objects.exists() and not Problem.objects.exists()
 
     assert "warning" not in str(do_import_task(task, leaderboard="vs", gpus=["H100"]))
@@ -167,7 +169,8 @@ def test_cuda_code_on_a_cpu_board_is_refused_with_where_it_asks(cpu, h100, vecto
 
 def test_a_popcorn_task_is_read_from_its_own_eval_py(cpu, tmp_path):
     task_dir = write_task(tmp_path, "timed", {"reference.py": CUDA_REFERENCE.replace('"cuda"', "'cpu'"),
-                                              "utils.py": "", "eval.py": "import reference\nimport torch\n\n"
+                                              "utils.py": "def match_reference(*a): ...\n",
+                                              "eval.py": "import reference\nimport torch\n\n"
                                               "torch.cuda.synchronize()\n"}, main="eval.py")
     with pytest.raises(ImportRejected, match=r"asks for a CUDA GPU \(eval.py line 4: torch.cuda.synchronize\(\)\)"):
         do_import_task(load_task(task_dir), leaderboard="timed", gpus=["CPU"])
@@ -222,3 +225,126 @@ def test_the_board_page_and_the_admin_warn_about_an_existing_board(cpu, h100, ve
 def test_a_cpu_problem_on_a_cpu_board_has_no_warning(leaderboard, client):
     assert leaderboard.cuda_warning == ""
     assert 'id="cuda-warning"' not in client.get(f"/lb/{leaderboard.name}/").content.decode()
+
+
+# Issue 43: what a run will need, per protocol, checked at import
+TRUSTED_REFERENCE = CUDA_REFERENCE.replace('"cuda"', '"cpu"')
+PHASED_EVAL = """import sys
+import torch
+from reference import generate_input, check_implementation
+from submission import custom_kernel
+
+def run_testing():
+    return check_implementation(generate_input(8, 1), custom_kernel(generate_input(8, 1)))
+
+def time_one():
+    torch.cuda.synchronize()
+
+def run_benchmarking():
+    return time_one()
+
+def main():
+    mode = sys.argv[1]
+    if mode == "test":
+        return run_testing()
+    if mode == "benchmark":
+        return run_benchmarking()
+    if mode == "leaderboard":
+        run_testing()
+        return run_benchmarking()
+
+main()
+"""
+
+
+def test_a_popcorn_eval_importing_a_name_its_files_lack_is_refused(cpu, tmp_path):
+    """Under auto (popcorn protocol) a task whose eval.py imports a function its reference does not define was
+    accepted and every run crashed, charged to the competitor."""
+    eval_py = "from reference import generate_input, check_implementation\nfrom submission import custom_kernel\n"
+    task_dir = write_task(tmp_path, "lacking", {"reference.py": "def generate_input(size, seed): ...\n",
+                                                "eval.py": eval_py}, main="eval.py")
+    with pytest.raises(ImportRejected) as info:
+        do_import_task(load_task(task_dir), leaderboard="lacking", gpus=["CPU"])
+    assert info.value.errors == [
+        "problem lacking: eval.py line 1 imports check_implementation from reference.py, which does not define it; "
+        "every run would crash there (the popcorn protocol runs the task's own eval.py)"]
+    assert not Problem.objects.exists()
+    with pytest.raises(CommandError, match="eval.py line 1 imports check_implementation from reference.py"):
+        call_command("import_problems", str(task_dir), stdout=io.StringIO())
+    fine = write_task(tmp_path, "fine", {"reference.py": TRUSTED_REFERENCE, "utils.py": "def match_reference(): ...\n",
+                                         "eval.py": eval_py}, main="eval.py")
+    do_import_task(load_task(fine), leaderboard="fine", gpus=["CPU"])  # the submission's names are the competitor's
+    assert Problem.objects.get().harness == HarnessProtocol.POPCORN
+
+
+def test_multi_gpu_only_under_a_protocol_that_runs_it(cpu, h100, tmp_path):
+    task_dir = write_task(tmp_path, "gather", {"reference.py": TRUSTED_REFERENCE, "utils.py":
+                                               "def match_reference(): ...\n", "eval.py": PHASED_EVAL})
+    yml = task_dir / "task.yml"
+    yml.write_text(yml.read_text().replace("seed: 1}", "seed: 1, world_size: 2}").replace(
+        "seed: 2}", "seed: 2, world_size: 2}") + "multi_gpu: true\n")
+    with pytest.raises(ImportRejected) as info:
+        do_import_task(load_task(task_dir), leaderboard="gather", gpus=["H100"])  # auto: no config.main
+    assert info.value.errors == [
+        "problem gather: multi_gpu: the trusted harness runs one device per run and never reads world_size, so every "
+        "run would fail; run it under its own eval.py (config.main, among the files: --harness popcorn), or drop "
+        "multi_gpu"]
+    yml.write_text(yml.read_text() + 'config:\n  main: "eval.py"\n')
+    do_import_task(load_task(task_dir), leaderboard="gather", gpus=["H100"])
+    assert Problem.objects.get().harness == HarnessProtocol.POPCORN
+
+
+def test_a_past_deadline_is_refused_unless_asked_for(cpu, tmp_path):
+    """import_problems --deadline in the past (and a competition file's past deadline) silently created closed
+    boards, where the admin's zip form asks first."""
+    with pytest.raises(CommandError, match=r"leaderboard va: deadline 2020-01-01 00:00 UTC is in the past: the "
+                                           r"leaderboard would be closed at once; correct it, or pass --past-deadline"):
+        call_command("import_problems", str(DEMO / "vectoradd_py"), "--leaderboard", "va", "--deadline",
+                     "2020-01-01", "--gpu", "CPU", stdout=io.StringIO())
+    assert not Leaderboard.objects.exists()
+    call_command("import_problems", str(DEMO / "vectoradd_py"), "--leaderboard", "va", "--deadline", "2020-01-01",
+                 "--gpu", "CPU", "--past-deadline", stdout=io.StringIO())
+    assert not Leaderboard.objects.get(name="va").is_open
+    do_import_task(load_task(DEMO / "vectoradd_py"), leaderboard="va", deadline=Leaderboard.objects.get().deadline)
+    # the deadline it has already: nothing to ask
+
+    competition = collection(tmp_path, competition='name: Old\ndeadline: "2021-06-01"\nproblems:\n'
+                             '  - {directory: vectoradd_py, name: old-va, gpus: [CPU]}\n') / "set.yaml"
+    with pytest.raises(CommandError, match="leaderboard old-va: deadline 2021-06-01 00:00 UTC is in the past"):
+        call_command("import_problems", str(competition), stdout=io.StringIO())
+    call_command("import_problems", str(competition), "--past-deadline", stdout=io.StringIO())
+    assert not Leaderboard.objects.get(name="old-va").is_open
+
+
+def test_the_admin_form_words_its_refusals_as_the_form(cpu, h100, tmp_path, admin_client):
+    task_dir = write_task(tmp_path, "gather", {"reference.py": TRUSTED_REFERENCE, "utils.py":
+                                               "def match_reference(): ...\n"})
+    yml = task_dir / "task.yml"
+    yml.write_text(yml.read_text().replace("seed: 1}", "seed: 1, world_size: 2}").replace(
+        "seed: 2}", "seed: 2, world_size: 2}") + "multi_gpu: true\n")
+    response = admin_client.post("/admin/leaderboards/problem/upload/", {
+        "archive": zipped(task_dir), "harness": "auto", "leaderboard": "gather", "gpus": "H100"})
+    page = response.content.decode()
+    assert response.status_code == 400 and "multi_gpu: the trusted harness runs one device per run" in page
+    assert "choose “Problem&#x27;s own eval.py (reference-kernels protocol)” as Harness" in page
+    assert "--harness" not in page and "--gpu" not in page
+
+
+def test_the_cuda_warning_names_the_modes_that_need_it(cpu, h100, tmp_path):
+    """"runs on CPU will fail" was said when only the benchmark path needs CUDA: the tests pass there."""
+    task_dir = write_task(tmp_path, "phased", {"reference.py": TRUSTED_REFERENCE, "utils.py":
+                                               "def match_reference(): ...\n", "eval.py": PHASED_EVAL},
+                          main="eval.py")
+    report = do_import_task(load_task(task_dir), leaderboard="phased", gpus=["H100", "CPU"])
+    assert report.lines[-1] == ("warning: leaderboard phased: benchmark, leaderboard and profile runs on CPU will "
+                                "fail: the problem's code asks for a CUDA GPU (eval.py line 10: "
+                                "torch.cuda.synchronize()) and CPU has none")  # profile: no branch, so not known
+    assert Leaderboard.objects.get().cuda_warning.startswith("Benchmark, leaderboard and profile runs on CPU will")
+    with pytest.raises(ImportRejected, match=r"have none, so every benchmark, leaderboard and profile run would fail"):
+        do_import_task(load_task(task_dir), leaderboard="phased-cpu", gpus=["CPU"])
+    everywhere = write_task(tmp_path, "everywhere", {"reference.py": TRUSTED_REFERENCE, "utils.py": "def "
+                            "match_reference(): ...\n", "eval.py": PHASED_EVAL.replace(
+                                "def run_testing():\n", "def run_testing():\n    torch.cuda.synchronize()\n")},
+                            main="eval.py")
+    report = do_import_task(load_task(everywhere), leaderboard="everywhere", gpus=["H100", "CPU"])
+    assert report.lines[-1].startswith("warning: leaderboard everywhere: runs on CPU will fail: ")

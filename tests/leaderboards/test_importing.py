@@ -231,7 +231,7 @@ def test_a_competition_does_not_take_over_another_competitions_leaderboards(cpu,
     demo_board = Leaderboard.objects.get(name="vectoradd")
     before = (demo_board.problem_id, demo_board.deadline, demo_board.competition_id)
     root = collection(tmp_path, competition=(
-        'name: Practice\ndeadline: "2020-01-01"\nproblems:\n'
+        'name: Practice\ndeadline: "2090-01-01"\nproblems:\n'
         '  - {directory: vectoradd_py, name: vectoradd, gpus: [CPU]}\n'
         '  - {directory: vectoradd_py, name: fresh, gpus: [CPU]}\n'))
     with pytest.raises(ImportRejected) as info:

@@ -11,6 +11,7 @@ import pytest
 from django.utils import timezone
 
 from leaderboards import lifecycle
+from leaderboards.access.actions import do_create_token
 from leaderboards.actions import check_submission
 from leaderboards.errors import SubmissionRejected
 from leaderboards.health import CHECK_DIR, do_finish_pool_checks, do_start_pool_check
@@ -57,7 +58,7 @@ def round_(pool: GpuPool, capture, *agents) -> GpuPool:
 
 
 def test_a_node_that_stops_polling_is_out_of_service_and_the_pool_serves_on(
-        cpu_pool, leaderboard, django_capture_on_commit_callbacks, admin_client, client):
+        cpu_pool, leaderboard, django_capture_on_commit_callbacks, admin_client, admin_user, client):
     a = in_process_agent(cpu_pool.nodes.get(), machine_probe())
     nodeb = second_node(cpu_pool)
     b = in_process_agent(nodeb, machine_probe())
@@ -77,6 +78,10 @@ def test_a_node_that_stops_polling_is_out_of_service_and_the_pool_serves_on(
     assert staff["gpu_types"] == {"CPU": None}
     assert [(n["hostname"], n["service"]) for n in staff["nodes_out_of_service"]] == [("nodeb", "no_agent")]
     assert client.get("/api/v1/health/runners").json() == {"gpu_types": {"CPU": None}}  # who is out is staff's
+    for user, seen in ((admin_user, staff), (UserFactory(), {"gpu_types": {"CPU": None}})):  # a token, as a session
+        bearer = {"Authorization": f"Bearer {do_create_token(user)[1]}"}
+        assert client.get("/api/v1/health/runners", headers=bearer).json() == seen
+    assert client.get("/api/v1/health/runners", headers={"Authorization": "Bearer kb_wrong"}).status_code == 401
 
     b.poll()  # its agent is back: so is the node, at once
     nodeb.refresh_from_db()

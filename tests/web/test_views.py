@@ -130,7 +130,7 @@ def test_submit_needs_login(client, leaderboard):
 
 
 @pytest.mark.parametrize(("change", "status", "message"), [
-    ({"file": ("big.py", b"x" * (2 << 20))}, 413, "the limit is"),
+    ({"file": ("big.py", b"x" * (2 << 20))}, 413, "is 2097152 bytes; the limit is 1048576"),
     ({"file": ("latin.py", b"caf\xe9 = 1\n")}, 400, "not UTF-8"),
     ({"gpu": "H100"}, 400, "does not run on GPU"),
     ({"leaderboard": "nope"}, 404, "Unknown leaderboard"),

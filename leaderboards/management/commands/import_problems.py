@@ -43,9 +43,11 @@ class Command(BaseCommand):
         parser.add_argument("--deadline", type=deadline_argument, help="UTC unless a zone is given: 2027-01-31, "
                             "'2027-01-31 23:59' or ISO 8601. Default: an existing leaderboard keeps its "
                             "deadline, a new one closes a year from now.")
+        parser.add_argument("--past-deadline", action="store_true", help="Allow a deadline in the past (--deadline, or "
+                            "a competition file's): the leaderboard is then closed from the start.")
         parser.add_argument("--gpu", action="append", dest="gpus", help="GPU type (repeatable).")
 
-    def handle(self, path, root, force, harness, leaderboard, deadline, gpus, **options):
+    def handle(self, path, root, force, past_deadline, harness, leaderboard, deadline, gpus, **options):
         target = Path(path)
         if not target.exists() and (settings.PROBLEMS_DIR / path).exists():
             target = settings.PROBLEMS_DIR / path
@@ -63,9 +65,11 @@ class Command(BaseCommand):
                 if root is None:
                     self.stdout.write(f"problem collection: {collection_root(target)}")
                 report = do_import_task(task, leaderboard=leaderboard, deadline=deadline, gpus=gpus,
-                                        harness=harness, force=force, collection=target.resolve().parent.name)
+                                        harness=harness, force=force, past_deadline=past_deadline,
+                                        collection=target.resolve().parent.name)
             else:
-                report = do_import_competition(load_competition(target, root=root), force=force)
+                report = do_import_competition(load_competition(target, root=root), force=force,
+                                               past_deadline=past_deadline)
         except TaskFileError as exc:
             raise CommandError(str(exc)) from exc
         except ImportRejected as exc:
