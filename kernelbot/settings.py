@@ -46,6 +46,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "django_q",
+    "ninja",  # /api/docs: Swagger UI from its bundled static files, not a CDN (renders offline)
     "allauth",
     "allauth.account",
     "allauth.socialaccount",

@@ -8,7 +8,6 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.utils.html import format_html
-from django.utils.safestring import mark_safe
 
 from kernelbot.admin_actions import ObjectAction, ObjectActionsMixin, confirmed_list_action
 from taskspec.loader import TaskFileError, load_task_from_zip
@@ -18,6 +17,7 @@ from .access import actions as access_actions
 from .access.authority import RunView, may_see_precheck
 from .access.models import ApiToken, Ban, Invite, JobSwitch, Membership, PendingLogin, SubmissionQuota
 from .admin_tables import (
+    html_table,
     info_table,
     precheck_text,
     ratio_text,
@@ -406,14 +406,16 @@ class FinalAdmin(ObjectActionsMixin, admin.ModelAdmin):
 
     @admin.display(description="ranks: board, these re-runs, published")
     def comparison(self, final: Final) -> str:
-        rows = "".join(format_html(
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            row["gpu"], row["user"], row["board_rank"], row["rank"] or "dropped", " ≈" if row["tied"] else "",
-            row["published_rank"] or "–", ratio_text(row["ratio"], row["ratio_low"], row["ratio_high"]),
-            row["reason"] or "") for row in finals.compare(final))
-        return format_html("<table><tr><th>GPU</th><th>User</th><th>Board rank</th><th>New rank</th>"
-                           "<th>Published rank</th><th>× reference</th><th>Dropped because</th></tr>{}</table>",
-                           mark_safe(rows))  # noqa: S308 - each row is format_html's
+        """While the re-runs go on an entry that has not dropped out is "re-running", not "dropped"; in a box that
+        scrolls sideways (the admin's rows clip what passes their edge: a phone saw half the table)."""
+        running = final.status == FinalStatus.RUNNING
+        headers = ["GPU", "User", "Board rank", "New rank", "Published rank", "× reference", "Dropped because"]
+        return html_table(headers, [
+            [row["gpu"], format_html("<bdi>{}</bdi>", row["user"]), row["board_rank"],
+             (f"{row['rank']}{' ≈' if row['tied'] else ''}" if row["rank"] else
+              "dropped" if row["reason"] else "re-running" if running else "–"),
+             row["published_rank"] or "–", ratio_text(row["ratio"], row["ratio_low"], row["ratio_high"]),
+             row["reason"] or ""] for row in finals.compare(final)], {2, 3, 4})
 
 
 def stamp(field: str, label: str):
