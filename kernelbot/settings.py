@@ -240,6 +240,8 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    # django-q2 logs every task it enqueues and runs at INFO; `manage.py serve` sets WARNING
+    "loggers": {"django-q": {"level": os.environ.get("Q_LOG_LEVEL", os.environ.get("LOG_LEVEL", "INFO"))}},
 }
 
 if not DEBUG:  # behind a TLS proxy that sets X-Forwarded-Proto; `manage.py check --deploy` is clean

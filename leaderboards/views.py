@@ -22,6 +22,7 @@ from .access.actions import accepting_jobs
 from .access.authority import RunView, access_leaderboard, access_submission, may_see_run_details, run_view
 from .board_rows import PAGE_ROWS, attach_breakdown, interval_text, name_of, records_html, row_html
 from .errors import AccessDenied, Refused, SubmissionRejected
+from .health import CHECK_USER
 from .history import board_history
 from .models import Board, BoardEntry, FinalEntry, FinalStatus, Leaderboard, Run, Submission, number_rows
 from .serializers import Outcome, run_out, score_rule, submission_results, submission_scores
@@ -168,7 +169,8 @@ def submission_code(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 def user_page(request: HttpRequest, username: str) -> HttpResponse:
-    person = get_object_or_404(get_user_model().objects.select_related("profile"), username=username)
+    person = get_object_or_404(get_user_model().objects.select_related("profile").exclude(username=CHECK_USER),
+                               username=username)  # the platform's own health-check user has no public page
     subs = Submission.objects.visible_to(request.user).made_by(person).select_related("leaderboard")
     scored = Run.objects.filter(passed=True, score__isnull=False).select_related("gpu_type")
     page = Paginator(subs.prefetch_related(Prefetch("runs", queryset=scored, to_attr="scored_runs"))
