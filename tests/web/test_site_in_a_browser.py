@@ -17,7 +17,7 @@ from django.contrib.auth.hashers import make_password
 from django.test import Client
 from django.utils import timezone
 
-from leaderboards.models import ApiToken, Final, FinalEntry, FinalStatus
+from leaderboards.models import ApiToken, BoardEntry, Final, FinalEntry, FinalStatus
 from leaderboards.ranks import do_recompute_ranks
 
 from ..conftest import REPO
@@ -29,27 +29,30 @@ from .test_first_hour import PASSWORD, log_in
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 RLO_NAME = "ada\u202eecalevol"  # shows as "adalovelace" and reverses whatever follows it unless isolated
 
-# Every visible text holding U+202E must sit in an element that isolates it (<bdi>, dir=…: computed unicode-bidi
-# isolate), the browser's own verdict from its UA style sheet; and when none does, the block's text after it is what
-# the override turns around.
-NOT_ISOLATED = """() => {
+# Visible text holding U+202E with text after it inside the element the override ends with (the nearest that
+# isolates, by the browser's computed unicode-bidi: <bdi>, dir=…; else its block), unless FSI…PDI enclose it: the
+# text the override turns around. A name in its own <bdi>, or alone in its table cell, turns nothing else.
+NOT_ISOLATED = """(name) => {
   const found = [], walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
   for (let node = walker.nextNode(); node; node = walker.nextNode()) {
-    if (!node.textContent.includes('\\u202e') || node.parentElement.closest('script, svg, template, title')) continue;
+    const text = node.textContent, at = text.indexOf('\\u202e');
+    if (at < 0 || node.parentElement.closest('script, svg, template, title')) continue;
+    // isolated within the text itself (FIRST STRONG ISOLATE … POP DIRECTIONAL ISOLATE around it: plain-text labels)
+    if (text.lastIndexOf('\\u2068', at) >= 0 && text.indexOf('\\u2069', at) > at) continue;
     if (!node.parentElement.getClientRects().length) continue;
-    let el = node.parentElement, isolated = false;
-    for (; el && el !== document.body; el = el.parentElement) {
+    let el = node.parentElement;
+    for (; el && el !== document.body; el = el.parentElement) {  // the element the override ends with
       const style = getComputedStyle(el);
-      if (['isolate', 'isolate-override', 'plaintext'].includes(style.unicodeBidi)) { isolated = true; break; }
-      if (!style.display.startsWith('inline')) break;
+      if (['isolate', 'isolate-override', 'plaintext'].includes(style.unicodeBidi)) break;
+      if (!style.display.startsWith('inline')) break;  // a block ends the paragraph the override runs to the end of
     }
-    if (!isolated) {
-      const after = document.createRange();
-      after.setStartAfter(node);
-      after.setEndAfter(el || document.body);
-      found.push(`${node.parentElement.tagName.toLowerCase()} "${node.textContent.trim().slice(0, 30)}" `
-                 + `not isolated; after it: "${after.toString().trim().slice(0, 40)}"`);
-    }
+    const after = document.createRange();
+    const named = text.indexOf(name, Math.max(0, at - name.length));
+    after.setStart(node, named >= 0 ? named + name.length : at + 1);  // from the end of the name on
+    after.setEndAfter(el || document.body);
+    if (after.toString().trim())
+      found.push(`${node.parentElement.tagName.toLowerCase()} "${text.trim().slice(0, 30)}" not isolated; `
+                 + `after it: "${after.toString().trim().slice(0, 40)}"`);
   }
   return found;
 }"""
@@ -95,20 +98,24 @@ def session_of(user) -> str:
 
 def test_a_right_to_left_override_in_a_name_reverses_nothing_after_it(site, browser):  # noqa: F811
     base, board, pool = site
-    mallory = UserFactory(username=RLO_NAME)  # made before sign-up's rule reached the management commands
+    mallory = UserFactory(username=RLO_NAME, is_staff=True, is_superuser=True)  # made before sign-up's rule reached
+    # the management commands; staff, to see the admin's tables too
     mine = submission(board, mallory)
     with_ratio(mine, 1500.0, 0.8)
     with_ratio(submission(board, UserFactory(username="grace")), 2500.0, 1.2)
     do_recompute_ranks(board.pk, pool.cpu.pk)
+    entry = BoardEntry.objects.get(user=mallory)  # its admin page's title and breadcrumbs name it
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     context.add_cookies([{"name": "sessionid", "value": session_of(mallory), "url": base}])
     page = context.new_page()
     problems = {}
     for name, path in [("home", "/"), ("board", f"/lb/{board.name}/"), ("submission", f"/s/{mine.pk}/"),
-                       ("profile", f"/u/{RLO_NAME}/")]:
+                       ("profile", f"/u/{RLO_NAME}/"), ("admin-entries", "/admin/leaderboards/boardentry/"),
+                       ("admin-entry", f"/admin/leaderboards/boardentry/{entry.pk}/change/"),
+                       ("admin-submissions", "/admin/leaderboards/submission/"), ("admin-users", "/admin/auth/user/")]:
         assert page.goto(base + path).status == 200, path
         assert page.locator(f"text={RLO_NAME}").count(), f"{path} names the user"
-        if found := page.evaluate(NOT_ISOLATED):
+        if found := page.evaluate(NOT_ISOLATED, RLO_NAME):
             problems[name] = found
         shot(page, f"rlo-{name}")
         if name == "submission":  # "submission.py by <name> on vectoradd": the board's name still after the user's
