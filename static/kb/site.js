@@ -216,6 +216,8 @@
 
   // Step charts as inline SVG: x = time, y = the figure (log scale): the time, or with onRatio the ratio to the
   // reference a board ranks on, so the lowest record is rank 1.
+  // a name in a label between FIRST STRONG ISOLATE and POP DIRECTIONAL ISOLATE: its U+202E turns nothing after it
+  const isolated = (text) => `\u2068${text}\u2069`;
   const when = (t, withTime) => new Date(t).toLocaleString(undefined, withTime
     ? { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" } : { year: "numeric", month: "short", day: "numeric" });
   function chart(el, series, onRatio) {
@@ -239,7 +241,7 @@
       for (const p of s.points) { const x = X(+new Date(p[0])), y = Y(p[1]); d += last === null ? `M${x},${y}` : `H${x}V${y}`; last = y; }
       d += `H${X(x1)}`;
       svg += `<path class="${s.cls}" d="${d}"><title>${esc(s.label)}</title></path>`;
-      for (const p of s.points) svg += `<circle cx="${X(+new Date(p[0]))}" cy="${Y(p[1])}" r="3" class="${s.cls}"><title>${esc(s.label)}: ${fig(p[1])} at ${new Date(p[0]).toLocaleString()}${p[2] !== undefined && s.names ? " by " + esc(s.names[p[2]] || "") : ""}</title></circle>`;
+      for (const p of s.points) svg += `<circle cx="${X(+new Date(p[0]))}" cy="${Y(p[1])}" r="3" class="${s.cls}"><title>${esc(s.label)}: ${fig(p[1])} at ${new Date(p[0]).toLocaleString()}${p[2] !== undefined && s.names ? " by " + esc(isolated(s.names[p[2]] || "")) : ""}</title></circle>`;
     }
     el.innerHTML = svg + "</svg>";
   }
@@ -249,7 +251,7 @@
     const el = $("#chart");
     const draw = (uid) => {
       const base = { label: "record", cls: "record", points: data.records, names: data.names };
-      chart(el, uid && data.users[uid] ? [base, { label: data.userNames[uid], cls: "user", points: data.users[uid] }] : [base],
+      chart(el, uid && data.users[uid] ? [base, { label: isolated(data.userNames[uid]), cls: "user", points: data.users[uid] }] : [base],
             data.onRatio);
     };
     draw(null);
