@@ -1,7 +1,9 @@
 """Issue 44 (site and admin) in a real browser (Debian's chromium driven by Playwright, as test_browser.py): a user
-name with U+202E reverses nothing after it on a board, a submission page, a profile and the home page; the link-CLI
-paste form asks before linking and declining tells the waiting `kernelbot login`; the final-standings admin at 390 px
-clips no cell (checked cell by cell, not by the page's scroll width); /api/docs renders with the network cut off."""
+name with U+202E reverses nothing after it on a board, a submission page, a profile, the home page and the admin; the
+link-CLI paste form asks before linking and declining tells the waiting `kernelbot login`; the final-standings admin
+at 390 px clips no cell (checked cell by cell, not by the page's scroll width); /api/docs renders with the network cut
+off; at 390 px the tokens page copies a new token and keeps "Revoke" in view, and the submit page warns only of the
+chosen board's unavailable GPU types."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from django.utils import timezone
 
 from leaderboards.models import ApiToken, BoardEntry, Final, FinalEntry, FinalStatus
 from leaderboards.ranks import do_recompute_ranks
+from runners.models import GpuType
 
 from ..conftest import REPO
 from ..factories import LeaderboardFactory, UserFactory, local_cpu_pool, problem_from, submission
@@ -224,3 +227,31 @@ def test_api_docs_render_with_the_network_cut_off(site, browser):  # noqa: F811
     assert "kernelbot" in page.inner_text(".swagger-ui .info")
     shot(page, "api-docs-offline")
     assert not outside, outside
+
+
+def test_on_a_phone_the_tokens_page_copies_and_keeps_revoke_in_view_and_submit_warns_of_its_board_only(
+        site, browser):  # noqa: F811
+    base, board, _ = site
+    ada = UserFactory(username="ada")
+    GpuType.objects.create(name="L4")  # another board's GPU type, served by no pool: unavailable
+    LeaderboardFactory(name="on-l4", problem=board.problem, gpu_types=[GpuType.objects.get(name="L4")])
+    context = browser.new_context(viewport={"width": 390, "height": 844})
+    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=base)
+    context.add_cookies([{"name": "sessionid", "value": session_of(ada), "url": base}])
+    page = context.new_page()
+    page.goto(f"{base}/tokens/")
+    page.fill("#token-name", "a-laptop-with-a-rather-long-token-name")
+    page.click("#create-token button[type=submit]")
+    page.wait_for_selector("#new-token")
+    page.click("#new-token button.copy")
+    assert page.evaluate("navigator.clipboard.readText()") == page.inner_text("#token-value").strip()
+    revoke = page.locator("button[name=revoke]").bounding_box()
+    assert revoke["x"] >= 0 and revoke["x"] + revoke["width"] <= 390, revoke  # in view without scrolling sideways
+    shot(page, "narrow-tokens-copied")
+
+    page.goto(f"{base}/submit/?leaderboard={board.name}")
+    assert page.locator("[data-unavailable]:visible").count() == 0  # L4 is not this board's
+    assert page.locator("#submit-form").bounding_box()["y"] < 400
+    page.select_option("select[name=leaderboard]", "on-l4")
+    assert page.locator("[data-unavailable=L4]:visible").count() == 1  # the chosen board's GPU type is
+    shot(page, "narrow-submit-other-board")
