@@ -46,6 +46,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "django_q",
+    "ninja",  # /api/docs: Swagger UI from its bundled static files, not a CDN (renders offline)
     "allauth",
     "allauth.account",
     "allauth.socialaccount",
@@ -245,6 +246,8 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    # django-q2 logs every task it enqueues and runs at INFO; `manage.py serve` sets WARNING
+    "loggers": {"django-q": {"level": os.environ.get("Q_LOG_LEVEL", os.environ.get("LOG_LEVEL", "INFO"))}},
 }
 
 if not DEBUG:  # behind a TLS proxy that sets X-Forwarded-Proto; `manage.py check --deploy` is clean

@@ -8,7 +8,6 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.utils.html import format_html
-from django.utils.safestring import mark_safe
 
 from kernelbot.admin_actions import ObjectAction, ObjectActionsMixin, confirmed_list_action
 from taskspec.loader import TaskFileError, load_task_from_zip
@@ -18,6 +17,7 @@ from .access import actions as access_actions
 from .access.authority import RunView, may_see_precheck
 from .access.models import ApiToken, Ban, Invite, JobSwitch, Membership, PendingLogin, SubmissionQuota
 from .admin_tables import (
+    html_table,
     info_table,
     precheck_text,
     ratio_text,
@@ -27,6 +27,7 @@ from .admin_tables import (
     timings_table,
 )
 from .forms import ProblemUploadForm
+from .health import CHECK_USER
 from .importing import ADMIN_FORM, ImportRejected, do_import_task, previewed
 from .models import (
     Board,
@@ -83,6 +84,20 @@ class NoInternalBoardsMixin:
         return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
 
+class HidesInternalMixin:
+    """Lists without the pool health check's rows (its board, problem, user), which organisers never act on; their
+    pages stay reachable from a check's runs."""
+
+    def internal_rows(self) -> Q:
+        raise NotImplementedError
+
+    def get_queryset(self, request):
+        queryset = super().get_queryset(request)
+        match = getattr(request, "resolver_match", None)
+        return queryset.exclude(self.internal_rows()) if match and (match.url_name or "").endswith("_changelist") \
+            else queryset
+
+
 class NoAddAdmin(admin.ModelAdmin):
     """Rows made only by an action or an import (a submission, a run, a problem version, a ranking): the admin's
     blank "add" form could only fail or bypass the rules, so it is not offered."""
@@ -124,7 +139,8 @@ def broken_note(problem: Problem) -> str:
 
 
 @admin.register(Problem)
-class ProblemAdmin(ObjectActionsMixin, NoAddAdmin):  # problems come from "Import problem (zip)" or import_problems
+# problems come from "Import problem (zip)" or import_problems
+class ProblemAdmin(HidesInternalMixin, ObjectActionsMixin, NoAddAdmin):
     list_display = ["name", "version", "origin", "lang", "harness", "short_hash", "created", "broken"]
     list_filter = ["collection", "lang", "harness", ("broken_since", admin.EmptyFieldListFilter)]
     search_fields = ["name", "collection"]
@@ -134,6 +150,9 @@ class ProblemAdmin(ObjectActionsMixin, NoAddAdmin):  # problems come from "Impor
     change_list_template = "admin/leaderboards/problem/change_list.html"
     object_actions = (ObjectAction("mark_fixed", "Mark fixed", "Mark {obj} fixed?", MARK_FIXED_CONSEQUENCE,
                                    _mark_fixed, shown=lambda problem: problem.broken_since is not None),)
+
+    def internal_rows(self) -> Q:  # every version of a problem an internal board runs (the health check's)
+        return Q(name__in=Leaderboard.objects.filter(internal=True).values("problem__name"))
 
     @admin.display(description="definition")
     def definition_text(self, problem: Problem) -> str:
@@ -277,7 +296,7 @@ RESCORE_CONSEQUENCE = ("Every passing ranked run's score is recomputed from its 
 
 
 @admin.register(Leaderboard)
-class LeaderboardAdmin(ObjectActionsMixin, admin.ModelAdmin):
+class LeaderboardAdmin(HidesInternalMixin, ObjectActionsMixin, admin.ModelAdmin):
     list_display = ["name", "problem_label", "problem_state", "deadline", "ranking_by", "visibility", "gpus",
                     "public_link"]
     list_filter = ["visibility", "ranking_by", "competition"]
@@ -285,6 +304,9 @@ class LeaderboardAdmin(ObjectActionsMixin, admin.ModelAdmin):
     search_fields = ["name"]
     filter_horizontal = ["gpu_types"]
     actions = ["rescore", "export_dataset"]
+
+    def internal_rows(self) -> Q:
+        return Q(internal=True)
     object_actions = (
         ObjectAction("rescore", "Rescore", "Rescore {obj}?", RESCORE_CONSEQUENCE, _rescore),
         ObjectAction("remove-barred", "Remove banned users from the rankings", "Remove {obj}'s banned and "
@@ -405,14 +427,16 @@ class FinalAdmin(ObjectActionsMixin, admin.ModelAdmin):
 
     @admin.display(description="ranks: board, these re-runs, published")
     def comparison(self, final: Final) -> str:
-        rows = "".join(format_html(
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            row["gpu"], row["user"], row["board_rank"], row["rank"] or "dropped", " ≈" if row["tied"] else "",
-            row["published_rank"] or "–", ratio_text(row["ratio"], row["ratio_low"], row["ratio_high"]),
-            row["reason"] or "") for row in finals.compare(final))
-        return format_html("<table><tr><th>GPU</th><th>User</th><th>Board rank</th><th>New rank</th>"
-                           "<th>Published rank</th><th>× reference</th><th>Dropped because</th></tr>{}</table>",
-                           mark_safe(rows))  # noqa: S308 - each row is format_html's
+        """While the re-runs go on an entry that has not dropped out is "re-running", not "dropped"; in a box that
+        scrolls sideways (the admin's rows clip what passes their edge: a phone saw half the table)."""
+        running = final.status == FinalStatus.RUNNING
+        headers = ["GPU", "User", "Board rank", "New rank", "Published rank", "× reference", "Dropped because"]
+        return html_table(headers, [
+            [row["gpu"], format_html("<bdi>{}</bdi>", row["user"]), row["board_rank"],
+             (f"{row['rank']}{' ≈' if row['tied'] else ''}" if row["rank"] else
+              "dropped" if row["reason"] else "re-running" if running else "–"),
+             row["published_rank"] or "–", ratio_text(row["ratio"], row["ratio_low"], row["ratio_high"]),
+             row["reason"] or ""] for row in finals.compare(final)], {2, 3, 4})
 
 
 def stamp(field: str, label: str):
@@ -913,7 +937,10 @@ if admin.site.is_registered(User):
 
 
 @admin.register(User)
-class KernelbotUserAdmin(UserAdmin):
+class KernelbotUserAdmin(HidesInternalMixin, UserAdmin):
+    def internal_rows(self) -> Q:
+        return Q(username=CHECK_USER)
+
     actions = ["deactivate"]
     deactivate = admin.action(description="Deactivate (no log-in, no submissions)")(confirmed_list_action(
         "Deactivate", "Deactivate the selected users?", "They can no longer log in, submit or use their API tokens. "

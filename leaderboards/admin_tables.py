@@ -30,7 +30,7 @@ def _interval(case: dict[str, Any], low: str, high: str) -> str:
     return f"{format_ns(case[low])} – {format_ns(case[high])}"
 
 
-def _table(headers: list[str], rows: list[list[Any]], numeric: set[int]) -> SafeString:
+def html_table(headers: list[str], rows: list[list[Any]], numeric: set[int]) -> SafeString:
     head = format_html_join("", '<th{}>{}</th>', ((mark_safe(' class="num"') if i in numeric else "", h)
                                                   for i, h in enumerate(headers)))
     body = format_html_join("", "<tr>{}</tr>", ((format_html_join("", "<td{}>{}</td>", (
@@ -43,7 +43,7 @@ def _table(headers: list[str], rows: list[list[Any]], numeric: set[int]) -> Safe
 def tests_table(cases: list[dict[str, Any]]) -> SafeString:
     if not cases:
         return mark_safe("–")
-    return _table(["Case", "Verdict", "Checker message"],
+    return html_table(["Case", "Verdict", "Checker message"],
                   [[c.get("spec", ""), c.get("status", ""), c.get("message") or "–"] for c in cases], set())
 
 
@@ -63,7 +63,7 @@ def timings_table(cases: list[dict[str, Any]]) -> SafeString:
             f"{c['ratio']:.3f}× ({c.get('ratio_low') or 0:.3f}–{c.get('ratio_high') or 0:.3f})"
             if c.get("ratio") is not None else "–",
             c.get("runs", "–"), c.get("stop_reason") or "–"])
-    return _table(["Case", "Verdict", "Time", "95 % interval", "Reference", "× reference", "Samples",
+    return html_table(["Case", "Verdict", "Time", "95 % interval", "Reference", "× reference", "Samples",
                    "Stopped because"], rows, {2, 3, 4, 5, 6})
 
 
@@ -78,7 +78,7 @@ def _value_text(value: Any) -> str:
 def info_table(info: dict[str, Any]) -> SafeString:
     if not info:
         return mark_safe("–")
-    return _table(["Item", "Value"], [[k, _value_text(v)] for k, v in info.items()], set())
+    return html_table(["Item", "Value"], [[k, _value_text(v)] for k, v in info.items()], set())
 
 
 def raw_json(value: Any) -> SafeString:
@@ -105,5 +105,5 @@ def precheck_text(record: dict[str, Any]) -> SafeString:
     findings = record.get("findings") or []
     if not findings:
         return format_html("{} · no findings", head)
-    return format_html("{}{}", head, _table(["Rule", "Severity", "Evidence"], [
+    return format_html("{}{}", head, html_table(["Rule", "Severity", "Evidence"], [
         [f.get("pattern", ""), f.get("severity", ""), f.get("evidence", "")] for f in findings], set()))

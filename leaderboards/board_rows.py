@@ -78,7 +78,7 @@ def row_html(e: BoardEntry) -> SafeString:
     user = escape(reverse("user", args=[e.user.username]))
     return mark_safe(  # noqa: S308 - every value from data is escaped or a number
         f'<tr data-user="{e.user_id}"{tied} data-sub="{e.submission_id}" data-rank="{e.rank}">'
-        f'<td class="num">{e.rank}</td><td><a href="{user}">{escape(name_of(e.user))}</a></td>'
+        f'<td class="num">{e.rank}</td><td><a href="{user}"><bdi>{escape(name_of(e.user))}</bdi></a></td>'
         f'<td class="num" data-score="{e.score}"><a href="{reverse("submission", args=[e.submission_id])}">'
         f'{seconds(e.score)}</a></td><td class="muted">{interval}</td><td class="muted">'
         f'<time datetime="{submitted.isoformat()}">{submitted:%Y-%m-%d %H:%M}</time></td><td>{breakdown}</td></tr>')

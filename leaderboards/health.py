@@ -110,8 +110,13 @@ def _node_checks(pool: GpuPool, now) -> list[PoolCheck]:
     for node in nodes:
         found = containment(node.hostname, node.sandbox)
         if not node.agent_live():
-            why = (f"no agent on {node.hostname} (start `python -m runners.harness.node --pool {pool.name}` there: "
-                   "docs/operations.md); its devices get no run")
+            if owner := Node.objects.filter(hostname=node.hostname, pool__backend=pool.backend).exclude(
+                    pool=pool).select_related("pool").first():  # a machine serves one pool: no second agent for it
+                why = (f"{node.hostname} belongs to pool {owner.pool.name} already, whose agent serves it: a machine "
+                       "serves one pool; remove it from this pool")
+            else:
+                why = (f"no agent on {node.hostname} (start `python -m runners.harness.node --pool {pool.name}` "
+                       "there: docs/operations.md); its devices get no run")
             node.set_service(NodeService.NO_AGENT, why)
         elif found.problem:
             why = found.problem

@@ -28,6 +28,12 @@ from .access.models import (  # noqa: F401
 )
 
 
+def isolated(text: object) -> str:
+    """User text between FIRST STRONG ISOLATE and POP DIRECTIONAL ISOLATE: a name with U+202E (right-to-left
+    override) cannot reverse the text after it, in admin tables, plain-text messages or chart labels."""
+    return f"\u2068{text}\u2069"
+
+
 def new_secret_seed() -> int:
     return secrets.randbits(62)
 
@@ -264,7 +270,7 @@ class Submission(models.Model):
         ordering = ["-created"]
 
     def __str__(self) -> str:
-        return f"#{self.pk} {self.file_name} on {self.leaderboard}"
+        return f"#{self.pk} {isolated(self.file_name)} on {self.leaderboard}"
 
     @property
     def done(self) -> bool:
@@ -586,7 +592,7 @@ class Record(models.Model):
                                 condition=Q(board_best=True), name="record_board_order")]
 
     def __str__(self) -> str:
-        return f"{self.leaderboard}/{self.gpu_type} {self.user} {self.score:.3g}s"
+        return f"{self.leaderboard}/{self.gpu_type} {isolated(self.user)} {self.score:.3g}s"
 
 
 PASSING_RANKED = Q(status=RunStatus.SUCCEEDED, passed=True, score__isnull=False)

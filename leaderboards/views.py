@@ -22,9 +22,10 @@ from .access.actions import accepting_jobs
 from .access.authority import RunView, access_leaderboard, access_submission, may_see_run_details, run_view
 from .board_rows import PAGE_ROWS, attach_breakdown, interval_text, name_of, records_html, row_html
 from .errors import AccessDenied, Refused, SubmissionRejected
+from .health import CHECK_USER
 from .history import board_history
-from .models import Board, BoardEntry, Leaderboard, Run, Submission, number_rows
-from .serializers import Outcome, phase_line, run_out, score_rule, submission_scores
+from .models import Board, BoardEntry, FinalEntry, FinalStatus, Leaderboard, Run, Submission, number_rows
+from .serializers import Outcome, phase_line, run_out, score_rule, submission_results, submission_scores
 from .web_forms import SubmitForm
 
 LOG_PREVIEW = 8 * 1024
@@ -49,9 +50,14 @@ def home(request: HttpRequest) -> HttpResponse:
                         .order_by("deadline", "name"))  # soonest deadline first
     leaders = {e.leaderboard_id: e for e in BoardEntry.objects.leaders().select_related(
         "user__profile", "gpu_type").order_by("score")}
+    # a board whose final standings are published is led by their first, not by the board before the re-runs
+    now = timezone.now()
+    if finished := [lb for lb in leaderboards if lb.deadline <= now]:
+        leaders |= {e.final.leaderboard_id: e for e in FinalEntry.objects.filter(
+            final__status=FinalStatus.PUBLISHED, final__leaderboard__in=finished, rank=1)
+            .select_related("final", "user__profile", "gpu_type").order_by("-score")}
     for leaderboard in leaderboards:
         leaderboard.leader = leaders.get(leaderboard.pk)
-    now = timezone.now()
     return render(request, "leaderboards/home.html", {
         "upcoming": [lb for lb in leaderboards if lb.starts_at and lb.starts_at > now],
         "active": [lb for lb in leaderboards if lb.deadline > now and not (lb.starts_at and lb.starts_at > now)],
@@ -68,7 +74,7 @@ def leaderboard(request: HttpRequest, name: str) -> HttpResponse:
         raise Http404("This leaderboard has no GPU types yet.")
     gpu = next((g for g in gpu_types if g.name.lower() == request.GET.get("gpu", "").lower()), gpu_types[0])
     version, on_ratio = Board.objects.filter(leaderboard=lb, gpu_type=gpu).values_list(
-        "version", "ranks_on_ratio").first() or (0, False)
+        "version", "ranks_on_ratio").first() or (0, None)
     page = Paginator(BoardEntry.objects.for_board(lb, gpu).select_related("user__profile").with_breakdown(),
                      PAGE_ROWS).get_page(request.GET.get("page"))
     entries = number_rows(list(page.object_list), page.start_index() - 1)
@@ -87,6 +93,9 @@ def leaderboard(request: HttpRequest, name: str) -> HttpResponse:
         "standings": standings, "final_rows": final_rows, "dataset": dataset.public_to_everyone(lb),
         "lb": lb, "gpu": gpu, "gpu_types": gpu_types, "page": page, "entries": entries,
         "rows": [row_html(e) for e in entries], "version": version,
+        # the harness times the reference with every submission: a board ranks on the ratio unless its results say
+        # otherwise, so a new board's header reads as it will once results arrive
+        "header_on_ratio": on_ratio is not False,
         "records_html": records_html(history["records"], bool(on_ratio)),
         "chart": chart, "templates": sorted((definition.get("templates") or {}).keys()),
         "files": sorted((definition.get("files") or {}).keys()), "live": page.number == 1,
@@ -161,7 +170,8 @@ def submission_code(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 def user_page(request: HttpRequest, username: str) -> HttpResponse:
-    person = get_object_or_404(get_user_model().objects.select_related("profile"), username=username)
+    person = get_object_or_404(get_user_model().objects.select_related("profile").exclude(username=CHECK_USER),
+                               username=username)  # the platform's own health-check user has no public page
     subs = Submission.objects.visible_to(request.user).made_by(person).select_related("leaderboard")
     scored = Run.objects.filter(passed=True, score__isnull=False).select_related("gpu_type")
     page = Paginator(subs.prefetch_related(Prefetch("runs", queryset=scored, to_attr="scored_runs"))
@@ -170,6 +180,13 @@ def user_page(request: HttpRequest, username: str) -> HttpResponse:
         sub.scores = submission_scores(sub.mode, sub.scored_runs)
     ranks = BoardEntry.objects.filter(user=person, leaderboard__in=Leaderboard.objects.visible_to(request.user)) \
         .with_rank().select_related("leaderboard", "gpu_type").order_by("leaderboard")
+    ranks = list(ranks)
+    published = {(e.final.leaderboard_id, e.gpu_type_id): e for e in FinalEntry.objects.filter(
+        user=person, final__status=FinalStatus.PUBLISHED, final__leaderboard__in=[
+            e.leaderboard_id for e in ranks if e.leaderboard.is_finished]).select_related("final")} \
+        if any(e.leaderboard.is_finished for e in ranks) else {}
+    for entry in ranks:  # its place in the board's published final standings, which outrank the board's
+        entry.final = published.pop((entry.leaderboard_id, entry.gpu_type_id), None)
     history = (Run.objects.ranked().filter(submission__user=person, passed=True, score__isnull=False,
                                            submission__leaderboard__in=Leaderboard.objects.visible_to(request.user))
                .select_related("gpu_type", "submission__leaderboard").order_by("submission__created", "pk")
@@ -178,13 +195,20 @@ def user_page(request: HttpRequest, username: str) -> HttpResponse:
     by_submission: dict[int, list[Run]] = {}
     for run in history:
         by_submission.setdefault(run.submission_id, []).append(run)
-    series: dict[str, list] = {}
+    times: dict[str, list] = {}
+    ratios: dict[str, list] = {}
     for runs in by_submission.values():  # the same score as everywhere else: the slower of public and secret
         sub = runs[0].submission
-        for gpu, score in submission_scores(sub.mode, runs).items():
-            series.setdefault(f"{sub.leaderboard.name} · {gpu}", []).append([sub.created.isoformat(), score])
+        for gpu, (score, ratio) in submission_results(sub.mode, runs).items():
+            times.setdefault(f"{sub.leaderboard.name} · {gpu}", []).append([sub.created.isoformat(), score])
+            if ratio is not None:
+                ratios.setdefault(f"{sub.leaderboard.name} · {gpu}", []).append([sub.created.isoformat(), ratio.value])
+    # the ratio to the reference, what the boards rank on, when every point has one (else the time): the chart's
+    # label says which
+    on_ratio = bool(ratios) and all(len(ratios.get(k, ())) == len(v) for k, v in times.items())
+    history = {"onRatio": on_ratio, "series": ratios if on_ratio else times}
     return render(request, "leaderboards/user.html", {"person": person, "page": page, "ranks": ranks,
-                                                      "series": series, "ranked_rule": score_rule("leaderboard"),
+                                                      "history": history, "ranked_rule": score_rule("leaderboard"),
                                                       "other_rule": score_rule("test")})
 
 

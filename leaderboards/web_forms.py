@@ -31,6 +31,7 @@ class SubmitForm(forms.Form):
             choices.insert(0, ("", "Choose an open leaderboard"))
         self.fields["leaderboard"].widget = forms.Select(choices=choices, attrs={"data-gpus": json.dumps(board_gpus)})
         self.fields["gpu"].widget = forms.Select(choices=board_gpus.get(chosen, []))
+        self.chosen_gpus = {name for name, _ in board_gpus.get(chosen, [])}  # whose "unavailable" banners show
 
     def clean(self):
         data = super().clean()

@@ -157,6 +157,22 @@ def do_node_back_in_service(node: Node) -> None:
         GpuPool.objects.filter(pk=pool.pk).update(health=health, health_detail=why)
 
 
+def check_one_pool(pool: GpuPool, hostname: str, uuids: list[str] = ()) -> None:
+    """One machine, and each of its devices, serves one local pool (two would hand one device two runs at once):
+    refused when another local pool has the machine or one of the devices already (its agent, `register_node`, the
+    admin's node form)."""
+    if not pool.is_local:
+        return
+    local = RunnerBackendName.LOCAL
+    others = Node.objects.filter(hostname=hostname, pool__backend=local).select_related("pool")
+    if other := (others.exclude(pool=pool) if pool.pk else others).first():
+        raise NodeRejected(f"{hostname} already belongs to pool {other.pool.name}: a machine serves one pool (delete "
+                           f"its node there, or use pool {other.pool.name})")
+    devices = Gpu.objects.filter(uuid__in=uuids, node__pool__backend=local).select_related("node__pool")
+    if taken := (devices.exclude(node__pool=pool, node__hostname=hostname) if pool.pk else devices).first():
+        raise NodeRejected(f"device {taken.uuid} is already {taken} in pool {taken.node.pool.name}")
+
+
 def do_register_node(pool: GpuPool, report: dict, *, hostname: str = "",
                      gpu_type: GpuType | None = None) -> Registration:
     """Create or update a node's device rows from its probe `report`. `gpu_type`: what the organiser claims the
@@ -165,6 +181,7 @@ def do_register_node(pool: GpuPool, report: dict, *, hostname: str = "",
     hostname = hostname or report.get("hostname") or ""
     if not hostname:
         raise NodeRejected("the probe report names no hostname; pass one")
+    check_one_pool(pool, hostname, [d["uuid"] for d in report.get("devices", []) if d.get("uuid")])
     devices = report.get("devices", [])
     if not devices:
         if gpu_type is not None and not gpu_type.is_cpu:
@@ -206,15 +223,6 @@ def do_register_agent(pool: GpuPool, hostname: str, report: dict, agent: dict) -
     """A node agent started on `hostname` for `pool` (a local pool): its probe `report` becomes the node's device
     rows (`do_register_node`: types recognised by name, rows it does not find disabled), and the node is live. One
     machine, and each of its devices, serves one pool: refused when another local pool already has them."""
-    local = RunnerBackendName.LOCAL
-    other = Node.objects.filter(hostname=hostname, pool__backend=local).exclude(pool=pool).select_related("pool")
-    if other := other.first():
-        raise NodeRejected(f"{hostname} already belongs to pool {other.pool.name}: a machine serves one pool (delete "
-                           f"its node there, or start this agent with --pool {other.pool.name})")
-    uuids = [d["uuid"] for d in report.get("devices", []) if d.get("uuid")]
-    if taken := Gpu.objects.filter(uuid__in=uuids, node__pool__backend=local).exclude(
-            node__pool=pool, node__hostname=hostname).select_related("node__pool").first():
-        raise NodeRejected(f"device {taken.uuid} is already {taken} in pool {taken.node.pool.name}")
     with transaction.atomic():
         registration = do_register_node(pool, {**report, "hostname": hostname}, hostname=hostname)
         Node.objects.filter(pk=registration.node.pk).update(agent=agent, agent_seen_at=timezone.now())

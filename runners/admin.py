@@ -23,7 +23,7 @@ from django.utils.html import escape, format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.http import require_POST
 
-from .actions import NodeRejected, check_local_devices, claim_mismatch, probe_this_machine
+from .actions import NodeRejected, check_local_devices, check_one_pool, claim_mismatch, probe_this_machine
 from .models import CheckOutcome, Gpu, GpuPool, GpuType, Node, PoolCheck, PoolHealth
 from .pools import (
     MEMORY_FIX_DOC,
@@ -219,6 +219,11 @@ class DeviceFormSet(BaseModelFormSet):
             seen[key] = form
         if self.instance is None or not self.instance.is_local:
             return
+        for form in rows:  # a machine another local pool has already: its devices would get two pools' runs
+            try:
+                check_one_pool(self.instance, form.cleaned_data.get("hostname", "").strip())
+            except NodeRejected as exc:
+                form.add_error("hostname", f"Refused: {exc}.")
         # this machine's rows can be checked now; another machine's agent registers what it has when it starts (and
         # is refused in a second local pool), and until then its rows get no run
         here = {socket.gethostname(), "localhost"}

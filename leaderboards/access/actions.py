@@ -116,8 +116,11 @@ def check_password_login(request, username: str, password: str):
     return user
 
 
-def is_pending_login(raw: str | None) -> bool:
-    return bool(raw) and PendingLogin.objects.filter(digest=digest(raw.strip()), token__isnull=True).exists()
+def pending_login_state(raw: str | None) -> str | None:
+    """"pending" for an unlinked CLI id, "declined" for one its user declined to link, else None."""
+    found = list(PendingLogin.objects.filter(digest=digest(raw.strip()), token__isnull=True)
+                 .values_list("declined", flat=True)[:1]) if raw else []
+    return ("declined" if found[0] else "pending") if found else None
 
 
 def client_address(request) -> str:
@@ -172,18 +175,41 @@ def do_start_cli_login(provider: str | None, address: str = "") -> str:
 
 
 def pending_cli_login(raw: str) -> PendingLogin | None:
-    """The unlinked CLI login of a pending id, or None (unknown, expired or linked already)."""
+    """The unlinked CLI login of a pending id, or None (unknown, expired, declined or linked already)."""
     raw = (raw or "").strip()
-    return PendingLogin.objects.filter(digest=digest(raw), token__isnull=True).first() if raw else None
+    return PendingLogin.objects.filter(digest=digest(raw), token__isnull=True, declined__isnull=True).first() \
+        if raw else None
+
+
+def check_cli_login(user, raw: str) -> PendingLogin | None:
+    """The pending login a pasted id names, before the user confirms it (refused as binding it would be); None when
+    it is linked to this user already."""
+    pending = PendingLogin.objects.filter(digest=digest(raw.strip()), declined__isnull=True).first()
+    if pending is None:
+        raise AccessDenied(UNKNOWN_CLI_ID, 404)
+    if pending.token_id and pending.token.user_id != user.pk:
+        raise AccessDenied("This CLI id is already linked to another account.", 409)
+    return None if pending.token_id else pending
+
+
+def do_decline_cli_login(raw: str) -> bool:
+    """The user declines to link a pending id: the CLI waiting on it is told (its `/me` answers 403) and stops."""
+    return bool(PendingLogin.objects.filter(digest=digest(raw.strip()), token__isnull=True, declined__isnull=True)
+                .update(declined=timezone.now()))
+
+
+UNKNOWN_CLI_ID = "Unknown or expired CLI id; run `kernelbot login` (or `popcorn-cli register`) again."
+DECLINED_CLI_ID = "This CLI login was declined in the browser: nothing was linked. Run `kernelbot login` (or " \
+    "`popcorn-cli register`) again to link a CLI you started yourself."
 
 
 def do_bind_cli_login(user, raw: str) -> ApiToken:
     """Make a pending id the user's token (the logged-in "link this CLI" page, or the OAuth callback)."""
     with transaction.atomic():
-        pending = PendingLogin.objects.select_for_update().filter(digest=digest(raw.strip())).first()
+        pending = PendingLogin.objects.select_for_update().filter(digest=digest(raw.strip()),
+                                                                  declined__isnull=True).first()
         if pending is None:
-            raise AccessDenied("Unknown or expired CLI id; run `kernelbot login` (or `popcorn-cli register`) again.",
-                               404)
+            raise AccessDenied(UNKNOWN_CLI_ID, 404)
         if pending.token_id:
             if pending.token.user_id != user.pk:
                 raise AccessDenied("This CLI id is already linked to another account.", 409)

@@ -19,7 +19,10 @@ class TokenAuth(HttpBearer):
 
     def authenticate(self, request, token: str):
         user = actions.authenticate_token(token)
-        if user is None and actions.is_pending_login(token):
+        state = actions.pending_login_state(token) if user is None else None
+        if state == "declined":  # the kernelbot CLI waits while /me answers 401, and stops on this
+            raise HttpError(403, actions.DECLINED_CLI_ID)
+        if state:
             raise HttpError(401, "This CLI id is not linked to an account yet.")
         return user
 

@@ -63,6 +63,8 @@ class PendingLogin(models.Model):
                                "named on the link page so a user can tell their own CLI from someone else's.")
     created = models.DateTimeField(auto_now_add=True)
     token = models.OneToOneField(ApiToken, null=True, blank=True, on_delete=models.CASCADE)
+    declined = models.DateTimeField(null=True, blank=True, help_text="When the user declined to link it: the CLI "
+                                    "waiting on it is told so, and it is never linked.")
 
     def __str__(self) -> str:
         return f"{self.provider} login {self.digest[:8]}"

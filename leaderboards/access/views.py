@@ -17,20 +17,30 @@ from .models import ApiToken
 @require_http_methods(["GET", "POST"])
 def link_cli(request):
     """A CLI's pending id (the kernelbot CLI's `login`, popcorn-cli's `register`): the user pastes it here (it is never
-    put in a URL path)."""
-    status = 200
+    put in a URL path), or opens the CLI's `?state=` link; either way the page asks before linking (the id becomes an
+    API token), and declining tells the waiting CLI."""
+    status, state, asking = 200, "", None
     if request.method == "POST":
+        raw = request.POST.get("cli_id", "")
         try:
-            token = actions.do_bind_cli_login(request.user, request.POST.get("cli_id", ""))
+            if "decline" in request.POST:
+                actions.do_decline_cli_login(raw)
+                messages.info(request, "Not linked: the CLI waiting on that id is told so and stops waiting.")
+                return redirect("access:tokens")
+            if request.POST.get("confirm") != "yes":  # pasted: show what it is and ask first
+                asking = actions.check_cli_login(request.user, raw)
+                state = raw.strip() if asking else ""
+            if asking is None:
+                token = actions.do_bind_cli_login(request.user, raw)
+                provider = token.pendinglogin.provider
+                messages.success(request, f"Your CLI is linked: {actions.cli_name(provider)} can submit as you now.")
+                return redirect("access:tokens")
         except actions.AccessDenied as exc:
             messages.error(request, exc.message)
             status = exc.status
-        else:
-            provider = token.pendinglogin.provider
-            messages.success(request, f"Your CLI is linked: {actions.cli_name(provider)} can submit as you now.")
-            return redirect("access:tokens")
-    state = request.GET.get("state", "") if request.method == "GET" else ""
-    asking = actions.pending_cli_login(state) if state else None
+    else:
+        state = request.GET.get("state", "")
+        asking = actions.pending_cli_login(state) if state else None
     if state and asking is None:
         messages.error(request, "The CLI id in this link is unknown, expired or linked already: nothing is filled in. "
                                 "Run `kernelbot login` (or `popcorn-cli register`) again.")

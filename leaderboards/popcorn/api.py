@@ -45,7 +45,10 @@ def cli_user(request: HttpRequest):
                         "cli_id in ~/.popcorn.yaml to a token from this site's account page).")
     user = access.authenticate_token(raw)
     if user is None:
-        if access.is_pending_login(raw):
+        state = access.pending_login_state(raw)
+        if state == "declined":
+            raise HttpError(403, access.DECLINED_CLI_ID)
+        if state:
             link = request.build_absolute_uri(reverse("access:link-cli"))
             raise HttpError(401, f"This CLI id is not linked to an account yet: log in at {link} and paste it.")
         raise HttpError(401, "Invalid, expired or revoked CLI id: register again or create a new token.")

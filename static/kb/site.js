@@ -185,6 +185,21 @@
     }, subLive);
   }
 
+  // Copy buttons (a new token): the clipboard API where the page may use it, else the text selected for Ctrl+C.
+  document.querySelectorAll("button[data-copy]").forEach((button) => button.addEventListener("click", async () => {
+    const source = $(button.dataset.copy), text = source.textContent.trim();
+    try {
+      await navigator.clipboard.writeText(text);
+      button.textContent = "Copied";
+    } catch {
+      const range = document.createRange();
+      range.selectNodeContents(source);
+      getSelection().removeAllRanges();
+      getSelection().addRange(range);
+      button.textContent = "Selected: press Ctrl+C";
+    }
+  }));
+
   // The submit form offers the chosen leaderboard's GPU types only.
   const boardSelect = $("select[name=leaderboard][data-gpus]"), gpuSelect = $("select[name=gpu]");
   if (boardSelect && gpuSelect) {
@@ -193,25 +208,30 @@
       const was = gpuSelect.value;
       gpuSelect.innerHTML = (gpusOf[boardSelect.value] || []).map(([value, label]) =>
         `<option value="${esc(value)}"${value === was ? " selected" : ""}>${esc(label)}</option>`).join("");
+      // only the chosen board's GPU types' "unavailable" banners
+      const mine = new Set((gpusOf[boardSelect.value] || []).map(([value]) => value));
+      document.querySelectorAll("[data-unavailable]").forEach((b) => { b.hidden = !mine.has(b.dataset.unavailable); });
     });
   }
 
   // Step charts as inline SVG: x = time, y = the figure (log scale): the time, or with onRatio the ratio to the
   // reference a board ranks on, so the lowest record is rank 1.
+  // a name in a label between FIRST STRONG ISOLATE and POP DIRECTIONAL ISOLATE: its U+202E turns nothing after it
+  const isolated = (text) => `\u2068${text}\u2069`;
   const when = (t, withTime) => new Date(t).toLocaleString(undefined, withTime
     ? { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" } : { year: "numeric", month: "short", day: "numeric" });
   function chart(el, series, onRatio) {
-    const W = el.clientWidth || 800, H = 260, P = 48;
+    const W = el.clientWidth || 800, H = 260, P = 48, T = 26;  // T: the plot starts below the title line
     const fig = (v) => onRatio ? `${v.toFixed(v < 10 ? 3 : 1)}×` : formatNs(v * 1e9);
     const pts = series.flatMap((s) => s.points);
     if (!pts.length) { el.innerHTML = "<p class='muted'>No passing ranked submissions yet.</p>"; return; }
     const xs = pts.map((p) => +new Date(p[0])), ys = pts.map((p) => Math.log(p[1]));
     const x0 = Math.min(...xs), x1 = Math.max(...xs, x0 + 1, Date.now()), y0 = Math.min(...ys), y1 = Math.max(...ys, y0 + 1e-9);
-    const X = (t) => P + ((t - x0) / (x1 - x0)) * (W - P - 10), Y = (v) => 10 + (1 - (Math.log(v) - y0) / (y1 - y0 || 1)) * (H - 40);
+    const X = (t) => P + ((t - x0) / (x1 - x0)) * (W - P - 10), Y = (v) => T + (1 - (Math.log(v) - y0) / (y1 - y0 || 1)) * (H - 30 - T);
     const what = onRatio ? "ratio to the reference (what the board ranks on)" : "time";
     let svg = `<svg viewBox="0 0 ${W} ${H}" role="img" aria-label="${what} over time, lower is better"><line class="axis" x1="${P}" y1="${H - 30}" x2="${W}" y2="${H - 30}"/>`;
     // the slowest at the top, the fastest at the bottom, as Y places them
-    svg += `<text x="2" y="14" class="y-top">${fig(Math.exp(y1))}</text><text x="2" y="${H - 32}" class="y-bottom">${fig(Math.exp(y0))}</text>`;
+    svg += `<text x="2" y="${T + 4}" class="y-top">${fig(Math.exp(y1))}</text><text x="2" y="${H - 32}" class="y-bottom">${fig(Math.exp(y0))}</text>`;
     svg += `<text x="${W - 4}" y="14" text-anchor="end" class="y-title">${onRatio ? "× reference" : "time"}, lower is better</text>`;
     // the first point's moment and "now" (the right edge): a span under two days shows the hour
     const short = x1 - x0 < 2 * 86400e3;
@@ -221,7 +241,7 @@
       for (const p of s.points) { const x = X(+new Date(p[0])), y = Y(p[1]); d += last === null ? `M${x},${y}` : `H${x}V${y}`; last = y; }
       d += `H${X(x1)}`;
       svg += `<path class="${s.cls}" d="${d}"><title>${esc(s.label)}</title></path>`;
-      for (const p of s.points) svg += `<circle cx="${X(+new Date(p[0]))}" cy="${Y(p[1])}" r="3" class="${s.cls}"><title>${esc(s.label)}: ${fig(p[1])} at ${new Date(p[0]).toLocaleString()}${p[2] !== undefined && s.names ? " by " + esc(s.names[p[2]] || "") : ""}</title></circle>`;
+      for (const p of s.points) svg += `<circle cx="${X(+new Date(p[0]))}" cy="${Y(p[1])}" r="3" class="${s.cls}"><title>${esc(s.label)}: ${fig(p[1])} at ${new Date(p[0]).toLocaleString()}${p[2] !== undefined && s.names ? " by " + esc(isolated(s.names[p[2]] || "")) : ""}</title></circle>`;
     }
     el.innerHTML = svg + "</svg>";
   }
@@ -231,7 +251,7 @@
     const el = $("#chart");
     const draw = (uid) => {
       const base = { label: "record", cls: "record", points: data.records, names: data.names };
-      chart(el, uid && data.users[uid] ? [base, { label: data.userNames[uid], cls: "user", points: data.users[uid] }] : [base],
+      chart(el, uid && data.users[uid] ? [base, { label: isolated(data.userNames[uid]), cls: "user", points: data.users[uid] }] : [base],
             data.onRatio);
     };
     draw(null);
@@ -250,6 +270,7 @@
   const history = $("#history-data");
   if (history) {
     const data = JSON.parse(history.textContent);
-    chart($("#chart"), Object.entries(data).map(([label, points], i) => ({ label, points, cls: i ? "user" : "record" })));
+    chart($("#chart"), Object.entries(data.series).map(([label, points], i) => ({ label, points, cls: i ? "user" : "record" })),
+          data.onRatio);
   }
 })();

@@ -93,7 +93,7 @@ def test_registration_binds_a_pending_id_which_then_works_as_cli_id(client, lead
     user = UserFactory(username="bob")
     client.force_login(user)
     assert client.get("/tokens/link-cli/").status_code == 200
-    assert client.post("/tokens/link-cli/", {"cli_id": state}).status_code == 302
+    assert client.post("/tokens/link-cli/", {"cli_id": state, "confirm": "yes"}).status_code == 302
     client.logout()
     assert pending.submit(leaderboard.name, "CPU", "test", GOOD).status_code == 200
     assert ApiToken.objects.get(user=user).name.startswith("popcorn-cli")

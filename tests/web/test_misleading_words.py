@@ -30,9 +30,10 @@ def test_a_link_naming_a_cli_id_asks_before_linking_and_names_its_host_and_time(
     assert 'id="confirm-link"' in page and 'id="cli-id"' not in page  # no ready form with the id in it
     assert re.search(r'The kernelbot CLI on\s+<strong id="cli-host">203\.0\.113\.7</strong> asked at', page)
     assert f'{asked.created.astimezone(UTC):%Y-%m-%d %H:%M} UTC' in page and "This browser is on 198.51.100.2" in page
-    assert "If someone sent you this link, do not link it." in page and "Yes, link this CLI to victim" in page
+    assert "If someone sent you this link, do not link it." in page
+    assert "Yes, link this CLI to <bdi>victim</bdi>" in page
     assert not ApiToken.objects.exists()
-    client.post("/tokens/link-cli/", {"cli_id": cli_id})
+    client.post("/tokens/link-cli/", {"cli_id": cli_id, "confirm": "yes"})
     assert ApiToken.objects.get().user.username == "victim"
     again = client.get(f"/tokens/link-cli/?state={cli_id}", follow=True).content.decode()  # linked already
     assert "unknown, expired or linked already: nothing is filled in" in again and 'value=""' in again

@@ -31,7 +31,7 @@ RLO = "\u202e"
 def test_linking_a_cli_names_the_cli_that_asked(client, start, named, token):
     cli_id = start(client)
     client.force_login(UserFactory(username="linker"))
-    page = client.post("/tokens/link-cli/", {"cli_id": cli_id}, follow=True).content.decode()
+    page = client.post("/tokens/link-cli/", {"cli_id": cli_id, "confirm": "yes"}, follow=True).content.decode()
     assert f"Your CLI is linked: {named} can submit as you now." in page
     assert ApiToken.objects.get(user__username="linker").name == token
     assert ("popcorn" in page.split("Your CLI is linked")[1].split(".")[0]) == (named == "popcorn-cli")
@@ -57,7 +57,8 @@ def test_a_published_finals_admin_page_shows_its_published_ranks(leaderboard, cp
 
     first = finals.do_publish_final(verify({0: 3000.0, 1: 1000.0, 2: 2000.0}))  # the board's 2nd wins
     table = admin_client.get(f"/admin/leaderboards/final/{first.pk}/change/").content.decode()
-    rows = re.findall(r"<tr><td>CPU</td><td>(racer\d)</td><td>(\d)</td><td>(\d)</td><td>(.)</td>", table)
+    rows = re.findall(r"<tr><td>CPU</td><td><bdi>(racer\d)</bdi></td><td[^>]*>(\d)</td><td[^>]*>(\d)</td>"
+                      r"<td[^>]*>(.)</td>", table)
     assert rows == [("racer1", "2", "1", "1"), ("racer2", "3", "2", "2"), ("racer0", "1", "3", "3")]
     second = verify({0: 1000.0, 1: 2000.0, 2: 3000.0})  # a later re-run, compared with the published one
     assert [(r["user"], r["rank"], r["published_rank"]) for r in finals.compare(second)] == \

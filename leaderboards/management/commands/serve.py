@@ -1,3 +1,4 @@
+import io
 import os
 import secrets
 import signal
@@ -61,7 +62,11 @@ class Command(BaseCommand):
         call_command("migrate", interactive=False, verbosity=0)
         if not no_demo:
             call_command("load_demo", stdout=self.stdout)
-        call_command("ensure_admin", stdout=self.stdout)
+        admin = io.StringIO()  # a new admin's one-time password, printed again last, where it is not scrolled away
+        call_command("ensure_admin", stdout=admin)
+        self.stdout.write(admin.getvalue(), ending="")
+        # the task queue's line per task (ticks every few seconds: ~30 lines a minute) only with Q_LOG_LEVEL=INFO
+        os.environ.setdefault("Q_LOG_LEVEL", "WARNING")
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop the children below on SIGTERM too
         if not os.environ.get("KERNELBOT_RUNNER_KEY"):  # the agent below and the server share it; kept per start
             os.environ["KERNELBOT_RUNNER_KEY"] = settings.RUNNER_KEY = secrets.token_hex(32)
@@ -89,6 +94,8 @@ class Command(BaseCommand):
                 raise CommandError(f"the web server did not start on {host}:{port} (see its output above)")
             self.stdout.write(self.style.SUCCESS(f"kernelbot is up: http://{host}:{port}/ (admin: /admin/). "
                                                  "Ctrl-C stops it."))
+            if "password" in admin.getvalue():
+                self.stdout.write(admin.getvalue(), ending="")
             while all(child.poll() is None for child in children):
                 for process in kept:
                     process.keep_alive()

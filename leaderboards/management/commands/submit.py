@@ -2,7 +2,9 @@ import secrets
 import time
 from pathlib import Path
 
+from allauth.account.adapter import get_adapter
 from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
 from leaderboards.actions import SubmissionRejected, check_submission, do_submit
@@ -30,6 +32,10 @@ class Command(BaseCommand):
         if account is None:
             if not create_user:
                 raise CommandError(f"no user '{user}' (pass --create-user to create one)")
+            try:  # the name sign-up would accept, no other (a U+202E name reverses the pages it is shown on)
+                get_adapter().clean_username(user)
+            except ValidationError as exc:
+                raise CommandError(f"{user!a} is not a valid username: {' '.join(exc.messages)}") from exc
             chosen = password or secrets.token_urlsafe(12)
             account = User.objects.create_user(user, password=chosen)
             self.stdout.write(f"created user {user}" + ("" if password else f" with password {chosen}") +
