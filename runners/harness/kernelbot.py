@@ -363,6 +363,7 @@ class KernelbotRun:
         self.lent_s = 0.0  # of which copying inputs into the lent buffers (result "seconds_of", with the problem's)
         self.yardstick = child_module.Yardstick(torch)  # the clock of both sides (the child has its own instance)
         self.reference_pool = child_module.Pool(torch, first_id=1 << 40)  # the reference's inputs: never lent
+        self.reference_out = child_module.Pool(torch, first_id=1 << 41)  # and its outputs, copied out as the child's
         self.late_baseline, self.late_allowance = 0.0, math.inf  # ns (calibrate_late); without a GPU `late` is 0
 
     @contextlib.contextmanager
@@ -471,31 +472,41 @@ class KernelbotRun:
     def time_reference(self, case: Case, seed: int, calls: int) -> list[int]:
         """The yardstick: the problem's reference timed here, in the trusted parent, while the sandbox is frozen (the
         submission never runs in this process and nothing of it runs meanwhile), by the child's own timing routine
-        (`child.Yardstick`: the same clock, the same L2 flush) on fresh inputs lent to it just before each call as
-        the child's are: copied into a reused shared buffer (of a pool the child never sees). An output lives until
-        the next call returns, as the child's does."""
+        (`child.Yardstick`: the same clock, the same L2 flush), each call prepared as a submission's call is: fresh
+        inputs generated, lent (copied into a reused shared buffer of a pool the child never sees) just before it,
+        started on a thread just woken; its output copied out into a pool and checked, and alive until the next call
+        returns. So both sides meet the same state of caches and allocator, and a busy host slows both alike."""
         assert self.problem is not None and self.session is not None
-        inputs = [self.problem.generate(case, derive_seed(seed, "reference", j, 0)) for j in range(calls)]
         samples, out = [], None
         with self.session.tree.frozen():
-            for data in inputs:
+            for j in range(calls):
+                data = self.problem.generate(case, derive_seed(seed, "reference", j, 0))
                 views = self.lent_to_self(data)
-                time.sleep(WAKE_S)  # each call starts on a thread just woken, as the child's (from its socket) does
+                time.sleep(WAKE_S)
+                child_module.thread_times()  # what the child does right before its clock starts
                 out, ns, _ = self.yardstick(self.problem.reference, views)
                 samples.append(ns)
+                self.pooled(self.reference_out, out, contiguous=True)  # as the child hands its output back
+                self.problem.check(data, out)  # as the parent checks a submission's output
         del out
         return samples
 
     def lent_to_self(self, data: Any) -> Any:
         """`data` as the child would see it: views over buffers of the parent's own pool, just copied in."""
         pool = self.reference_pool
-        tree = child_module.encode(torch, data, pool)
-        for buf in pool.new:  # never sent: the descriptor is not needed
+        tree = self.pooled(pool, data)
+        return child_module.decode(torch, tree, {b.id: b for slots in pool.slots.values() for b in slots.values()})
+
+    @staticmethod
+    def pooled(pool: child_module.Pool, data: Any, contiguous: bool = False) -> Any:
+        """`data` copied into `pool`'s buffers (child.encode); nothing is sent, so no descriptor is kept."""
+        tree = child_module.encode(torch, data, pool, contiguous=contiguous)
+        for buf in pool.new:
             os.close(buf.fd)
             buf.fd = -1
         pool.new.clear()
         pool.dropped.clear()
-        return child_module.decode(torch, tree, {b.id: b for slots in pool.slots.values() for b in slots.values()})
+        return tree
 
     def calibrate_late(self) -> None:
         """On a GPU: how late after a call's end mark the device goes idle when all its work is on the call's
