@@ -142,6 +142,8 @@ def aa(args: argparse.Namespace) -> None:
                     for name, (path, case) in dirs.items():
                         for label, harness in harnesses.items():  # side by side: same load, same minute
                             runs[name + label].append(aa_once(path, case, args.budget, harness))
+                    if args.save:
+                        args.save.write_text(json.dumps({"load": load, "runs": runs}))
                     print(f"load {load} rep {rep + 1}: " + "  ".join(
                         f"{n}={ranked_value(r[-1])[0]:.3f}" for n, r in runs.items()), flush=True)
             finally:
