@@ -137,3 +137,34 @@ def test_parent_times_the_reference_with_the_childs_routine():
     assert all(torch.equal(a, b) and a.stride() == b.stride() for a, b in zip(seen, data, strict=True))
     assert seen[0].untyped_storage().data_ptr() != data[0].untyped_storage().data_ptr()
     assert not run.reference_pool.new  # nothing waits to be sent: the child never sees these buffers
+
+
+def test_reference_calls_are_prepared_as_the_submissions_are(monkeypatch):
+    """Each reference call: fresh inputs, lent to the parent's own pool just before it (the same kind of memory the
+    child's arrive in), timed by the Yardstick, its output copied out and checked as a submission's is."""
+    torch = pytest.importorskip("torch")
+    import contextlib
+
+    generated, seen, checked = [], [], []
+
+    def generate(case, seed):
+        generated.append(torch.full((4,), float(seed % 1000)))
+        return (generated[-1],)
+
+    def reference(data):
+        seen.append((data[0].clone(), data[0].untyped_storage().data_ptr()))  # the buffer is reused by the next call
+        return data[0] * 2
+
+    run = kernelbot.KernelbotRun.__new__(kernelbot.KernelbotRun)
+    run.yardstick = child.Yardstick(torch)
+    run.reference_pool, run.reference_out = child.Pool(torch, first_id=1 << 40), child.Pool(torch, first_id=1 << 41)
+    run.problem = SimpleNamespace(generate=generate, reference=reference,
+                                  check=lambda data, out: checked.append(torch.equal(out, data[0] * 2)))
+    run.session = SimpleNamespace(tree=SimpleNamespace(frozen=contextlib.nullcontext))
+    samples = run.time_reference({"n": 4}, seed=7, calls=3)
+    assert len(samples) == 3 and all(isinstance(ns, int) for ns in samples)
+    assert checked == [True, True, True]
+    pool_ptrs = {b.u8.data_ptr() for slots in run.reference_pool.slots.values() for b in slots.values()}
+    for (given, at), made in zip(seen, generated, strict=True):
+        assert torch.equal(given, made) and at in pool_ptrs and at != made.untyped_storage().data_ptr()  # lent
+    assert len({float(t[0]) for t in generated}) == 3  # fresh inputs per call
