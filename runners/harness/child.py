@@ -58,6 +58,21 @@ BACKEND_FLAGS = ("torch.backends.cuda.matmul.allow_tf32", "torch.backends.cudnn.
                  "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction")
 
 
+# glibc's malloc, set alike in both processes before they time anything: its default adapts the size past which a
+# block is a fresh mmap (first-touch page faults on every call) to what each process freed before, so the parent
+# and the child would serve the same allocation differently. Fixed: blocks under 32 MiB (glibc's maximum) come from
+# the heap, which keeps up to 1 GiB freed; larger ones are fresh mappings on both sides.
+MALLOPT = {-3: 32 << 20, -1: 1 << 30}  # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
+
+
+def same_malloc() -> None:
+    """Set MALLOPT in this process (a no-op where the C library is not glibc)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None)
+        for option, value in MALLOPT.items():
+            libc.mallopt(option, value)
+
+
 class ProtocolError(Exception):
     """The other side sent something that is not a valid message."""
 
@@ -772,6 +787,7 @@ def calibrate(runner: Runner) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    same_malloc()
     sock = socket.socket(fileno=int(argv[1]))
     runner = Runner(sock)
     try:
