@@ -17,8 +17,8 @@ speak one format.
 Messages (one JSON object per SOCK_SEQPACKET message, descriptors attached):
 Parent -> child: {"op": "call"|"time"|"profile"|"echo"|"warm"|"import"|"exit", "id": k, "data": TREE,
 "new": [{"buf", "kind", "size"}], "drop": [buf ids]} with one descriptor per "new" entry.
-Child -> parent: {"op": "hello", "seconds"}, {"op": "sample", "ns"}, {"op": "output", "out": TREE, "new", "drop"},
-{"op": "error", "kind": "import|kernel|output|threads|tamper", "message"}, {"op": "profile", "report"}.
+Child -> parent: {"op": "hello", "seconds"}, {"op": "sample", "ns", "late"} (Yardstick), {"op": "output", "out": TREE,
+"new", "drop"}, {"op": "error", "kind": "import|kernel|output|threads|tamper", "message"}, {"op": "profile", "report"}.
 TREE: {"T": [buf, dtype, shape, stride|null, offset]} for a tensor (null stride: contiguous), {"tuple": [...]},
 {"list": [...]}, {"dict": [[key, TREE], ...]}, {"dtype": name}, {"device": name}, or a JSON scalar.
 """
