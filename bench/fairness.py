@@ -15,6 +15,13 @@ of its scores next to the interval the harness reported: `covers` is the share o
 interval contains the median of all runs of the same code (an honest interval covers it ~95 % of the time).
 A run that does not pass (e.g. flagged by the plausibility check under load) counts as a wrong order.
 The ranked value is the harness's ratio to the reference when the result has one, else the mean time.
+
+    python bench/fairness.py --aa [--reps 20] [--budget 1] [--loads 0,2]
+
+The A/A check: on every problem of the trusted protocol in problems/ (each directory with a reference.py and no
+evaluator of its own), a submission whose custom_kernel is the task's ref_kernel line for line (reference.py itself,
+plus `custom_kernel = ref_kernel`) timed on the task's largest benchmark, `--reps` times at each load. Identical
+code should score 1.00x, with its 95 % interval covering 1 in at least 19 of 20 runs.
 """
 
 from __future__ import annotations
@@ -80,6 +87,82 @@ def run_once(path: Path, args: argparse.Namespace, seed: int) -> dict:
         print(f"  {path.name}: {result.get('verdict')}: {result.get('error')}"[:300], flush=True)
         return {"verdict": result.get("verdict")}
     return result["benchmarks"][0]
+
+
+def trusted_problems() -> list[Path]:
+    """The task directories in problems/ that the trusted protocol runs: a reference.py, no evaluator of their own."""
+    import yaml
+
+    return sorted(p.parent for p in (REPO / "problems").rglob("reference.py")
+                  if "main" not in (yaml.safe_load((p.parent / "task.yml").read_text()).get("config") or {}))
+
+
+def aa_workdir(root: Path, problem: Path) -> tuple[Path, dict]:
+    """A workdir whose submission is the reference, and the task's largest benchmark case."""
+    import yaml
+
+    path = root / problem.name
+    shutil.copytree(problem, path, ignore=shutil.ignore_patterns("solutions", "template.py"))
+    for utils in (problem / "utils.py", problem.parent / "utils.py"):
+        if utils.exists() and not (path / "utils.py").exists():
+            shutil.copyfile(utils, path / "utils.py")
+    (path / "submission.py").write_text((problem / "reference.py").read_text() + "\n\ncustom_kernel = ref_kernel\n")
+    task = yaml.safe_load((problem / "task.yml").read_text())
+    return path, task["benchmarks"][-1]
+
+
+def aa_once(path: Path, case: dict, budget: float, harness: Path = REPO) -> dict:
+    job = {"mode": "benchmark", "workdir": str(path), "seed": random.getrandbits(62), "benchmarks": [case],
+           "ranking_by": "last", "timing": {"rel_ci": 0.01, "min_samples": 10, "max_samples": 1000,
+                                             "case_budget_s": budget, "warmup_s": 0.2},
+           "timeouts": {"benchmark": 120}}
+    proc = subprocess.run([sys.executable, "-m", "runners.harness"], input=json.dumps(job), capture_output=True,
+                          text=True, cwd=harness, timeout=300, env={**os.environ, "PYTHONPATH": str(harness)})
+    result = json.loads(proc.stdout.splitlines()[-1])
+    return result["benchmarks"][0] if result.get("passed") else {"verdict": result.get("verdict")}
+
+
+def aa(args: argparse.Namespace) -> None:
+    """Identical code against the reference, per trusted-protocol problem and load: does it score 1.00x?"""
+    problems = trusted_problems()
+    loads = [int(n) for n in args.loads.split(",")]
+    print(f"settings: A/A reps={args.reps} budget={args.budget}s loads={loads} cores={os.cpu_count()} "
+          f"sandbox={os.environ.get('KERNELBOT_SANDBOX', 'auto')} problems={[p.name for p in problems]}", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    root = Path(tempfile.mkdtemp(prefix="kernelbot-aa-"))
+    dirs = {p.name: aa_workdir(root, p) for p in problems}
+    harnesses = {"": REPO, **({" (baseline)": args.baseline} if args.baseline else {})}
+    rows = []
+    try:
+        for load in loads:
+            loaders = [subprocess.Popen([sys.executable, "-c", LOAD, str(i)]) for i in range(load)]
+            try:
+                runs: dict[str, list[dict]] = {name + h: [] for h in harnesses for name in dirs}
+                for rep in range(args.reps):
+                    for name, (path, case) in dirs.items():
+                        for label, harness in harnesses.items():  # side by side: same load, same minute
+                            runs[name + label].append(aa_once(path, case, args.budget, harness))
+                    if args.save:
+                        args.save.write_text(json.dumps({"load": load, "runs": runs}))
+                    print(f"load {load} rep {rep + 1}: " + "  ".join(
+                        f"{n}={ranked_value(r[-1])[0]:.3f}" for n, r in runs.items()), flush=True)
+            finally:
+                for p in loaders:
+                    p.send_signal(signal.SIGKILL)
+                    p.wait()
+            for name, cases in runs.items():
+                ok = [c for c in cases if "verdict" not in c]
+                ratios = [c["ratio"] for c in ok]
+                covers = sum(c["ratio_low"] <= 1 <= c["ratio_high"] for c in ok)
+                half = statistics.median((c["ratio_high"] - c["ratio_low"]) / 2 for c in ok) if ok else math.nan
+                rows.append(f"| {name} | {load} | {statistics.median(ratios) if ratios else math.nan:.3f} | "
+                            f"{min(ratios, default=math.nan):.3f}–{max(ratios, default=math.nan):.3f} | "
+                            f"{covers}/{len(cases)} | ±{half:.3f} | {len(cases) - len(ok)} |")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    print("\n| problem (reference copy) | load | median ratio | range | interval covers 1 | median half-width "
+          "| failed |\n| --- | --- | --- | --- | --- | --- | --- |")
+    print("\n".join(rows))
 
 
 def ranked_value(case: dict) -> tuple[float, float, float]:
@@ -164,7 +247,13 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=256, help="m = k = n of the matmul case")
     parser.add_argument("--save", type=Path, help="write every run's timed case (JSON) here, for offline analysis")
     parser.add_argument("--analyse", type=Path, help="compare estimators on runs saved by --save, and exit")
+    parser.add_argument("--aa", action="store_true", help="the A/A check: reference copies on every trusted problem")
+    parser.add_argument("--loads", default="0,2", help="--aa: the load settings, comma-separated")
+    parser.add_argument("--baseline", type=Path, help="--aa: also time each rep with the harness (runners/) under DIR")
     args = parser.parse_args()
+    if args.aa:
+        aa(args)
+        return
     if args.analyse:
         analyse(json.loads(args.analyse.read_text()))
         return

@@ -22,6 +22,10 @@ Nothing of the upstream checkouts is committed: DIR is scratch.
     (the popcorn protocol runs upstream's eval.py) is the expectation for the trusted protocol.
 (b) leaderboard runs one at a time, each pair (eval.py, then its trusted twin) back to back, so the budget never
     leaves half a pair: wall seconds of each and their ratio, per-case means, samples and stop reasons.
+(y) the yardstick, required (run first, never skipped for the budget): on YARDSTICK_BOARDS, in leaderboard mode,
+    a reference copy (reference.py plus `custom_kernel = ref_kernel`: should score 1.00x, its intervals covering 1),
+    the reference run on a side stream it does not join (must be refused: work outside the timed stream) and run
+    half on a side stream joined before returning (honest: must pass).
 Runs not started within the budgets are listed as skipped. Every result is kept in DIR/results.json (its whole
 result but the child's output: breakdown, transport, child start).
 """
@@ -48,6 +52,28 @@ PRIORITY = ("vectoradd", "grayscale", "matmul", "conv2d", "sort", "vectorsum", "
 BIG = ("trimul", "eigh", "qr", "cholesky", "mla", "moe", "fp8", "gemm")  # test runs that may fill a device: alone
 OUT_OF_MEMORY = ("out of memory", "OutOfMemoryError", "device-busy")
 WARM_BOARD = "tk_vectoradd_py"
+YARDSTICK_BOARDS = ("tk_vectoradd_py", "tk_matmul_py", "tk_grayscale_py")
+SIDE_STREAM = """import torch
+from reference import ref_kernel
+
+_side = []
+
+
+def custom_kernel(data):
+    if not _side:
+        _side.append(torch.cuda.Stream())
+    _side[0].wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(_side[0]):
+        for _ in range({repeat}):
+            out = ref_kernel(data)
+    return out
+"""
+YARDSTICK = {  # solution -> (expected verdict, code from the task's reference.py)
+    "yardstick/reference-copy.py": ("pass", lambda ref: ref + "\n\ncustom_kernel = ref_kernel\n"),
+    "yardstick/side-stream.py": ("hacked", lambda ref: SIDE_STREAM.format(repeat=50)),
+    "yardstick/joined-streams.py": ("pass", lambda ref: SIDE_STREAM.format(repeat=1).replace(
+        "    return out", "    torch.cuda.current_stream().wait_stream(_side[0])\n    return out")),
+}
 
 
 # -- prepare (Django) ----------------------------------------------------------------------------------------------
@@ -130,6 +156,17 @@ def write_payloads(sources: dict[str, Path], out: Path) -> None:
                 (out / f"{key}.json").write_text(json.dumps(jobs.job_payload(run, None)))
                 manifest.append({"key": key, "board": lb.name, "solution": rel, "mode": mode,
                                  "protocol": lb.problem.harness, "problem": task.name})
+        if lb.name in YARDSTICK_BOARDS and (task / "reference.py").exists():
+            for n, (rel, (expected, code)) in enumerate(YARDSTICK.items()):
+                text = code((task / "reference.py").read_text())
+                submission = SimpleNamespace(problem=lb.problem, leaderboard=lb, pk=2000 + n, mode="leaderboard",
+                                             code=SimpleNamespace(text=text))
+                run = SimpleNamespace(submission=submission, secret=False, gpu_type=h100, gpu_type_id=h100.pk)
+                key = f"{lb.name}__{rel.replace('/', '_')}__leaderboard"
+                (out / f"{key}.json").write_text(json.dumps(jobs.job_payload(run, None)))
+                manifest.append({"key": key, "board": lb.name, "solution": rel, "mode": "leaderboard",
+                                 "protocol": lb.problem.harness, "problem": task.name, "required": True,
+                                 "expected": expected})
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     print(f"{len(manifest)} payloads in {out}")
 
@@ -255,6 +292,11 @@ def run(out: Path, budget_s: float, test_budget_s: float, parallel: int, only: s
                 if not only or any(o in e["board"] for o in only)]
     started = time.monotonic()
     results = warm_phase(out, manifest, warm_runs, pause_s=3.0) if warm_runs else []
+    print("\n(y) the yardstick (required)")
+    for entry in (e for e in manifest if e.get("required")):
+        results.append(run_one(out, entry))
+        show(results[-1])
+    manifest = [e for e in manifest if not e.get("required")]
 
     def test(entry: dict) -> dict:
         return run_one(out, entry) if time.monotonic() - started < test_budget_s else skipped(entry)
@@ -292,6 +334,16 @@ def run(out: Path, budget_s: float, test_budget_s: float, parallel: int, only: s
 
 
 def report(results: list[dict]) -> None:
+    required = [r for r in results if r.get("required")]
+    if required:
+        print("\n(y) yardstick: board | solution | expected | verdict | ok | ratio [95 % interval] per case")
+        for r in required:
+            cases = ((r.get("result") or {}).get("ranked") or (r.get("result") or {}).get("benchmarks") or [])
+            ratios = "; ".join(f"{c['ratio']:.3f} [{c['ratio_low']:.3f}, {c['ratio_high']:.3f}]"
+                               for c in cases if c.get("ratio") is not None)
+            print(f"| {r['board']} | {r['solution']} | {r['expected']} | {r['verdict']} | "
+                  f"{'yes' if r['verdict'] == r['expected'] else 'NO'} | {ratios or r['error'][:200]} |")
+    results = [r for r in results if not r.get("required")]
     warm = [r for r in results if str(r.get("key", "")).startswith("warm")]
     if warm:
         print("\n(w) warm phase: run | first verdict s | result s | parent | child | device context | breakdown")

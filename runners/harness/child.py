@@ -17,7 +17,7 @@ speak one format.
 Messages (one JSON object per SOCK_SEQPACKET message, descriptors attached):
 Parent -> child: {"op": "call"|"time"|"profile"|"echo"|"warm"|"ping"|"import"|"exit", "id": k, "data": TREE,
 "new": [{"buf", "kind", "size"}], "drop": [buf ids]} with one descriptor per "new" entry.
-Child -> parent: {"op": "pong", "id"}, {"op": "hello", "seconds"}, {"op": "sample", "ns"},
+Child -> parent: {"op": "pong", "id"}, {"op": "hello", "seconds"}, {"op": "sample", "ns", "late"} (Yardstick),
 {"op": "output", "out": TREE, "new", "drop"},
 {"op": "error", "kind": "import|kernel|output|threads|tamper", "message", "oom": bool (torch's error type)},
 {"op": "profile", "report"}.
@@ -58,6 +58,21 @@ BACKEND_FLAGS = ("torch.backends.cuda.matmul.allow_tf32", "torch.backends.cudnn.
                  "torch.backends.cudnn.deterministic", "torch.backends.cudnn.benchmark",
                  "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction",
                  "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction")
+
+
+# glibc's malloc, set alike in both processes before they time anything: its default adapts the size past which a
+# block is a fresh mmap (first-touch page faults on every call) to what each process freed before, so the parent
+# and the child would serve the same allocation differently. Fixed: blocks under 32 MiB (glibc's maximum) come from
+# the heap, which keeps up to 1 GiB freed; larger ones are fresh mappings on both sides.
+MALLOPT = {-3: 32 << 20, -1: 1 << 30}  # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
+
+
+def same_malloc() -> None:
+    """Set MALLOPT in this process (a no-op where the C library is not glibc)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None)
+        for option, value in MALLOPT.items():
+            libc.mallopt(option, value)
 
 
 class ProtocolError(Exception):
@@ -555,6 +570,48 @@ def _out_of_memory() -> bool:
     return False
 
 
+class Yardstick:
+    """The one clock both sides are timed by: the child times the submission with it, the trusted parent the
+    reference, each on inputs lent to it the same way just before the call (a shared buffer of a pool that is
+    reused call after call). Returns (output, ns, late ns). On a GPU: events on the stream the call runs on, after
+    the same L2 flush; `late` is how much later than the end mark the device as a whole went idle (a device-wide
+    synchronize, then a third mark): a host round trip for a call whose work is all on its stream, the hidden
+    work's duration for one that leaves work on another stream. On the CPU: the host clock, `late` 0.
+    References to the clock functions are taken here, before the submission is imported."""
+
+    def __init__(self, torch, cuda: bool | None = None):
+        self.torch = torch
+        self.cuda = torch.cuda.is_available() if cuda is None else cuda
+        self.flush = None
+        if self.cuda:
+            cuda = torch.cuda
+            self.event, self.elapsed, self.sync = cuda.Event, cuda.Event.elapsed_time, cuda.synchronize
+
+    def warm(self) -> None:
+        """The L2 flush buffer (and with it the device context)."""
+        if self.cuda and self.flush is None:
+            self.flush = self.torch.empty(L2_FLUSH_BYTES, dtype=self.torch.int8, device="cuda")
+            self.sync()
+
+    def __call__(self, fn, data):
+        if not self.cuda:
+            t0 = _perf_ns()
+            out = fn(data)
+            return out, _perf_ns() - t0, 0
+        self.warm()
+        start, end, idle = (self.event(enable_timing=True) for _ in range(3))
+        self.sync()
+        self.flush.zero_()  # as eval.py: the start mark is queued behind the flush, so launch latency is hidden
+        start.record()
+        out = fn(data)
+        end.record()
+        self.sync()  # every stream of the device
+        idle.record()
+        idle.synchronize()
+        ns = int(self.elapsed(start, end) * 1e6)
+        return out, ns, max(0, int(self.elapsed(start, idle) * 1e6) - ns)
+
+
 def _format_error() -> str:
     """The current exception's traceback without the harness's own frames, and without the server's paths: the
     workdir's files by their names, libraries from site-packages on."""
@@ -582,12 +639,10 @@ class Runner:
 
         self.torch, self.sock = torch, sock
         self.cuda = torch.cuda.is_available()
-        self.flush = None
         self.seconds = {"torch_import": (_perf_ns() - started) / 1e9}  # reported to the parent: informational
         torch.ones(1 << 16).sum()  # spin up torch's own thread pools before anything is measured
         self.sync = torch.cuda.synchronize if self.cuda else None
-        if self.cuda:
-            self.event, self.elapsed = torch.cuda.Event, torch.cuda.Event.elapsed_time
+        self.yardstick = Yardstick(torch)
         self.watched = {**{f"time.{k}": v for k, v in _CLOCKS.items()}, "torch.cuda.synchronize":
                         torch.cuda.synchronize, "torch.cuda.Event": torch.cuda.Event}
         self.main_tid = threading.get_native_id()
@@ -637,10 +692,9 @@ class Runner:
     def warm_device(self) -> None:
         """The device context and the L2 flush buffer, made now rather than in the run: only when the parent says the
         device is free (a spare never holds memory on a device a reservation holds)."""
-        if self.cuda and self.flush is None:
+        if self.cuda and self.yardstick.flush is None:
             started = _perf_ns()
-            self.flush = self.torch.empty(L2_FLUSH_BYTES, dtype=self.torch.int8, device="cuda")
-            self.torch.cuda.synchronize()
+            self.yardstick.warm()
             self.seconds["device_context"] = (_perf_ns() - started) / 1e9
 
     def import_submission(self) -> None:
@@ -694,18 +748,7 @@ class Runner:
         self.outputs.send(self.sock, {"op": "output", "id": rid, "out": tree})
 
     def timed(self, data):
-        if self.cuda:  # as eval.py: the start mark is queued behind the L2 flush, so launch latency is hidden
-            start, end = self.event(enable_timing=True), self.event(enable_timing=True)
-            self.sync()
-            self.flush.zero_()
-            start.record()
-            out = self.kernel(data)
-            end.record()
-            self.sync()
-            return out, int(self.elapsed(start, end) * 1e6)
-        t0 = _perf_ns()
-        out = self.kernel(data)
-        return out, _perf_ns() - t0
+        return self.yardstick(self.kernel, data)
 
     def profile(self, data, calls: int):
         from torch.profiler import ProfilerActivity, profile
@@ -732,8 +775,8 @@ class Runner:
                         self.send({"op": "error", "id": rid, "kind": "tamper", "message": problem})
                         continue
                     before = thread_times(skip=self.main_tid)
-                    out, ns = self.timed(data)
-                    self.send({"op": "sample", "id": rid, "ns": ns})
+                    out, ns, late = self.timed(data)
+                    self.send({"op": "sample", "id": rid, "ns": ns, "late": late})
                 elif op == "profile":
                     out, report = self.profile(data, int(header.get("calls", 5)))
                     self.send({"op": "profile", "id": rid, "report": report})
@@ -763,6 +806,7 @@ def calibrate(runner: Runner) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    same_malloc()
     sock = socket.socket(fileno=int(argv[1]))
     runner = Runner(sock)
     try:

@@ -37,6 +37,9 @@ MIN_OUTPUT_CAP = 64 << 20  # bytes of output a call may return: this or 8 times 
 MAX_OUTPUT_BUFFERS = 1024
 PROFILE_CALLS = 5
 CALIBRATION_ROUNDS = 5
+LATE_CALIBRATION_CALLS = 20
+WAKE_S = 50e-6
+LATE_SLACK, LATE_SLACK_NS = 2, 10_000  # how late a device may idle after a call's end mark (see calibrate_late)
 BATCH_S = 0.03  # target duration of one side of an interleaved batch: short against the host's speed drifting
 BATCH_CALLS = (4, 10)  # calls per batch, at least and at most
 FREEZE_WAIT_S = 0.5
@@ -368,6 +371,10 @@ class KernelbotRun:
         self.thread_ns = 0  # the most CPU the child's other threads used during one batch of timed calls
         self.seconds: dict[str, float] = {}  # where the run's time went (result "seconds"), phase by phase
         self.lent_s = 0.0  # of which copying inputs into the lent buffers (result "seconds_of", with the problem's)
+        self.yardstick = child_module.Yardstick(torch)  # the clock of both sides (the child has its own instance)
+        self.reference_pool = child_module.Pool(torch, first_id=1 << 40)  # the reference's inputs: never lent
+        self.reference_out = child_module.Pool(torch, first_id=1 << 41)  # and its outputs, copied out as the child's
+        self.late_baseline, self.late_allowance = 0.0, math.inf  # ns (calibrate_late); without a GPU `late` is 0
 
     @contextlib.contextmanager
     def clock(self, name: str):
@@ -399,8 +406,9 @@ class KernelbotRun:
         rid = self.session.send("call", tree, self.deadline)
         return self.session.output(rid, self.deadline, self._output_cap(data))
 
-    def timed_call(self, data: Any) -> tuple[int, int, Any]:
-        """(reported ns, watched wall ns, output). The wall covers sending the call to holding a copy of the output."""
+    def timed_call(self, data: Any) -> tuple[int, int, Any, int]:
+        """(reported ns, watched wall ns, output, reported late ns: see child.Yardstick). The wall covers sending the
+        call to holding a copy of the output."""
         assert self.session is not None
         tree = self.lend(data)
         cap = self._output_cap(data)
@@ -411,10 +419,10 @@ class KernelbotRun:
         out = self.session.output(rid, self.deadline, cap)
         wall = time.perf_counter_ns() - t0
         self.waited += self.run_queue_waits() - waited
-        ns = header.get("ns")
-        if not isinstance(ns, int) or isinstance(ns, bool):
-            raise Stop("hacked", "protocol violation: a sample that is not an integer")
-        return ns, wall, out
+        ns, late = header.get("ns"), header.get("late", 0)
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (ns, late)):
+            raise Stop("hacked", "protocol violation: a sample that is not a non-negative integer")
+        return ns, wall, out, late
 
     def run_queue_waits(self) -> int:
         """ns this thread and the child's main thread have waited for a CPU so far (kernel accounting)."""
@@ -472,22 +480,53 @@ class KernelbotRun:
             self.emit.progress("test", i + 1, len(tests))
 
     def time_reference(self, case: Case, seed: int, calls: int) -> list[int]:
-        """The yardstick: the problem's reference timed here, in the trusted parent, on fresh inputs, while the
-        sandbox is frozen. The submission never runs in this process and nothing of it runs meanwhile."""
+        """The yardstick: the problem's reference timed here, in the trusted parent, while the sandbox is frozen (the
+        submission never runs in this process and nothing of it runs meanwhile), by the child's own timing routine
+        (`child.Yardstick`: the same clock, the same L2 flush), each call prepared as a submission's call is: fresh
+        inputs generated, lent (copied into a reused shared buffer of a pool the child never sees) just before it,
+        started on a thread just woken; its output copied out into a pool and checked, and alive until the next call
+        returns. So both sides meet the same state of caches and allocator, and a busy host slows both alike."""
         assert self.problem is not None and self.session is not None
-        inputs = [self.problem.generate(case, derive_seed(seed, "reference", j, 0)) for j in range(calls)]
-        cuda = torch.cuda.is_available()
-        samples = []
+        samples, out = [], None
         with self.session.tree.frozen():
-            for data in inputs:
-                if cuda:
-                    torch.cuda.synchronize()
-                t0 = time.perf_counter_ns()
-                self.problem.reference(data)
-                if cuda:
-                    torch.cuda.synchronize()
-                samples.append(time.perf_counter_ns() - t0)
+            for j in range(calls):
+                data = self.problem.generate(case, derive_seed(seed, "reference", j, 0))
+                views = self.lent_to_self(data)
+                time.sleep(WAKE_S)
+                child_module.thread_times()  # what the child does right before its clock starts
+                out, ns, _ = self.yardstick(self.problem.reference, views)
+                samples.append(ns)
+                self.pooled(self.reference_out, out, contiguous=True)  # as the child hands its output back
+                self.problem.check(data, out)  # as the parent checks a submission's output
+        del out
         return samples
+
+    def lent_to_self(self, data: Any) -> Any:
+        """`data` as the child would see it: views over buffers of the parent's own pool, just copied in."""
+        pool = self.reference_pool
+        tree = self.pooled(pool, data)
+        return child_module.decode(torch, tree, {b.id: b for slots in pool.slots.values() for b in slots.values()})
+
+    @staticmethod
+    def pooled(pool: child_module.Pool, data: Any, contiguous: bool = False) -> Any:
+        """`data` copied into `pool`'s buffers (child.encode); nothing is sent, so no descriptor is kept."""
+        tree = child_module.encode(torch, data, pool, contiguous=contiguous)
+        for buf in pool.new:
+            os.close(buf.fd)
+            buf.fd = -1
+        pool.new.clear()
+        pool.dropped.clear()
+        return tree
+
+    def calibrate_late(self) -> None:
+        """On a GPU: how late after a call's end mark the device goes idle when all its work is on the call's
+        stream (a synchronize's round trip), measured here on empty calls before the submission is imported: the
+        baseline past which a call is charged, and (LATE_SLACK times it plus LATE_SLACK_NS) the allowance past which
+        a batch is refused as work outside the timed stream (stats.outside_stream)."""
+        if self.yardstick.cuda:
+            late = [self.yardstick(lambda _: None, None)[2] for _ in range(LATE_CALIBRATION_CALLS)]
+            self.late_baseline = stats.median(late)
+            self.late_allowance = LATE_SLACK * self.late_baseline + LATE_SLACK_NS
 
     def run_timed(self, phase: str, cases: tuple[Case, ...]) -> list[CaseResult]:
         """Per case: warm up, then alternate batches of the submission's timed calls with batches of the
@@ -540,13 +579,14 @@ class KernelbotRun:
         started, waited_before = time.monotonic(), self.waited
         reason = None
         while reason is None:
-            batch = []
+            batch, lates = [], []
             threads_before = self.other_threads()
             for _ in range(calls):
                 data = gen(case, self.seed(phase, i, counter[0], case))
-                ns, wall, output = self.timed_call(data)
+                ns, wall, output, late = self.timed_call(data)
                 self.checked(spec, data, output)
                 batch.append(ns)
+                lates.append(late)
                 walls.append(wall)
                 counter[0] += 1
             used, _ = child_module.busy_threads(threads_before, self.other_threads())
@@ -554,6 +594,9 @@ class KernelbotRun:
                 raise Stop("hacked", f"{phase} {spec}: threads of the submission other than the timed one ran for "
                            f"{used / 1e6:.1f} ms during {calls} timed calls (work outside the timed call)")
             self.thread_ns = max(self.thread_ns, used)
+            batch, problem = stats.outside_stream(batch, lates, self.late_baseline, self.late_allowance)
+            if problem:
+                raise Stop("hacked", f"{phase} {spec}: {problem}")
             samples += batch
             reference = self.time_reference(case, self.seed(phase, i, counter[0], case), calls)
             batches.append((min(batch), min(reference), stats.median(batch), stats.median(reference)))
@@ -599,6 +642,7 @@ class KernelbotRun:
         job = self.job
         result = self.result
         torch.set_num_threads(1)  # the parent's checks must not compete with the child for CPUs
+        child_module.same_malloc()  # the reference's allocations served as the submission's are
         if not torch.cuda.is_available():
             result.flags.append("cpu-timing:no-l2-flush")
         try:
@@ -620,7 +664,8 @@ class KernelbotRun:
                 self.problem.generate(cases[0], 0)  # a problem that needs CUDA says so before any submission runs
             if job.mode in ("benchmark", "leaderboard"):
                 with self.clock("calibrate"):
-                    self.calibrate(job.benchmarks)  # ranked cases are among the benchmarks
+                    self.calibrate(job.benchmarks)
+                    self.calibrate_late()  # ranked cases are among the benchmarks
             with self.clock("submission_import"):
                 self.session.send("import", None, self.deadline, flags=backend_flags())
                 hello = self.session.expect("hello", None, self.deadline)

@@ -237,3 +237,18 @@ def implausible(
             f"({waited_ns / 1e6:.3f} ms of it waiting for a CPU): work was done outside the timed interval"
         )
     return None
+
+
+def outside_stream(samples_ns: Sequence[int], late_ns: Sequence[int], baseline_ns: float,
+                   allowance_ns: float) -> tuple[list[int], str | None]:
+    """(the samples charged, a reason to refuse the batch or None). `late_ns`: per call, how long the device stayed
+    busy after the call's end mark (child.Yardstick); `baseline_ns`: that figure for a call whose work is all on its
+    stream (a synchronize's round trip). What is beyond the baseline is work the call left on other streams (or host
+    noise, which the batch minima shed) and is charged to the call. A batch in which every call was later than
+    `allowance_ns` is refused: its figures would say when the launches returned, not when the work was done."""
+    charged = [int(s + max(0.0, late - baseline_ns)) for s, late in zip(samples_ns, late_ns, strict=True)]
+    if late_ns and min(late_ns) > allowance_ns:
+        return charged, (f"work outside the timed stream: the device stayed busy {median(late_ns) / 1e3:.1f} µs "
+                         f"after each call's end mark (allowed {allowance_ns / 1e3:.1f} µs); join every stream the "
+                         "kernel uses to the current one before returning")
+    return charged, None

@@ -27,6 +27,12 @@ def header(path: Path, key: str, default: str | None = None) -> str:
     return match.group(1).strip() if match else default
 
 
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def _memory_cgroup() -> bool:
     try:
         cgroups.memory_parent()
@@ -39,6 +45,8 @@ def _memory_cgroup() -> bool:
 def test_cheat_gets_expected_verdict(tmp_path, cheat):
     expected = header(cheat, "expected").split("|")
     needs = header(cheat, "needs", "")
+    if needs == "cuda" and not _cuda():
+        pytest.skip("this attack needs a CUDA device (it runs wherever there is one, and in bench/gpu.py)")
     if needs == "isolation" and not ISOLATED:
         pytest.skip("this defence needs the bubblewrap sandbox (pid namespace, uid drop)")
     if needs == "memory-cgroup" and not _memory_cgroup() and os.environ.get("CI") != "true":

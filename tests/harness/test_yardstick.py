@@ -1,0 +1,170 @@
+"""One yardstick for both sides, and work outside the timed stream, through a fake CUDA layer (no GPU here): a device
+with a clock per stream, events that mark a stream's timeline, a synchronize that waits for every stream."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from runners.harness import child, kernelbot, stats
+
+LAUNCH_MS, ROUND_TRIP_MS, FLUSH_MS = 0.004, 0.012, 0.08
+
+
+class FakeDevice:
+    """Times in ms. Host calls advance the host clock; work queued on a stream starts when both the stream is free
+    and the host has launched it."""
+
+    def __init__(self):
+        self.host = 0.0
+        self.streams = {"current": 0.0}
+        self.current = "current"
+
+    def launch(self, ms: float, stream: str | None = None) -> None:
+        stream = stream or self.current
+        self.host += LAUNCH_MS
+        self.streams[stream] = max(self.streams.get(stream, 0.0), self.host) + ms
+
+    def join(self, other: str) -> None:
+        """The current stream waits for `other` (an event recorded there, waited on here)."""
+        self.streams[self.current] = max(self.streams[self.current], self.streams[other])
+
+    def synchronize(self) -> None:
+        self.host = max(self.host, *self.streams.values()) + ROUND_TRIP_MS
+
+
+def fake_torch(device: FakeDevice) -> SimpleNamespace:
+    class Event:
+        def __init__(self, enable_timing: bool = False):
+            self.at = None
+
+        def record(self) -> None:
+            device.host += LAUNCH_MS
+            self.at = device.streams[device.current] = max(device.streams[device.current], device.host)
+
+        def synchronize(self) -> None:
+            device.host = max(device.host, self.at)
+
+        def elapsed_time(self, end: Event) -> float:
+            return end.at - self.at
+
+    flush = SimpleNamespace(zero_=lambda: device.launch(FLUSH_MS))
+    cuda = SimpleNamespace(Event=Event, synchronize=device.synchronize, is_available=lambda: True)
+    return SimpleNamespace(cuda=cuda, int8="int8", empty=lambda *a, **k: flush)
+
+
+def one_stream(device, ms):
+    return lambda data: device.launch(ms)
+
+
+def side_stream(device, ms):
+    """Returns as soon as its work is queued on a stream of its own: the end mark does not wait for it."""
+    return lambda data: device.launch(ms, stream="side")
+
+
+def joined_streams(device, ms):
+    """Honest multi-stream: half the work on a side stream, joined to the current one before returning."""
+    def kernel(data):
+        device.launch(ms / 2, stream="side")
+        device.launch(ms / 2)
+        device.join("side")
+    return kernel
+
+
+def allowance(yardstick: child.Yardstick) -> tuple[float, float]:
+    """The baseline and the allowance the parent calibrates (KernelbotRun.calibrate_late) on the same device."""
+    run = SimpleNamespace(yardstick=yardstick, late_baseline=0.0, late_allowance=math.inf)
+    kernelbot.KernelbotRun.calibrate_late(run)
+    return run.late_baseline, run.late_allowance
+
+
+def batch(kernel_for, ms: float, calls: int = 8) -> tuple[list[int], list[int], tuple[float, float]]:
+    device = FakeDevice()
+    yardstick = child.Yardstick(fake_torch(device))
+    allowed = allowance(yardstick)
+    kernel = kernel_for(device, ms)
+    timed = [yardstick(kernel, None) for _ in range(calls)]
+    return [ns for _, ns, _ in timed], [late for _, _, late in timed], allowed
+
+
+@pytest.mark.parametrize(("kernel_for", "work_ms"), [(one_stream, 0.5), (joined_streams, 0.25)])
+def test_work_joined_to_the_timed_stream_is_timed_and_passes(kernel_for, work_ms):
+    samples, lates, allowed = batch(kernel_for, ms=0.5)
+    assert all(abs(ns / 1e6 - work_ms) < 0.02 for ns in samples), samples  # the work, not the flush or launch
+    assert all(late <= allowed[1] for late in lates)
+    charged, problem = stats.outside_stream(samples, lates, *allowed)
+    assert problem is None and charged == samples
+
+
+def test_work_left_on_a_side_stream_is_refused_and_charged():
+    samples, lates, allowed = batch(side_stream, ms=0.5)
+    assert all(ns / 1e6 < 0.05 for ns in samples)  # what the end mark alone would rank: the launch
+    charged, problem = stats.outside_stream(samples, lates, *allowed)
+    assert problem and problem.startswith("work outside the timed stream")
+    assert all(c / 1e6 > 0.4 for c in charged)  # the hidden work, but what overlapped the flush, is in its time
+
+
+def test_a_side_stream_call_among_honest_ones_is_charged_its_work():
+    device = FakeDevice()
+    yardstick = child.Yardstick(fake_torch(device))
+    allowed = allowance(yardstick)
+    calls = [one_stream(device, 0.5)] * 3 + [side_stream(device, 0.5)]  # cheats on one call in four
+    timed = [yardstick(kernel, None) for kernel in calls]
+    charged, problem = stats.outside_stream([t[1] for t in timed], [t[2] for t in timed], *allowed)
+    assert problem is None  # not every call: no verdict from one batch ...
+    assert min(charged) / 1e6 > 0.4  # ... but even its fastest call is charged its work (past the flush)
+
+
+def test_cpu_yardstick_has_no_late_work():
+    calls = []
+    out, ns, late = child.Yardstick(SimpleNamespace(cuda=SimpleNamespace(is_available=lambda: False)))(
+        lambda data: calls.append(data) or "out", 7)
+    assert (out, late, calls) == ("out", 0, [7]) and ns >= 0
+    assert stats.outside_stream([ns], [late], 0.0, math.inf) == ([ns], None)
+
+
+def test_parent_times_the_reference_with_the_childs_routine():
+    """One routine: the parent's yardstick is the child's class, lent inputs as the child's are (views over a pool's
+    shared buffers, not the generated tensors)."""
+    torch = pytest.importorskip("torch")
+    run = kernelbot.KernelbotRun.__new__(kernelbot.KernelbotRun)
+    run.yardstick, run.reference_pool = child.Yardstick(torch), child.Pool(torch, first_id=1 << 40)
+    data = (torch.arange(6.0).view(2, 3).t(), torch.ones(4))
+    seen = run.lent_to_self(data)
+    assert isinstance(run.yardstick, child.Yardstick)
+    assert all(torch.equal(a, b) and a.stride() == b.stride() for a, b in zip(seen, data, strict=True))
+    assert seen[0].untyped_storage().data_ptr() != data[0].untyped_storage().data_ptr()
+    assert not run.reference_pool.new  # nothing waits to be sent: the child never sees these buffers
+
+
+def test_reference_calls_are_prepared_as_the_submissions_are(monkeypatch):
+    """Each reference call: fresh inputs, lent to the parent's own pool just before it (the same kind of memory the
+    child's arrive in), timed by the Yardstick, its output copied out and checked as a submission's is."""
+    torch = pytest.importorskip("torch")
+    import contextlib
+
+    generated, seen, checked = [], [], []
+
+    def generate(case, seed):
+        generated.append(torch.full((4,), float(seed % 1000)))
+        return (generated[-1],)
+
+    def reference(data):
+        seen.append((data[0].clone(), data[0].untyped_storage().data_ptr()))  # the buffer is reused by the next call
+        return data[0] * 2
+
+    run = kernelbot.KernelbotRun.__new__(kernelbot.KernelbotRun)
+    run.yardstick = child.Yardstick(torch)
+    run.reference_pool, run.reference_out = child.Pool(torch, first_id=1 << 40), child.Pool(torch, first_id=1 << 41)
+    run.problem = SimpleNamespace(generate=generate, reference=reference,
+                                  check=lambda data, out: checked.append(torch.equal(out, data[0] * 2)))
+    run.session = SimpleNamespace(tree=SimpleNamespace(frozen=contextlib.nullcontext))
+    samples = run.time_reference({"n": 4}, seed=7, calls=3)
+    assert len(samples) == 3 and all(isinstance(ns, int) for ns in samples)
+    assert checked == [True, True, True]
+    pool_ptrs = {b.u8.data_ptr() for slots in run.reference_pool.slots.values() for b in slots.values()}
+    for (given, at), made in zip(seen, generated, strict=True):
+        assert torch.equal(given, made) and at in pool_ptrs and at != made.untyped_storage().data_ptr()  # lent
+    assert len({float(t[0]) for t in generated}) == 3  # fresh inputs per call
