@@ -6,6 +6,10 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.handlers.asgi import ASGIHandler
 
+from leaderboards.runner_api import node_wait
+
+NODE_WAIT_PATH = "/api/runner/v1/nodes/wait"
+
 
 class SyncWorkerASGIHandler(ASGIHandler):
     """Runs every request's sync code (middleware chain, sync views, request signals) on the process's one
@@ -26,6 +30,9 @@ class SyncWorkerASGIHandler(ASGIHandler):
             raise ValueError(f"Django can only handle ASGI/HTTP connections, not {scope['type']}.")
         if (size := declared_length(scope)) > settings.MAX_REQUEST_BYTES:
             await too_large(scope, send, size)  # before a byte of the body is read
+            return
+        if scope["path"] == NODE_WAIT_PATH and scope["method"] == "POST":
+            await node_wait(scope, receive, send)  # a long-poll: held on the event loop, not the sync thread
             return
         await self.handle(scope, capped(receive), send)  # no ThreadSensitiveContext: one sync thread for all
 

@@ -7,29 +7,38 @@ cancelled) gets 409 and changes nothing. Every bad request is a 4xx with a JSON 
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import io
 import json
+import logging
 import re
 import tarfile
 from functools import cache
 from pathlib import Path
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import DatabaseError, close_old_connections, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
+from kernelbot import dbhealth
+from runners import wakeups
 from runners.actions import NodeRejected, do_register_agent
 from runners.backends.base import runner_key
 from runners.harness.agent import runner_token
 from runners.harness.node import node_token
 from runners.models import GpuPool, Node
 from runners.reservations import allocator, keys
+from runners.reservations.models import DeviceHold, HoldKind
 
 from . import lifecycle
 from .models import Run, RunAttempt, RunStatus
+
+log = logging.getLogger(__name__)
 
 
 class Refused(Exception):
@@ -142,24 +151,30 @@ def failure(request: HttpRequest, run: Run, attempt: int) -> HttpResponse:
 
 # --- node agents (runners/harness/node.py) --------------------------------------------------------------------------
 
-def _node_request(request: HttpRequest) -> tuple[GpuPool, str, dict]:
+def _node_auth(authorization: str, body: dict) -> tuple[GpuPool, str, Node | None]:
     """The local pool and hostname a node agent speaks for, authorised by Bearer HMAC(pool's key,
-    "node:pool:hostname")."""
-    body = _body(request)
+    "node:pool:hostname"), and the node when registered (one query for both when it is)."""
     pool_name, hostname = body.get("pool"), body.get("hostname")
     for name, value, limit in (("pool", pool_name, 60), ("hostname", hostname, 120)):
         if not isinstance(value, str) or not value.strip() or len(value) > limit or "\x00" in value:
             raise Refused(400, f'"{name}" must be a non-empty string of at most {limit} characters')
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    scheme, _, token = authorization.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Refused(401, "missing Bearer token")
-    pool = GpuPool.objects.filter(name=pool_name).first()
+    node = Node.objects.select_related("pool").filter(pool__name=pool_name, hostname=hostname).first()
+    pool = node.pool if node is not None else GpuPool.objects.filter(name=pool_name).first()
     key = runner_key(pool) if pool is not None else ""
     expected = node_token(key, pool_name, hostname) if key else ""
     if not hmac.compare_digest(token.strip().encode(), (expected or "0" * 64).encode()) or not expected:
         raise Refused(403, f"invalid token for node {hostname} of pool {pool_name}")
     if not pool.is_local:
         raise Refused(409, f"pool {pool.name} runs on {pool.get_backend_display()}, not on node agents")
+    return pool, hostname, node
+
+
+def _node_request(request: HttpRequest) -> tuple[GpuPool, str, dict]:
+    body = _body(request)
+    pool, hostname, _ = _node_auth(request.headers.get("Authorization", ""), body)
     return pool, hostname, body
 
 
@@ -198,22 +213,139 @@ def node_register(request: HttpRequest, pool: GpuPool, hostname: str, body: dict
         {"index": g.index, "gpu_type": g.gpu_type.name, "enabled": g.enabled} for g in gpus]})
 
 
-@_node_endpoint
-def node_poll(request: HttpRequest, pool: GpuPool, hostname: str, body: dict) -> HttpResponse:
-    """The node's heartbeat and its ask for work: runs for its free devices (`lifecycle.do_claim_runs`), which of
-    its devices reservations hold now and which reservation holds each (the agent sweeps the others' leftover
-    processes, and those of reservations no longer here), and their holders' SSH keys (an agent started with
-    --authorized-keys places them)."""
+def _free(body: dict) -> list[int]:
     free = body.get("free", [])
     if not isinstance(free, list) or len(free) > 256 or not all(
             isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 1024 for i in free):
         raise Refused(400, '"free" must be a list of device indices')
-    node = Node.objects.select_related("pool").filter(pool=pool, hostname=hostname).first()
+    return sorted(set(free))
+
+
+def _reservations(node_id: int) -> dict:
+    """Which of the node's devices reservations hold now and which reservation holds each (the agent sweeps the
+    others' leftover processes, and those of reservations no longer here), and their holders' SSH keys (an agent
+    started with --authorized-keys places them): one query for a node no reservation holds."""
+    if not DeviceHold.objects.held().filter(kind=HoldKind.RESERVATION, gpu__node_id=node_id).exists():
+        return {"reserved": [], "reservations": [], "keys": []}
+    return {"reserved": allocator.reserved_indices(node_id), "reservations": allocator.reservations_on(node_id),
+            "keys": keys.placed_on(node_id)}
+
+
+def node_answer(authorization: str, body: dict, *, woken: tuple[str, int] | None = None) -> tuple[dict, list[str]]:
+    """One ask for work by a node's agent (also its heartbeat): its claims (`lifecycle.do_claim_runs`) and its
+    reservations, and the wake-up keys (runners.wakeups) to wait on when it got no claim. `woken`: the pool wake
+    that woke this ask, handed on when it claims nothing while a run of that type still waits."""
+    pool, hostname, node = _node_auth(authorization, body)
+    free = _free(body)
     if node is None:
         raise Refused(404, f"{hostname} is not registered in pool {pool.name}: register first")
-    return JsonResponse({"claims": lifecycle.do_claim_runs(node, sorted(set(free))),
-                         "reserved": allocator.reserved_indices(node.pk),
-                         "reservations": allocator.reservations_on(node.pk), "keys": keys.placed_on(node.pk)})
+    gpus = lifecycle.do_node_heartbeat(node, free)
+    claims = lifecycle.claim_on(node, gpus)
+    if woken is not None and not claims and lifecycle.claimable(pool.pk, [int(woken[0].rsplit(":", 1)[1])]):
+        transaction.on_commit(lambda: wakeups.waiters.loop.call_soon_threadsafe(wakeups.waiters.hand_on, *woken))
+    wait_on = [f"node:{node.pk}", f"pool:{pool.pk}"] + [f"pool:{pool.pk}:{t}" for t in {g.gpu_type_id for g in gpus}]
+    return {"claims": claims, **_reservations(node.pk)}, wait_on
+
+
+@csrf_exempt
+@require_POST
+def node_poll(request: HttpRequest) -> HttpResponse:
+    """The node's heartbeat and its ask for work, answered at once (`node_answer`). `nodes/wait` is the same ask held
+    by the ASGI server until there is news (`node_wait`); served by anything else it is answered at once too."""
+    try:
+        return JsonResponse(node_answer(request.headers.get("Authorization", ""), _body(request))[0])
+    except Refused as exc:
+        return _error(exc.status, exc.detail)
+
+
+def _answer_sync(authorization: str, raw: bytes, woken: tuple[str, int] | None) -> tuple[int, dict, list[str]]:
+    """`node_answer` as a request of its own on the sync thread: connections checked and released as Django's
+    request signals do, a lost database connection a 503."""
+    close_old_connections()
+    try:
+        try:
+            body = json.loads(raw or b"null")
+        except (ValueError, RecursionError) as exc:
+            raise Refused(400, f"the body is not JSON: {exc}") from exc
+        if not isinstance(body, dict):
+            raise Refused(400, "the body must be a JSON object")
+        answer, wait_on = node_answer(authorization, body, woken=woken)
+        return 200, answer, wait_on
+    except Refused as exc:
+        return exc.status, {"detail": exc.detail}, []
+    except DatabaseError as exc:
+        log.warning("nodes/wait: database error %r", exc)
+        dbhealth.close_broken_connections()
+        return 503, {"detail": dbhealth.MESSAGE}, []
+    finally:
+        close_old_connections()
+
+
+async def node_wait(scope, receive, send) -> None:
+    """`POST nodes/wait` served by the ASGI app itself (kernelbot.handlers), without Django's middleware: the same
+    ask as `nodes/poll`, held open for up to `{"wait": s}` seconds (NODE_WAIT at most, and the agent's next
+    heartbeat is due by then) while it got no claim, until a wake-up (runners.wakeups) for its node, pool or a free
+    device's GPU type; then it looks again and answers, `"again": true` telling the agent to ask again at once. A
+    client gone while it waits is forgotten at once."""
+    headers = dict(scope.get("headers", ()))
+    authorization = headers.get(b"authorization", b"").decode("latin-1")
+    chunks, size, disconnected = [], 0, asyncio.Event()
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+        chunks.append(message.get("body", b""))
+        size += len(chunks[-1])
+        if size > 65536:
+            return await _send_json(send, 413, {"detail": "a node's ask for work is at most 64 KiB"})
+        if not message.get("more_body"):
+            break
+    raw = b"".join(chunks)
+    try:
+        wait = float((json.loads(raw or b"{}") or {}).get("wait", 0)) if raw.strip().startswith(b"{") else 0.0
+    except (ValueError, TypeError, AttributeError, RecursionError):
+        wait = 0.0
+    wait = max(0.0, min(wait, settings.NODE_WAIT, settings.AGENT_DEADLINE / 2))
+    run = sync_to_async(_answer_sync, thread_sensitive=True)
+    if wait:
+        await wakeups.waiters.ready()
+    seen = wakeups.waiters.seq
+    status, answer, wait_on = await run(authorization, raw, None)
+    if status != 200 or answer["claims"] or not wait or wakeups.waiters.seq != seen:
+        # news (claims, or a wake-up while it looked): a waiting agent asks again at once
+        return await _send_json(send, status, {**answer, "again": bool(wait)} if status == 200 else answer)
+    waiter = wakeups.Waiter(wait_on)
+    wakeups.waiters.add(waiter)
+
+    async def gone():
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        disconnected.set()
+
+    watch = asyncio.ensure_future(gone())
+    woke = asyncio.ensure_future(waiter.event.wait())
+    try:
+        await asyncio.wait({watch, woke}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        wakeups.waiters.remove(waiter)
+        watch.cancel()
+        woke.cancel()
+    if disconnected.is_set():
+        return
+    if waiter.event.is_set():
+        status, answer, _ = await run(authorization, raw, waiter.baton)
+    await _send_json(send, status, {**answer, "again": True} if status == 200 else answer)
+
+
+async def _send_json(send, status: int, body: dict) -> None:
+    data = json.dumps(body).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    if status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    if status == 503:
+        headers.append((b"retry-after", str(dbhealth.RETRY_AFTER).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": data})
 
 
 @cache
@@ -243,5 +375,6 @@ urlpatterns = [
     path("runs/<int:run_id>/<int:attempt>/failure", failure, name="runner-failure"),
     path("nodes/register", node_register, name="runner-node-register"),
     path("nodes/poll", node_poll, name="runner-node-poll"),
+    path("nodes/wait", node_poll, name="runner-node-wait"),  # held open only by the ASGI server (node_wait)
     path("harness.tar.gz", harness, name="runner-harness"),
 ]

@@ -16,6 +16,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from runners import wakeups
 from runners.models import Gpu, GpuPool, GpuType
 from runners.queue import enqueue_on_commit
 
@@ -119,6 +120,7 @@ def activate(reservation: Reservation, gpus: list[Gpu], now: datetime) -> list[D
     gpus = sorted(gpus, key=lambda g: g.pk)
     reservation.update_status(ReservationStatus.ACTIVE, now=now, node_id=gpus[0].node_id, planned_start=None,
                               planned_gpus=[g.pk for g in gpus])
+    wakeups.node_changed(gpus[0].node_id)  # on commit: its agent learns of the reservation and its keys
     return DeviceHold.objects.bulk_create(
         DeviceHold(gpu=g, node_id=g.node_id, pool_id=reservation.pool_id, gpu_type_id=g.gpu_type_id,
                    kind=HoldKind.RESERVATION, reservation=reservation, user_id=reservation.user_id,
@@ -137,6 +139,8 @@ def end_hold(hold: DeviceHold, at: datetime) -> bool:
             return False
         hold.ended = at
         usage.add_hold(hold, at)
+        if hold.node_id:
+            wakeups.node_changed(hold.node_id)  # on commit: its agent asks again with the device free
     return True
 
 
