@@ -315,6 +315,8 @@ RUN_HEARTBEAT_DEADLINE = int(os.environ.get("KERNELBOT_HEARTBEAT_DEADLINE", "10"
 # NODE_WAIT seconds (its heartbeat) and ended early by a wake-up (runners.wakeups), and beats each run it holds every
 # heartbeat deadline / 4; a node not heard of for AGENT_DEADLINE seconds has no live agent: it gets no run and its
 # pool's health check says so.
+# GET /metrics (kernelbot/metrics.py) answers this Bearer token, or a staff session
+METRICS_TOKEN = os.environ.get("KERNELBOT_METRICS_TOKEN", "")
 NODE_WAIT = float(os.environ.get("KERNELBOT_NODE_WAIT", "15"))
 AGENT_DEADLINE = int(os.environ.get("KERNELBOT_AGENT_DEADLINE", "30"))
 # `manage.py workers` (the cluster supervisor): it reaps overdue runs every REAP_INTERVAL seconds; it re-sends the

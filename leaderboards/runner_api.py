@@ -221,6 +221,19 @@ def _free(body: dict) -> list[int]:
     return sorted(set(free))
 
 
+def _samples(body: dict) -> list[dict] | None:
+    """The agent's samples of its devices (nvidia-smi), kept for /metrics; None when it sent none."""
+    samples = body.get("samples")
+    if samples is None:
+        return None
+    fields = {"index": int, "utilization": float, "memory_used": int, "memory_total": int}
+    if not isinstance(samples, list) or len(samples) > 256 or not all(
+            isinstance(s, dict) and all(isinstance(s.get(k), (int, float)) and not isinstance(s.get(k), bool)
+                                        for k in fields) for s in samples):
+        raise Refused(400, '"samples" must be a list of {"index", "utilization", "memory_used", "memory_total"}')
+    return [{k: kind(s[k]) for k, kind in fields.items()} for s in samples]
+
+
 def _reservations(node_id: int) -> dict:
     """Which of the node's devices reservations hold now and which reservation holds each (the agent sweeps the
     others' leftover processes, and those of reservations no longer here), and their holders' SSH keys (an agent
@@ -239,6 +252,8 @@ def node_answer(authorization: str, body: dict, *, woken: tuple[str, int] | None
     free = _free(body)
     if node is None:
         raise Refused(404, f"{hostname} is not registered in pool {pool.name}: register first")
+    if (samples := _samples(body)) is not None:
+        Node.objects.filter(pk=node.pk).update(samples=samples)
     gpus = lifecycle.do_node_heartbeat(node, free)
     claims = lifecycle.claim_on(node, gpus)
     if woken is not None and not claims and lifecycle.claimable(pool.pk, [int(woken[0].rsplit(":", 1)[1])]):

@@ -130,6 +130,22 @@ def compute_processes() -> dict[int, list[int]] | None:
     return found
 
 
+def gpu_samples() -> list[dict] | None:
+    """Each device's utilisation (0..1) and memory (bytes) now, from nvidia-smi; None where there is none."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        done = subprocess.run([smi, "--query-gpu=index,utilization.gpu,memory.used,memory.total",
+                               "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10,
+                              check=False)
+        rows = [[f.strip() for f in line.split(",")] for line in done.stdout.splitlines() if line.strip()]
+        return [{"index": int(index), "utilization": float(util) / 100, "memory_used": int(float(used)) << 20,
+                 "memory_total": int(float(total)) << 20} for index, util, used, total in rows]
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+
+
 def process_start(pid: int) -> int | None:
     """When the process started (clock ticks since boot): a pid and its start name one process, reused pids aside."""
     try:
@@ -232,8 +248,10 @@ class NodeAgent:
     def poll(self, wait: float = 0) -> list[dict]:
         """Ask for work for the free devices (this is also the node's heartbeat), waiting up to `wait` seconds for
         some (`nodes/wait`); start each claimed run, then sweep the devices nothing holds."""
-        answer = self._call("wait", {"free": self.free(), "wait": wait}) if wait else self._call(
-            "poll", {"free": self.free()})
+        body = {"free": self.free()}
+        if (samples := gpu_samples()) is not None:
+            body["samples"] = samples  # the platform's /metrics shows them
+        answer = self._call("wait", {**body, "wait": wait}) if wait else self._call("poll", body)
         self.again = bool(answer.get("again"))
         claims = answer.get("claims", [])
         for claim in claims:
