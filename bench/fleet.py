@@ -18,9 +18,9 @@ Claimed runs keep their devices (never run). Phases, each on the same server:
 
 1. no fleet: `--seconds` of API reads (GET /api/v1/leaderboards and /api/v1/health, one after the other, 20 a
    second): `user_nofleet_p95_ms`;
-2. the fleet starts (first asks spread over one heartbeat interval), settles for that long, then for `--seconds`
-   the same reads again (`user_p95_ms`) while the web processes' CPU time is counted: `web_cpu_share` = CPU seconds
-   of granian and its workers / (wall seconds x cores);
+2. the fleet starts (first asks spread over one heartbeat interval) and settles for that long; then for
+   `--seconds` the idle fleet alone, the web processes' CPU time counted: `web_cpu_share` = CPU seconds of granian
+   and its workers / (wall seconds x cores); then for `--seconds` the same reads again (`user_p95_ms`);
 3. `--runs` runs submitted and dispatched one every 0.5 s: `claim_p50_ms`/`claim_p95_ms` from dispatch committed
    to the claiming agent's answer (one clock: this machine's).
 
@@ -225,8 +225,9 @@ def measure(tree: Path, label: str, args) -> dict:
         time.sleep(16 if mode == "wait" else 5)  # the first asks are spread over one heartbeat
         cores = len(os.sched_getaffinity(0))
         cpu0, wall0 = cpu_seconds(proc.pid), time.monotonic()
-        fleet_reads = asyncio.run(user_reads(base, args.seconds))
+        time.sleep(args.seconds)
         share = (cpu_seconds(proc.pid) - cpu0) / ((time.monotonic() - wall0) * cores)
+        fleet_reads = asyncio.run(user_reads(base, args.seconds))
         say(f"{label}: idle fleet: web CPU share {share:.3f}, user p95 {percentile(fleet_reads, 0.95):.1f} ms")
         driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(REPO / "problems/demo/vectoradd_py/solutions/"
                                                                      "correct.py")],

@@ -307,26 +307,33 @@ def do_claim_runs(node: Node, free: list[int]) -> list[dict]:
     (none while its sandbox cannot hold a run); a run another node is pinned to, or one this node already failed while
     another live node in service could take it, is left to the others. Returns what the agent needs to run each (the
     same per-attempt routes and token as a remote agent)."""
-    return claim_on(node, do_node_heartbeat(node, free))
+    return claim_on(node, free_gpus(node, free)) if do_node_heartbeat(node, free) else []
 
 
-def do_node_heartbeat(node: Node, free: list[int]) -> list[Gpu]:
-    """The node's agent is live (at most one write a second); the enabled devices of `free` it may claim runs for
-    (none while the node is disabled or its sandbox cannot hold a run)."""
+def do_node_heartbeat(node: Node, free: list[int], *, record: bool = True) -> bool:
+    """The node's agent is live (at most one write a second; `record=False`: the caller batches the write, but a
+    node whose agent was not live is written at once); whether it may claim runs for `free` now (not while the node
+    is disabled or its sandbox cannot hold a run)."""
     now = timezone.now()
-    Node.objects.filter(pk=node.pk).exclude(agent_seen_at__gt=now - timedelta(seconds=1)).update(agent_seen_at=now)
+    if record or node.agent_seen_at is None or node.agent_seen_at < agents_live_since():
+        Node.objects.filter(pk=node.pk).exclude(agent_seen_at__gt=now - timedelta(seconds=1)).update(
+            agent_seen_at=now)
     if node.service == NodeService.NO_AGENT and node.set_service(NodeService.IN_SERVICE):
         node_back_in_service(node)
-    if not node.enabled or node.service == NodeService.SANDBOX or not free:
-        return []
+    return bool(node.enabled and node.service != NodeService.SANDBOX and free)
+
+
+def free_gpus(node: Node, free: list[int]) -> list[Gpu]:
+    """The node's enabled devices among `free`."""
     return list(Gpu.objects.select_related("gpu_type", "node__pool").filter(node=node, enabled=True, index__in=free)
                 .order_by("index"))
 
 
-def claimable(pool_id: int, gpu_type_ids) -> bool:
-    """A run of one of these GPU types waits, dispatched to the pool, for a node agent to claim it (one query: an
+def claimable(pool_id: int, gpu_type_ids=None) -> bool:
+    """A run (of one of these GPU types) waits, dispatched to the pool, for a node agent to claim it (one query: an
     idle node's ask costs no transaction)."""
-    return _waiting(pool_id).filter(gpu_type_id__in=list(gpu_type_ids)).exists()
+    waiting = _waiting(pool_id)
+    return (waiting if gpu_type_ids is None else waiting.filter(gpu_type_id__in=list(gpu_type_ids))).exists()
 
 
 def _waiting(pool_id: int):

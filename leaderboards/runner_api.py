@@ -14,12 +14,13 @@ import json
 import logging
 import re
 import tarfile
+import time
 from functools import cache
 from pathlib import Path
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections, transaction
+from django.db import DatabaseError, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
@@ -204,6 +205,7 @@ def node_register(request: HttpRequest, pool: GpuPool, hostname: str, body: dict
         raise Refused(409, str(exc)) from exc
     except (KeyError, TypeError, ValueError) as exc:
         raise Refused(400, f"the probe report is malformed: {type(exc).__name__}: {exc}") from exc
+    _types.pop(registration.node.pk, None)
     retried = lifecycle.do_node_restarted(registration.node)
     if registration.back_in_service:
         lifecycle.node_back_in_service(registration.node)
@@ -237,29 +239,69 @@ def _samples(body: dict) -> list[dict] | None:
 def _reservations(node_id: int) -> dict:
     """Which of the node's devices reservations hold now and which reservation holds each (the agent sweeps the
     others' leftover processes, and those of reservations no longer here), and their holders' SSH keys (an agent
-    started with --authorized-keys places them): one query for a node no reservation holds."""
-    if not DeviceHold.objects.held().filter(kind=HoldKind.RESERVATION, gpu__node_id=node_id).exists():
-        return {"reserved": [], "reservations": [], "keys": []}
+    started with --authorized-keys places them); read only for a node reservations hold devices of (`_pool_state`)."""
     return {"reserved": allocator.reserved_indices(node_id), "reservations": allocator.reservations_on(node_id),
             "keys": keys.placed_on(node_id)}
 
 
-def node_answer(authorization: str, body: dict, *, woken: tuple[str, int] | None = None) -> tuple[dict, list[str]]:
+def node_answer(authorization: str, body: dict, *, woken: tuple[str, int] | None = None,
+                batched: bool = False, fresh: bool = True) -> tuple[dict, list[str], Node | None]:
     """One ask for work by a node's agent (also its heartbeat): its claims (`lifecycle.do_claim_runs`) and its
-    reservations, and the wake-up keys (runners.wakeups) to wait on when it got no claim. `woken`: the pool wake
-    that woke this ask, handed on when it claims nothing while a run of that type still waits."""
+    reservations, the wake-up keys (runners.wakeups) to wait on when it got no claim, and the node. `woken`: the pool
+    wake that woke this ask, handed on when it claims nothing while a run of that type still waits. `batched`: the
+    caller records the heartbeat (runners.wakeups batches them). `fresh=False`: whether a run waits for the pool and
+    which of its nodes reservations hold devices of may be this process's reading of up to POOL_TTL ago (an ask that
+    was woken reads them anew; one that missed a wake-up that way waits at most a heartbeat). An idle node's ask then
+    costs one query."""
     pool, hostname, node = _node_auth(authorization, body)
     free = _free(body)
     if node is None:
         raise Refused(404, f"{hostname} is not registered in pool {pool.name}: register first")
     if (samples := _samples(body)) is not None:
         Node.objects.filter(pk=node.pk).update(samples=samples)
-    gpus = lifecycle.do_node_heartbeat(node, free)
-    claims = lifecycle.claim_on(node, gpus)
-    if woken is not None and not claims and lifecycle.claimable(pool.pk, [int(woken[0].rsplit(":", 1)[1])]):
-        transaction.on_commit(lambda: wakeups.waiters.loop.call_soon_threadsafe(wakeups.waiters.hand_on, *woken))
-    wait_on = [f"node:{node.pk}", f"pool:{pool.pk}"] + [f"pool:{pool.pk}:{t}" for t in {g.gpu_type_id for g in gpus}]
-    return {"claims": claims, **_reservations(node.pk)}, wait_on
+    claims: list[dict] = []
+    waits, reserved = _pool_state(pool.pk, fresh)
+    if lifecycle.do_node_heartbeat(node, free, record=not batched) and waits:
+        gpus = lifecycle.free_gpus(node, free)
+        _types[node.pk] = (time.monotonic(), {g.index: g.gpu_type_id for g in gpus} | _node_types(node)[1])
+        claims = lifecycle.claim_on(node, gpus)
+        if woken is not None and not claims and lifecycle.claimable(pool.pk, [int(woken[0].rsplit(":", 1)[1])]):
+            transaction.on_commit(lambda: wakeups.waiters.loop.call_soon_threadsafe(wakeups.waiters.hand_on, *woken))
+    types = _node_types(node)[1]
+    wait_on = [f"node:{node.pk}", f"pool:{pool.pk}"] + [
+        f"pool:{pool.pk}:{t}" for t in sorted({types[i] for i in free if i in types})]
+    news = _reservations(node.pk) if node.pk in reserved else NONE
+    return {"claims": claims, **news}, wait_on, node
+
+
+_pools: dict[int, tuple[float, bool, set[int]]] = {}  # pool → (when read, a run waits, nodes a reservation holds)
+POOL_TTL = 1.0
+NONE = {"reserved": [], "reservations": [], "keys": []}
+
+
+def _pool_state(pool_id: int, fresh: bool) -> tuple[bool, set[int]]:
+    """Whether a run waits, dispatched to the pool, for a node agent, and the pool's nodes that reservations hold
+    devices of: read anew when `fresh` or older than POOL_TTL (two queries a second per process at most)."""
+    hit = _pools.get(pool_id)
+    if fresh or hit is None or time.monotonic() - hit[0] > POOL_TTL:
+        held = DeviceHold.objects.held().filter(kind=HoldKind.RESERVATION, pool_id=pool_id)
+        hit = _pools[pool_id] = (time.monotonic(), lifecycle.claimable(pool_id),
+                                 set(held.values_list("node_id", flat=True)))
+    return hit[1], hit[2]
+
+
+_types: dict[int, tuple[float, dict[int, int]]] = {}  # node → (when read, its enabled devices' GPU types by index)
+TYPES_TTL = 60.0
+
+
+def _node_types(node: Node) -> tuple[float, dict[int, int]]:
+    """Which GPU type each enabled device of the node is, read at most once a minute per process: which wake-ups
+    its wait listens to (a registration changing them is picked up by then, or by the next claim)."""
+    hit = _types.get(node.pk)
+    if hit is None or time.monotonic() - hit[0] > TYPES_TTL:
+        hit = _types[node.pk] = (time.monotonic(), dict(node.gpus.filter(enabled=True).values_list("index",
+                                                                                                  "gpu_type_id")))
+    return hit
 
 
 @csrf_exempt
@@ -273,10 +315,10 @@ def node_poll(request: HttpRequest) -> HttpResponse:
         return _error(exc.status, exc.detail)
 
 
-def _answer_sync(authorization: str, raw: bytes, woken: tuple[str, int] | None) -> tuple[int, dict, list[str]]:
-    """`node_answer` as a request of its own on the sync thread: connections checked and released as Django's
-    request signals do, a lost database connection a 503."""
-    close_old_connections()
+def _answer_sync(authorization: str, raw: bytes, woken: tuple[str, int] | None, fresh: bool
+                 ) -> tuple[int, dict, list[str], int]:
+    """`node_answer` as a request of its own on the sync thread (its connection kept between asks, as between a
+    sync worker's requests; one that broke is closed), a lost database connection a 503. Also the node's id."""
     try:
         try:
             body = json.loads(raw or b"null")
@@ -284,16 +326,14 @@ def _answer_sync(authorization: str, raw: bytes, woken: tuple[str, int] | None) 
             raise Refused(400, f"the body is not JSON: {exc}") from exc
         if not isinstance(body, dict):
             raise Refused(400, "the body must be a JSON object")
-        answer, wait_on = node_answer(authorization, body, woken=woken)
-        return 200, answer, wait_on
+        answer, wait_on, node = node_answer(authorization, body, woken=woken, batched=True, fresh=fresh)
+        return 200, answer, wait_on, node.pk
     except Refused as exc:
-        return exc.status, {"detail": exc.detail}, []
+        return exc.status, {"detail": exc.detail}, [], 0
     except DatabaseError as exc:
         log.warning("nodes/wait: database error %r", exc)
         dbhealth.close_broken_connections()
-        return 503, {"detail": dbhealth.MESSAGE}, []
-    finally:
-        close_old_connections()
+        return 503, {"detail": dbhealth.MESSAGE}, [], 0
 
 
 async def node_wait(scope, receive, send) -> None:
@@ -325,7 +365,9 @@ async def node_wait(scope, receive, send) -> None:
     if wait:
         await wakeups.waiters.ready()
     seen = wakeups.waiters.seq
-    status, answer, wait_on = await run(authorization, raw, None)
+    status, answer, wait_on, node_id = await run(authorization, raw, None, False)
+    if node_id:
+        wakeups.waiters.beat(node_id)
     if status != 200 or answer["claims"] or not wait or wakeups.waiters.seq != seen:
         # news (claims, or a wake-up while it looked): a waiting agent asks again at once
         return await _send_json(send, status, {**answer, "again": bool(wait)} if status == 200 else answer)
@@ -348,7 +390,7 @@ async def node_wait(scope, receive, send) -> None:
     if disconnected.is_set():
         return
     if waiter.event.is_set():
-        status, answer, _ = await run(authorization, raw, waiter.baton)
+        status, answer, _, _ = await run(authorization, raw, waiter.baton, True)
     await _send_json(send, status, {**answer, "again": True} if status == 200 else answer)
 
 

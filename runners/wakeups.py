@@ -24,13 +24,17 @@ import os
 from collections.abc import Iterable
 
 import redis
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 from kernelbot import redis_clients
+from runners.models import Node
 
 log = logging.getLogger(__name__)
 FILE_CHECK_S = 0.5
+SEEN_EVERY = 1.0
 _client: redis.Redis | None = None
 
 
@@ -81,6 +85,10 @@ def publish(keys: Iterable[str]) -> None:
         redis_clients.mark_away(name, exc)
 
 
+def mark_seen(node_ids: list[int]) -> None:
+    Node.objects.filter(pk__in=node_ids).update(agent_seen_at=timezone.now())
+
+
 class Waiter:
     def __init__(self, keys: list[str]):
         self.keys, self.event, self.baton = keys, asyncio.Event(), None
@@ -95,6 +103,8 @@ class Waiters:
         self.listener: asyncio.Task | None = None
         self.listening = asyncio.Event()
         self.seq = 0  # messages seen: a wait that saw one arrive while it looked for work looks again
+        self.seen: set[int] = set()  # nodes whose agent asked since the last write of their agent_seen_at
+        self.writer: asyncio.Task | None = None
 
     async def ready(self) -> None:
         """Listening (subscribed, with Redis) before a wait looks for work, so nothing published after it looked is
@@ -105,6 +115,22 @@ class Waiters:
             self.listener = self.loop.create_task(self.listen())
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.listening.wait(), settings.REDIS_CONNECT_TIMEOUT)
+
+    def beat(self, node_id: int) -> None:
+        """The node's agent asked: its agent_seen_at is written with the others' within SEEN_EVERY (one UPDATE a
+        second per web process, not one per ask)."""
+        self.seen.add(node_id)
+        if self.writer is None or self.writer.done():
+            self.writer = asyncio.get_running_loop().create_task(self.write_seen())
+
+    async def write_seen(self) -> None:
+        while self.seen:
+            await asyncio.sleep(SEEN_EVERY)
+            ids, self.seen = self.seen, set()
+            try:
+                await sync_to_async(mark_seen, thread_sensitive=True)(sorted(ids))
+            except Exception as exc:  # the next ask writes it again, well within the agent deadline
+                log.warning("node wake-ups: could not record %d agents as seen: %r", len(ids), exc)
 
     def add(self, waiter: Waiter) -> None:
         for key in waiter.keys:

@@ -68,6 +68,19 @@ def kept_for_competitions(policy: PoolPolicy | None, gpus: list[Gpu]) -> set[int
     return {g.pk for g in ordered[:keep]}
 
 
+def kept_among(pool: GpuPool, gpu_type: GpuType, gpus: list[Gpu]) -> set[int]:
+    """`kept_for_competitions` of the pool's devices of the type, among `gpus`; the pool's devices are read (as
+    bare tuples) only when its share keeps some but not all: a node's claim in a pool of thousands of devices."""
+    policy = PoolPolicy.objects.filter(pool=pool).first()
+    share = policy.competition_share if policy else 1.0
+    if share >= 1 or share <= 0:
+        return {g.pk for g in gpus} if share >= 1 else set()
+    rows = list(Gpu.objects.filter(node__pool=pool, node__enabled=True, enabled=True, gpu_type=gpu_type)
+                .values_list("pk", "node__hostname", "node_id", "index"))
+    keep = math.ceil(round(share * len(rows), 9))
+    return {row[0] for row in sorted(rows, key=lambda r: r[1:], reverse=True)[:keep]} & {g.pk for g in gpus}
+
+
 def open_holds(gpu_ids: Iterable[int]) -> dict[int, DeviceHold]:
     return {h.gpu_id: h for h in DeviceHold.objects.held().filter(gpu_id__in=list(gpu_ids))
             .only("gpu_id", "ends", "reservation_id", "kind")}
@@ -207,7 +220,7 @@ def acquire_on_node(gpus: list[Gpu], count: int, *, run_id: int, attempt: int, u
         promised = {pk for r in Reservation.objects.filter(
                         pool=pool, gpu_type=gpu_type, status=ReservationStatus.PENDING, planned_start__lte=soon)
                     for pk in r.planned_gpus}
-        kept = kept_for_competitions(PoolPolicy.objects.filter(pool=pool).first(), devices(pool, gpu_type))
+        kept = kept_among(pool, gpu_type, gpus)
         free = sorted((g for g in gpus if g.pk not in holds and g.pk not in promised),
                       key=lambda g: (g.pk not in kept, g.pk))
         if len(free) < count:
