@@ -268,7 +268,7 @@ def node_answer(authorization: str, body: dict, *, woken: tuple[str, int] | None
         if woken is not None and not claims and lifecycle.claimable(pool.pk, [int(woken[0].rsplit(":", 1)[1])]):
             transaction.on_commit(lambda: wakeups.waiters.loop.call_soon_threadsafe(wakeups.waiters.hand_on, *woken))
     types = _node_types(node)[1]
-    wait_on = [f"node:{node.pk}", f"pool:{pool.pk}"] + [
+    wait_on = [f"node:{node.pk}"] + [
         f"pool:{pool.pk}:{t}" for t in sorted({types[i] for i in free if i in types})]
     news = _reservations(node.pk) if node.pk in reserved else NONE
     return {"claims": claims, **news}, wait_on, node

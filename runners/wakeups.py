@@ -5,9 +5,9 @@ published here after commit:
 - `pool:P:T`: a run of GPU type T was dispatched to local pool P. Each web process wakes ONE agent waiting with a
   free device of that type (the oldest waiting); one that then claims nothing while such a run still waits hands
   the wake to the next, so a queued run costs a claim or two, not one per node.
-- `node:N`: node N's run ended (a device is free again), or its reservations or their keys changed: its agent asks
-  again with what it has free now.
-- `pool:P`: every agent of the pool asks again (a reservation of the pool changed); `all`: every agent (SSH keys).
+- `node:N`: a hold on node N ended (a run of it finished: a device is free again; or a reservation), a reservation
+  started on it or its holders' keys changed: its agent asks again with what it has free now.
+- `all`: every agent asks again (a process that subscribed again after losing Redis, or the file without it).
 
 With `REDIS_URL` the message goes over Redis pub/sub (one subscription per web process); without it (SQLite,
 `./dev serve`) the waiters of this process are woken at once and the others through a file's modification time,
@@ -52,10 +52,6 @@ def run_dispatched(pool_id: int, gpu_type_id: int) -> None:
 
 def node_changed(node_id: int) -> None:
     wake(f"node:{node_id}")
-
-
-def pool_changed(pool_id: int) -> None:
-    wake(f"pool:{pool_id}")
 
 
 def wake(*keys: str) -> None:

@@ -21,8 +21,9 @@ from runners.harness.node import NodeAgent, node_token
 from runners.models import Gpu, Node
 
 from ..conftest import RUNNER_KEY
+from ..factories import UserFactory
 from ..servers import granian, production_env
-from .test_node_agent import dispatch_all, submit
+from .test_node_agent import dispatch_all, new_key, reservation_hold, submit
 
 
 def wait_scope(body: bytes) -> tuple[dict, bytes]:
@@ -74,6 +75,18 @@ def test_a_waiting_node_is_woken_by_a_dispatched_run_and_claims_it_at_once(leade
     assert took < 10  # woken, not at its heartbeat 20 s on
     run.refresh_from_db()
     assert run.status == RunStatus.RUNNING
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_waiting_node_learns_at_once_of_a_new_key_of_a_reservation_on_it(cpu_pool, settings, tmp_path):
+    settings.NODE_WAIT = 20
+    node, holder = cpu_pool.nodes.get(), UserFactory()
+    Gpu.objects.create(node=node, gpu_type=cpu_pool.cpu, index=1)
+    reservation_hold(node, holder, index=1)
+    status, answer, took = asyncio.run(ask({"pool": "local", "hostname": "localhost", "free": [0], "wait": 20},
+                                           during=lambda: new_key(holder, tmp_path)))
+    assert status == 200 and took < 10, answer
+    assert answer["reserved"] == [1] and [len(entry["keys"]) for entry in answer["keys"]] == [1]
 
 
 @pytest.mark.django_db(transaction=True)
