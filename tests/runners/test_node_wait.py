@@ -78,6 +78,18 @@ def test_a_waiting_node_is_woken_by_a_dispatched_run_and_claims_it_at_once(leade
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_lost_wake_up_is_caught_by_the_next_heartbeat(leaderboard, cpu_pool, settings, monkeypatch):
+    settings.NODE_WAIT = 1.5
+    monkeypatch.setattr("runners.wakeups.publish", lambda keys: None)  # Redis away: every message lost
+    submission = submit(leaderboard)
+    body = {"pool": "local", "hostname": "localhost", "free": [0], "wait": 20}
+    status, answer, took = asyncio.run(ask(body, during=dispatch_all))
+    assert (status, answer["claims"], answer["again"]) == (200, [], True) and took >= 1.4  # its heartbeat came
+    status, answer, took = asyncio.run(ask(body))  # the agent asks again at once
+    assert [c["run"] for c in answer["claims"]] == [submission.runs.get().pk] and took < 1
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_waiting_node_learns_at_once_of_a_new_key_of_a_reservation_on_it(cpu_pool, settings, tmp_path):
     settings.NODE_WAIT = 20
     node, holder = cpu_pool.nodes.get(), UserFactory()
