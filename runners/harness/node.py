@@ -251,7 +251,16 @@ class NodeAgent:
         body = {"free": self.free()}
         if (samples := gpu_samples()) is not None:
             body["samples"] = samples  # the platform's /metrics shows them
-        answer = self._call("wait", {**body, "wait": wait}) if wait else self._call("poll", body)
+        answer = None
+        if wait:
+            try:
+                answer = self._call("wait", {**body, "wait": wait})
+            except Refused as exc:
+                if exc.status != 404 or "register" in str(exc):
+                    raise
+                self.wait_s = 0  # a platform older than nodes/wait: poll it every --poll seconds
+        if answer is None:
+            answer = self._call("poll", body)
         self.again = bool(answer.get("again"))
         claims = answer.get("claims", [])
         for claim in claims:

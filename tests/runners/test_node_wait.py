@@ -178,3 +178,20 @@ def test_several_web_workers_and_many_waiting_agents_claim_every_run_once_and_at
     for run in runs:
         attempts = RunAttempt.objects.filter(run_id=run)
         assert attempts.count() == 1 and attempts.get().external_id.startswith("node:")
+
+
+def test_an_agent_polls_a_platform_older_than_nodes_wait():
+    asked = []
+
+    def older_platform(method, url, data, headers):
+        route = url.rsplit("/", 1)[1]
+        asked.append(route)
+        if route == "wait":
+            return 404, b'{"detail": "Not Found"}'
+        return 200, json.dumps({"claims": [], "reserved": []}).encode()
+
+    agent = NodeAgent("http://old", "local", "h", "t", transport=older_platform, warm=False)
+    agent.devices = [0]
+    agent.poll(agent.wait_s)
+    agent.poll(agent.wait_s)
+    assert asked == ["wait", "poll", "poll"] and agent.wait_s == 0
