@@ -90,6 +90,23 @@ def test_a_lost_wake_up_is_caught_by_the_next_heartbeat(leaderboard, cpu_pool, s
 
 
 @pytest.mark.django_db(transaction=True)
+def test_without_redis_a_run_dispatched_by_another_process_wakes_the_wait_through_the_wake_file(
+        leaderboard, cpu_pool, settings, monkeypatch, tmp_path):
+    settings.NODE_WAIT, settings.REDIS_URL, settings.DATA_DIR = 20, "", tmp_path
+    published = []
+    monkeypatch.setattr("runners.wakeups.publish", published.append)  # not this process's waiters: another's
+
+    def another_process_dispatches():
+        dispatch_all()
+        (tmp_path / "node-wake").write_text(" ".join(published[0]))  # what publish writes there without Redis
+
+    submission = submit(leaderboard)
+    status, answer, took = asyncio.run(ask({"pool": "local", "hostname": "localhost", "free": [0], "wait": 20},
+                                           during=another_process_dispatches))
+    assert [c["run"] for c in answer["claims"]] == [submission.runs.get().pk] and took < 5, answer
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_waiting_node_learns_at_once_of_a_new_key_of_a_reservation_on_it(cpu_pool, settings, tmp_path):
     settings.NODE_WAIT = 20
     node, holder = cpu_pool.nodes.get(), UserFactory()
