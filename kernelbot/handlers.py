@@ -8,6 +8,10 @@ from django.conf import settings
 from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler
 
+from leaderboards.runner_api import node_wait
+
+NODE_WAIT_PATH = "/api/runner/v1/nodes/wait"
+
 
 class BodyTooLarge(Exception):
     """A body without a (true) Content-Length that passed MAX_REQUEST_BYTES while it was read."""
@@ -32,6 +36,9 @@ class SyncWorkerASGIHandler(ASGIHandler):
             raise ValueError(f"Django can only handle ASGI/HTTP connections, not {scope['type']}.")
         if (size := declared_length(scope)) > settings.MAX_REQUEST_BYTES:
             await too_large(scope, send, size)  # before a byte of the body is read
+            return
+        if scope["path"] == NODE_WAIT_PATH and scope["method"] == "POST":
+            await node_wait(scope, receive, send)  # a long-poll: held on the event loop, not the sync thread
             return
         try:
             await self.handle(scope, receive, send)  # no ThreadSensitiveContext: one sync thread for all

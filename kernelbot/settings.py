@@ -320,10 +320,14 @@ RUN_STATE_DEADLINES = {
 # killed while running it). Every hook is idempotent, so a late original and a re-send change nothing twice.
 RUN_HOOK_RESEND = int(os.environ.get("KERNELBOT_HOOK_RESEND", "20"))
 RUN_HEARTBEAT_DEADLINE = int(os.environ.get("KERNELBOT_HEARTBEAT_DEADLINE", "10"))
-# A node agent (`python -m runners.harness.node`) asks for work every 0.5 s (its --poll) and beats each run it holds
-# every heartbeat deadline / 4; a node not heard of for AGENT_DEADLINE seconds has no live agent: it gets no run and
-# its pool's health check says so.
-AGENT_DEADLINE = int(os.environ.get("KERNELBOT_AGENT_DEADLINE", "10"))
+# A node agent (`python -m runners.harness.node`) waits for work in `nodes/wait`, held open by the web server up to
+# NODE_WAIT seconds (its heartbeat) and ended early by a wake-up (runners.wakeups), and beats each run it holds every
+# heartbeat deadline / 4; a node not heard of for AGENT_DEADLINE seconds has no live agent: it gets no run and its
+# pool's health check says so.
+# GET /metrics (kernelbot/metrics.py) answers this Bearer token, or a staff session
+METRICS_TOKEN = os.environ.get("KERNELBOT_METRICS_TOKEN", "")
+NODE_WAIT = float(os.environ.get("KERNELBOT_NODE_WAIT", "15"))
+AGENT_DEADLINE = int(os.environ.get("KERNELBOT_AGENT_DEADLINE", "30"))
 # `manage.py workers` (the cluster supervisor): it reaps overdue runs every REAP_INTERVAL seconds; it re-sends the
 # queued runs' messages, then restarts the cluster, when runs have waited STALL seconds while no worker started a
 # task; on SIGTERM it gives the cluster STOP_GRACE seconds before killing it.

@@ -3,6 +3,7 @@ from django.templatetags.static import static
 from django.urls import include, path
 from django.views.generic import RedirectView
 
+from . import metrics
 from .api import api
 
 urlpatterns = [
@@ -12,6 +13,7 @@ urlpatterns = [
     path("api/v1/", api.urls),
     path("api/runner/v1/", include("leaderboards.runner_api")),
     path("api/runner/v1/", include("runners.urls")),  # service webhooks (GitHub); no route overlaps the runner API
+    path("metrics", metrics.metrics, name="metrics"),
     path("api/docs", RedirectView.as_view(url="/api/v1/docs", permanent=False)),
     path("gpus/", include("runners.reservations.urls")),
     path("favicon.ico", RedirectView.as_view(url=static("kb/favicon.svg"), permanent=True)),

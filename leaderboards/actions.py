@@ -3,6 +3,7 @@ management commands, web, API, Discord) calls these, so they never disagree."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from contextlib import nullcontext
@@ -20,7 +21,7 @@ from . import finals, lifecycle, precheck
 from .access.actions import check_may_submit, lock_quota
 from .access.authority import access_leaderboard
 from .access.cache import cached, key
-from .errors import SubmissionRejected
+from .errors import Refused, SubmissionRejected
 
 # Run transitions live in lifecycle; these names stay importable from here for code written before the move.
 from .lifecycle import (  # noqa: E402, F401
@@ -36,6 +37,7 @@ from .lifecycle import (  # noqa: E402, F401
 )
 from .models import (
     ACTIVE_STATUSES,
+    REFUSED_TALLY,
     Code,
     Leaderboard,
     Profile,
@@ -43,6 +45,7 @@ from .models import (
     RunStatus,
     Submission,
     SubmissionMode,
+    Tally,
 )
 from .ranks import (  # noqa: F401 - the service layer's verbs
     RECOMPUTE_TASK,
@@ -69,6 +72,20 @@ class SubmissionRequest:
     precheck: dict = field(default_factory=dict)  # kernelguard's findings (`precheck.check_precheck`)
 
 
+def counts_refusals(check):
+    """Every refused submission is counted in the database (Tally `submissions_refused:<status>`, read by
+    /metrics), whichever front end it came through."""
+    @functools.wraps(check)
+    def counted(*args, **kwargs):
+        try:
+            return check(*args, **kwargs)
+        except Refused as exc:
+            Tally.add(f"{REFUSED_TALLY}{exc.status}")
+            raise
+    return counted
+
+
+@counts_refusals
 def check_submission(user, leaderboard_name: str, gpu_names: list[str], mode: str, file_name: str,
                      content: bytes, size: int | None = None) -> SubmissionRequest:
     """`size`: the upload's whole size where `content` holds only its first MAX_SUBMISSION_BYTES + 1 bytes."""
@@ -118,6 +135,7 @@ def serving_gpu_types(leaderboard: Leaderboard) -> dict[str, GpuType]:
     return cached(key("serving", leaderboard.pk), compute)
 
 
+@counts_refusals
 def do_submit(user, request: SubmissionRequest) -> Submission:
     """Writes the code, the submission and its queued runs atomically and enqueues the runs after commit.
     The new runs (with their GPU types) are on `submission.new_runs`, to report without another query."""

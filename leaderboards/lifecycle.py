@@ -20,6 +20,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
+from runners import wakeups
 from runners.actions import do_fail_pool, do_node_back_in_service
 from runners.backends.base import (
     BackendUnavailable,
@@ -55,6 +56,7 @@ INFRA_RETRYING = "a runner failed while running it (not your code's fault); it i
 INFRA_GAVE_UP = ("the runners failed {failures} times while running it (not your code's fault); the organisers can see "
                  "why")
 MISCONFIGURED = "its runners are misconfigured (not your code's fault); the organisers can see why"
+CLAIM_ORDER = ("first_queued_at", "pk")  # which dispatched run a node agent claims first: a retry keeps its place
 WAITS_FOR_FIX = "its runners are misconfigured (not your code's fault); it runs once they are fixed"
 
 
@@ -116,6 +118,8 @@ def dispatch_run(run_id: int) -> None:
                           deadline_seconds=deadline, attempt_fields={"pool": pool, "nonce": secrets.token_hex(16)})
         attempt = run.attempt
         nonce = _attempt(run).nonce
+        if pool.is_local:
+            wakeups.run_dispatched(pool.pk, run.gpu_type_id)  # on commit: a waiting node agent claims it
         job = Dispatch(run_id=run.pk, attempt=attempt, nonce=nonce, token=attempt_token(pool, run.pk, attempt, nonce),
                        platform_url=platform_url(pool),
                        gpu_type=run.gpu_type, gpu_count=gpu_count(_with_definition(run)),
@@ -304,14 +308,43 @@ def do_claim_runs(node: Node, free: list[int]) -> list[dict]:
     (none while its sandbox cannot hold a run); a run another node is pinned to, or one this node already failed while
     another live node in service could take it, is left to the others. Returns what the agent needs to run each (the
     same per-attempt routes and token as a remote agent)."""
+    return claim_on(node, free_gpus(node, free)) if do_node_heartbeat(node, free) else []
+
+
+def do_node_heartbeat(node: Node, free: list[int], *, record: bool = True) -> bool:
+    """The node's agent is live (at most one write a second; `record=False`: the caller batches the write, but a
+    node whose agent was not live is written at once); whether it may claim runs for `free` now (not while the node
+    is disabled or its sandbox cannot hold a run)."""
     now = timezone.now()
-    Node.objects.filter(pk=node.pk).exclude(agent_seen_at__gt=now - timedelta(seconds=1)).update(agent_seen_at=now)
+    if record or node.agent_seen_at is None or node.agent_seen_at < agents_live_since():
+        Node.objects.filter(pk=node.pk).exclude(agent_seen_at__gt=now - timedelta(seconds=1)).update(
+            agent_seen_at=now)
     if node.service == NodeService.NO_AGENT and node.set_service(NodeService.IN_SERVICE):
         node_back_in_service(node)
-    if not node.enabled or node.service == NodeService.SANDBOX:
-        return []
-    gpus = list(Gpu.objects.select_related("gpu_type", "node__pool").filter(node=node, enabled=True, index__in=free)
+    return bool(node.enabled and node.service != NodeService.SANDBOX and free)
+
+
+def free_gpus(node: Node, free: list[int]) -> list[Gpu]:
+    """The node's enabled devices among `free`."""
+    return list(Gpu.objects.select_related("gpu_type", "node__pool").filter(node=node, enabled=True, index__in=free)
                 .order_by("index"))
+
+
+def claimable(pool_id: int, gpu_type_ids=None) -> bool:
+    """A run (of one of these GPU types) waits, dispatched to the pool, for a node agent to claim it (one query: an
+    idle node's ask costs no transaction)."""
+    waiting = _waiting(pool_id)
+    return (waiting if gpu_type_ids is None else waiting.filter(gpu_type_id__in=list(gpu_type_ids))).exists()
+
+
+def _waiting(pool_id: int):
+    return Run.objects.filter(status=RunStatus.DISPATCHED, attempts__number=F("attempt"), attempts__pool_id=pool_id,
+                              attempts__external_id="")
+
+
+def claim_on(node: Node, gpus: list[Gpu]) -> list[dict]:
+    if not gpus or not claimable(node.pool_id, {g.gpu_type_id for g in gpus}):
+        return []
     claims: list[dict] = []
     for gpu_type in {g.gpu_type for g in gpus}:
         while free_of_type := [g for g in gpus if g.gpu_type == gpu_type]:
@@ -355,12 +388,11 @@ def _failed_elsewhere_first(node: Node, runs: list[Run], gpu_type: GpuType) -> s
 def _claim_one(node: Node, gpus: list[Gpu]) -> dict | None:
     gpu_type = gpus[0].gpu_type
     with transaction.atomic():
-        waiting = (Run.objects.select_for_update(of=("self",), skip_locked=True)
+        waiting = (_waiting(node.pool_id).select_for_update(of=("self",), skip_locked=True)
                    .select_related("submission__problem", "submission__leaderboard", "gpu_type")
-                   .filter(status=RunStatus.DISPATCHED, gpu_type=gpu_type, attempts__number=F("attempt"),
-                           attempts__pool_id=node.pool_id, attempts__external_id="")
+                   .filter(gpu_type=gpu_type)
                    .filter(Q(node=node) if not node.in_service else Q(node__isnull=True) | Q(node=node))
-                   .order_by("first_queued_at", "pk"))  # a retry keeps its place
+                   .order_by(*CLAIM_ORDER))
         candidates = list(waiting[:20])
         avoid = _failed_elsewhere_first(node, candidates, gpu_type)
         on_node = None

@@ -671,3 +671,24 @@ class FinalEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.final_id}/{self.gpu_type} {self.user}"
+
+
+REFUSED_TALLY = "submissions_refused:"
+
+
+class Tally(models.Model):
+    """A counter kept in the database, so every web worker counts into the same one (/metrics reads it): e.g.
+    `submissions_refused:429`."""
+
+    name = models.CharField(max_length=60, primary_key=True)
+    count = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"{self.name} = {self.count}"
+
+    @classmethod
+    def add(cls, name: str, n: int = 1) -> None:
+        if not cls.objects.filter(name=name).update(count=models.F("count") + n):
+            obj, created = cls.objects.get_or_create(name=name, defaults={"count": n})
+            if not created:
+                cls.objects.filter(name=name).update(count=models.F("count") + n)

@@ -7,29 +7,39 @@ cancelled) gets 409 and changes nothing. Every bad request is a 4xx with a JSON 
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import io
 import json
+import logging
 import re
 import tarfile
+import time
 from functools import cache
 from pathlib import Path
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import DatabaseError, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
+from kernelbot import dbhealth
+from runners import wakeups
 from runners.actions import NodeRejected, do_register_agent
 from runners.backends.base import runner_key
 from runners.harness.agent import runner_token
 from runners.harness.node import node_token
 from runners.models import GpuPool, Node
 from runners.reservations import allocator, keys
+from runners.reservations.models import DeviceHold, HoldKind
 
 from . import lifecycle
 from .models import Run, RunAttempt, RunStatus
+
+log = logging.getLogger(__name__)
 
 
 class Refused(Exception):
@@ -142,24 +152,30 @@ def failure(request: HttpRequest, run: Run, attempt: int) -> HttpResponse:
 
 # --- node agents (runners/harness/node.py) --------------------------------------------------------------------------
 
-def _node_request(request: HttpRequest) -> tuple[GpuPool, str, dict]:
+def _node_auth(authorization: str, body: dict) -> tuple[GpuPool, str, Node | None]:
     """The local pool and hostname a node agent speaks for, authorised by Bearer HMAC(pool's key,
-    "node:pool:hostname")."""
-    body = _body(request)
+    "node:pool:hostname"), and the node when registered (one query for both when it is)."""
     pool_name, hostname = body.get("pool"), body.get("hostname")
     for name, value, limit in (("pool", pool_name, 60), ("hostname", hostname, 120)):
         if not isinstance(value, str) or not value.strip() or len(value) > limit or "\x00" in value:
             raise Refused(400, f'"{name}" must be a non-empty string of at most {limit} characters')
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    scheme, _, token = authorization.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Refused(401, "missing Bearer token")
-    pool = GpuPool.objects.filter(name=pool_name).first()
+    node = Node.objects.select_related("pool").filter(pool__name=pool_name, hostname=hostname).first()
+    pool = node.pool if node is not None else GpuPool.objects.filter(name=pool_name).first()
     key = runner_key(pool) if pool is not None else ""
     expected = node_token(key, pool_name, hostname) if key else ""
     if not hmac.compare_digest(token.strip().encode(), (expected or "0" * 64).encode()) or not expected:
         raise Refused(403, f"invalid token for node {hostname} of pool {pool_name}")
     if not pool.is_local:
         raise Refused(409, f"pool {pool.name} runs on {pool.get_backend_display()}, not on node agents")
+    return pool, hostname, node
+
+
+def _node_request(request: HttpRequest) -> tuple[GpuPool, str, dict]:
+    body = _body(request)
+    pool, hostname, _ = _node_auth(request.headers.get("Authorization", ""), body)
     return pool, hostname, body
 
 
@@ -189,6 +205,7 @@ def node_register(request: HttpRequest, pool: GpuPool, hostname: str, body: dict
         raise Refused(409, str(exc)) from exc
     except (KeyError, TypeError, ValueError) as exc:
         raise Refused(400, f"the probe report is malformed: {type(exc).__name__}: {exc}") from exc
+    _types.pop(registration.node.pk, None)
     retried = lifecycle.do_node_restarted(registration.node)
     if registration.back_in_service:
         lifecycle.node_back_in_service(registration.node)
@@ -198,22 +215,194 @@ def node_register(request: HttpRequest, pool: GpuPool, hostname: str, body: dict
         {"index": g.index, "gpu_type": g.gpu_type.name, "enabled": g.enabled} for g in gpus]})
 
 
-@_node_endpoint
-def node_poll(request: HttpRequest, pool: GpuPool, hostname: str, body: dict) -> HttpResponse:
-    """The node's heartbeat and its ask for work: runs for its free devices (`lifecycle.do_claim_runs`), which of
-    its devices reservations hold now and which reservation holds each (the agent sweeps the others' leftover
-    processes, and those of reservations no longer here), and their holders' SSH keys (an agent started with
-    --authorized-keys places them)."""
+def _free(body: dict) -> list[int]:
     free = body.get("free", [])
     if not isinstance(free, list) or len(free) > 256 or not all(
             isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 1024 for i in free):
         raise Refused(400, '"free" must be a list of device indices')
-    node = Node.objects.select_related("pool").filter(pool=pool, hostname=hostname).first()
+    return sorted(set(free))
+
+
+def _samples(body: dict) -> list[dict] | None:
+    """The agent's samples of its devices (nvidia-smi), kept for /metrics; None when it sent none."""
+    samples = body.get("samples")
+    if samples is None:
+        return None
+    fields = {"index": int, "utilization": float, "memory_used": int, "memory_total": int}
+    if not isinstance(samples, list) or len(samples) > 256 or not all(
+            isinstance(s, dict) and all(isinstance(s.get(k), (int, float)) and not isinstance(s.get(k), bool)
+                                        for k in fields) for s in samples):
+        raise Refused(400, '"samples" must be a list of {"index", "utilization", "memory_used", "memory_total"}')
+    return [{k: kind(s[k]) for k, kind in fields.items()} for s in samples]
+
+
+def _reservations(node_id: int) -> dict:
+    """Which of the node's devices reservations hold now and which reservation holds each (the agent sweeps the
+    others' leftover processes, and those of reservations no longer here), and their holders' SSH keys (an agent
+    started with --authorized-keys places them); read only for a node reservations hold devices of (`_pool_state`)."""
+    return {"reserved": allocator.reserved_indices(node_id), "reservations": allocator.reservations_on(node_id),
+            "keys": keys.placed_on(node_id)}
+
+
+def node_answer(authorization: str, body: dict, *, woken: tuple[str, int] | None = None,
+                batched: bool = False, fresh: bool = True) -> tuple[dict, list[str], Node | None]:
+    """One ask for work by a node's agent (also its heartbeat): its claims (`lifecycle.do_claim_runs`) and its
+    reservations, the wake-up keys (runners.wakeups) to wait on when it got no claim, and the node. `woken`: the pool
+    wake that woke this ask, handed on when it claims nothing while a run of that type still waits. `batched`: the
+    caller records the heartbeat (runners.wakeups batches them). `fresh=False`: whether a run waits for the pool and
+    which of its nodes reservations hold devices of may be this process's reading of up to POOL_TTL ago (an ask that
+    was woken reads them anew; one that missed a wake-up that way waits at most a heartbeat). An idle node's ask then
+    costs one query."""
+    pool, hostname, node = _node_auth(authorization, body)
+    free = _free(body)
     if node is None:
         raise Refused(404, f"{hostname} is not registered in pool {pool.name}: register first")
-    return JsonResponse({"claims": lifecycle.do_claim_runs(node, sorted(set(free))),
-                         "reserved": allocator.reserved_indices(node.pk),
-                         "reservations": allocator.reservations_on(node.pk), "keys": keys.placed_on(node.pk)})
+    if (samples := _samples(body)) is not None:
+        Node.objects.filter(pk=node.pk).update(samples=samples)
+    claims: list[dict] = []
+    waits, reserved = _pool_state(pool.pk, fresh)
+    if lifecycle.do_node_heartbeat(node, free, record=not batched) and waits:
+        gpus = lifecycle.free_gpus(node, free)
+        _types[node.pk] = (time.monotonic(), {g.index: g.gpu_type_id for g in gpus} | _node_types(node)[1])
+        claims = lifecycle.claim_on(node, gpus)
+        if woken is not None and not claims and lifecycle.claimable(pool.pk, [int(woken[0].rsplit(":", 1)[1])]):
+            transaction.on_commit(lambda: wakeups.waiters.loop.call_soon_threadsafe(wakeups.waiters.hand_on, *woken))
+    types = _node_types(node)[1]
+    wait_on = [f"node:{node.pk}"] + [
+        f"pool:{pool.pk}:{t}" for t in sorted({types[i] for i in free if i in types})]
+    news = _reservations(node.pk) if node.pk in reserved else NONE
+    return {"claims": claims, **news}, wait_on, node
+
+
+_pools: dict[int, tuple[float, bool, set[int]]] = {}  # pool → (when read, a run waits, nodes a reservation holds)
+POOL_TTL = 1.0
+NONE = {"reserved": [], "reservations": [], "keys": []}
+
+
+def _pool_state(pool_id: int, fresh: bool) -> tuple[bool, set[int]]:
+    """Whether a run waits, dispatched to the pool, for a node agent, and the pool's nodes that reservations hold
+    devices of: read anew when `fresh` or older than POOL_TTL (two queries a second per process at most)."""
+    hit = _pools.get(pool_id)
+    if fresh or hit is None or time.monotonic() - hit[0] > POOL_TTL:
+        held = DeviceHold.objects.held().filter(kind=HoldKind.RESERVATION, pool_id=pool_id)
+        hit = _pools[pool_id] = (time.monotonic(), lifecycle.claimable(pool_id),
+                                 set(held.values_list("node_id", flat=True)))
+    return hit[1], hit[2]
+
+
+_types: dict[int, tuple[float, dict[int, int]]] = {}  # node → (when read, its enabled devices' GPU types by index)
+TYPES_TTL = 60.0
+
+
+def _node_types(node: Node) -> tuple[float, dict[int, int]]:
+    """Which GPU type each enabled device of the node is, read at most once a minute per process: which wake-ups
+    its wait listens to (a registration changing them is picked up by then, or by the next claim)."""
+    hit = _types.get(node.pk)
+    if hit is None or time.monotonic() - hit[0] > TYPES_TTL:
+        hit = _types[node.pk] = (time.monotonic(), dict(node.gpus.filter(enabled=True).values_list("index",
+                                                                                                  "gpu_type_id")))
+    return hit
+
+
+@csrf_exempt
+@require_POST
+def node_poll(request: HttpRequest) -> HttpResponse:
+    """The node's heartbeat and its ask for work, answered at once (`node_answer`). `nodes/wait` is the same ask held
+    by the ASGI server until there is news (`node_wait`); served by anything else it is answered at once too."""
+    try:
+        return JsonResponse(node_answer(request.headers.get("Authorization", ""), _body(request))[0])
+    except Refused as exc:
+        return _error(exc.status, exc.detail)
+
+
+def _answer_sync(authorization: str, raw: bytes, woken: tuple[str, int] | None, fresh: bool
+                 ) -> tuple[int, dict, list[str], int]:
+    """`node_answer` as a request of its own on the sync thread (its connection kept between asks, as between a
+    sync worker's requests; one that broke is closed), a lost database connection a 503. Also the node's id."""
+    try:
+        try:
+            body = json.loads(raw or b"null")
+        except (ValueError, RecursionError) as exc:
+            raise Refused(400, f"the body is not JSON: {exc}") from exc
+        if not isinstance(body, dict):
+            raise Refused(400, "the body must be a JSON object")
+        answer, wait_on, node = node_answer(authorization, body, woken=woken, batched=True, fresh=fresh)
+        return 200, answer, wait_on, node.pk
+    except Refused as exc:
+        return exc.status, {"detail": exc.detail}, [], 0
+    except DatabaseError as exc:
+        log.warning("nodes/wait: database error %r", exc)
+        dbhealth.close_broken_connections()
+        return 503, {"detail": dbhealth.MESSAGE}, [], 0
+
+
+async def node_wait(scope, receive, send) -> None:
+    """`POST nodes/wait` served by the ASGI app itself (kernelbot.handlers), without Django's middleware: the same
+    ask as `nodes/poll`, held open for up to `{"wait": s}` seconds (NODE_WAIT at most, and the agent's next
+    heartbeat is due by then) while it got no claim, until a wake-up (runners.wakeups) for its node, pool or a free
+    device's GPU type; then it looks again and answers, `"again": true` telling the agent to ask again at once. A
+    client gone while it waits is forgotten at once."""
+    headers = dict(scope.get("headers", ()))
+    authorization = headers.get(b"authorization", b"").decode("latin-1")
+    chunks, size, disconnected = [], 0, asyncio.Event()
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+        chunks.append(message.get("body", b""))
+        size += len(chunks[-1])
+        if size > 65536:
+            return await _send_json(send, 413, {"detail": "a node's ask for work is at most 64 KiB"})
+        if not message.get("more_body"):
+            break
+    raw = b"".join(chunks)
+    try:
+        wait = float((json.loads(raw or b"{}") or {}).get("wait", 0)) if raw.strip().startswith(b"{") else 0.0
+    except (ValueError, TypeError, AttributeError, RecursionError):
+        wait = 0.0
+    wait = max(0.0, min(wait, settings.NODE_WAIT, settings.AGENT_DEADLINE / 2))
+    run = sync_to_async(_answer_sync, thread_sensitive=True)
+    if wait:
+        await wakeups.waiters.ready()
+    seen = wakeups.waiters.seq
+    status, answer, wait_on, node_id = await run(authorization, raw, None, False)
+    if node_id:
+        wakeups.waiters.beat(node_id)
+    if status != 200 or answer["claims"] or not wait or wakeups.waiters.seq != seen:
+        # news (claims, or a wake-up while it looked): a waiting agent asks again at once
+        return await _send_json(send, status, {**answer, "again": bool(wait)} if status == 200 else answer)
+    waiter = wakeups.Waiter(wait_on)
+    wakeups.waiters.add(waiter)
+
+    async def gone():
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        disconnected.set()
+
+    watch = asyncio.ensure_future(gone())
+    woke = asyncio.ensure_future(waiter.event.wait())
+    try:
+        await asyncio.wait({watch, woke}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        wakeups.waiters.remove(waiter)
+        watch.cancel()
+        woke.cancel()
+    if disconnected.is_set():
+        return
+    if waiter.event.is_set():
+        status, answer, _, _ = await run(authorization, raw, waiter.baton, True)
+    await _send_json(send, status, {**answer, "again": True} if status == 200 else answer)
+
+
+async def _send_json(send, status: int, body: dict) -> None:
+    data = json.dumps(body).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    if status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    if status == 503:
+        headers.append((b"retry-after", str(dbhealth.RETRY_AFTER).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": data})
 
 
 @cache
@@ -243,5 +432,6 @@ urlpatterns = [
     path("runs/<int:run_id>/<int:attempt>/failure", failure, name="runner-failure"),
     path("nodes/register", node_register, name="runner-node-register"),
     path("nodes/poll", node_poll, name="runner-node-poll"),
+    path("nodes/wait", node_poll, name="runner-node-wait"),  # held open only by the ASGI server (node_wait)
     path("harness.tar.gz", harness, name="runner-harness"),
 ]

@@ -148,6 +148,9 @@ class Node(models.Model):
     agent = models.JSONField(default=dict, blank=True, editable=False,
                              help_text="What its agent said when it registered: pid, python, harness version, the "
                                        "device indices it found, when it started.")
+    samples = models.JSONField(default=list, blank=True, editable=False,
+                               help_text="Its devices' utilisation and memory as its agent last sampled them "
+                                         "(nvidia-smi): [{index, utilization, memory_used, memory_total}], bytes.")
     service = models.CharField(max_length=16, choices=NodeService.choices, default=NodeService.IN_SERVICE,
                                editable=False, help_text="Out of service, a node of a local pool takes no run but "
                                "its health check's; its pool takes runs while another node serves the GPU type.")

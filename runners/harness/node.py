@@ -4,13 +4,15 @@ backend "local" (`./dev serve` starts one for this machine):
     KERNELBOT_NODE_TOKEN=… python -m runners.harness.node --platform https://kb.example.org --pool lab
 
 Stdlib only, Django-free, shipped in `harness.tar.gz` with the remote agent. It probes the machine (its real
-devices, never typed in) and registers them with the platform, then asks for work every `--poll` seconds while a
-device is free: the platform hands it runs of its pool for its free devices (`/api/runner/v1/nodes/…`, Bearer: the
-node's token, HMAC-SHA256(key, "node:pool:hostname"), printed by `manage.py node_token`; an agent beside the platform
-may derive it from KERNELBOT_RUNNER_KEY instead). Each claim carries its attempt's token; the run goes through the
-same per-attempt routes and the same harness runner as the remote agent (`agent.run_attempt`), one thread per run,
-each beating its attempt while it runs. A restarted agent registers again, and the platform retries at once the runs
-the previous one held.
+devices, never typed in) and registers them with the platform, then waits for work: `nodes/wait` is held open by the
+platform until there is news for this node (a run for a free device, a reservation) or for `--wait` seconds (its
+heartbeat), then asked again at once; a platform that answers at once (an older one, or one not served by ASGI) is
+asked every `--poll` seconds, as `nodes/poll` was. The platform hands it runs of its pool for its free devices
+(`/api/runner/v1/nodes/…`, Bearer: the node's token, HMAC-SHA256(key, "node:pool:hostname"), printed by `manage.py
+node_token`; an agent beside the platform may derive it from KERNELBOT_RUNNER_KEY instead). Each claim carries its
+attempt's token; the run goes through the same per-attempt routes and the same harness runner as the remote agent
+(`agent.run_attempt`), one thread per run, each beating its attempt while it runs. A restarted agent registers
+again, and the platform retries at once the runs the previous one held.
 
 Warm by default: torch and the harness are imported once, by a template process each run's trusted parent is forked
 from (`runners.harness.warm`), and each device slot keeps a spare parent whose sandboxed child has started already,
@@ -56,6 +58,7 @@ from .warm import template
 VERSION = "1"
 NODE_TOKEN_ENV = "KERNELBOT_NODE_TOKEN"
 POLL_S = 0.5
+WAIT_S = 15.0  # the longest a wait for work is held open: the node's heartbeat
 SWEEP_S = 2.0  # how often the devices nothing holds are checked for leftover processes
 KEY_LINE = re.compile(r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh\.com|"
                       r"sk-ecdsa-sha2-nistp256@openssh\.com) [A-Za-z0-9+/]+={0,2}")
@@ -140,6 +143,22 @@ def compute_processes() -> dict[int, list[int]] | None:
     return found
 
 
+def gpu_samples() -> list[dict] | None:
+    """Each device's utilisation (0..1) and memory (bytes) now, from nvidia-smi; None where there is none."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        done = subprocess.run([smi, "--query-gpu=index,utilization.gpu,memory.used,memory.total",
+                               "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10,
+                              check=False)
+        rows = [[f.strip() for f in line.split(",")] for line in done.stdout.splitlines() if line.strip()]
+        return [{"index": int(index), "utilization": float(util) / 100, "memory_used": int(float(used)) << 20,
+                 "memory_total": int(float(total)) << 20} for index, util, used, total in rows]
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+
+
 def process_start(pid: int) -> int | None:
     """When the process started (clock ticks since boot): a pid and its start name one process, reused pids aside."""
     try:
@@ -212,11 +231,11 @@ def stale_run_dirs(workroot: Path) -> list[Path]:
 class NodeAgent:
     def __init__(self, platform: str, pool: str, hostname: str, token: str, *, python: str = sys.executable,
                  workroot: Path | None = None, poll_s: float = POLL_S, transport: Transport = http,
-                 warm: bool = True, spares: bool = False):
+                 warm: bool = True, spares: bool = False, wait_s: float = WAIT_S):
         """warm: fork each run's harness parent from a template that imported torch once (runners.harness.warm);
         spares: also keep a parent per device slot started ahead of its run, its sandboxed child ready (Spares)."""
         self.platform, self.pool, self.hostname, self.token = platform.rstrip("/"), pool, hostname, token
-        self.python, self.poll_s, self.transport = python, poll_s, transport
+        self.python, self.poll_s, self.wait_s, self.transport = python, poll_s, wait_s, transport
         self.workroot = workroot or Path(tempfile.gettempdir())
         self.warm = warm or spares
         self.sweep_s, self.swept = SWEEP_S, -SWEEP_S
@@ -230,6 +249,7 @@ class NodeAgent:
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.authorized_keys: Path | None = None  # where reservations' keys go (--authorized-keys)
+        self.again = False  # the last wait ended with news: ask again at once
         self.owned: dict[int, tuple[int, int | None]] = {}  # pid → (reservation, its start) seen under a reservation
         self.installation = installation_key(token)
         self._holds: list[HoldGroups | None] = []
@@ -262,10 +282,23 @@ class NodeAgent:
         with self.lock:
             return [index for index in self.devices if index not in self.busy]
 
-    def poll(self) -> list[dict]:
-        """Ask for work for the free devices (this is also the node's heartbeat); start each claimed run, then sweep
-        the devices nothing holds."""
-        answer = self._call("poll", {"free": self.free()})
+    def poll(self, wait: float = 0) -> list[dict]:
+        """Ask for work for the free devices (this is also the node's heartbeat), waiting up to `wait` seconds for
+        some (`nodes/wait`); start each claimed run, then sweep the devices nothing holds."""
+        body = {"free": self.free()}
+        if (samples := gpu_samples()) is not None:
+            body["samples"] = samples  # the platform's /metrics shows them
+        answer = None
+        if wait:
+            try:
+                answer = self._call("wait", {**body, "wait": wait})
+            except Refused as exc:
+                if exc.status != 404 or "register" in str(exc):
+                    raise
+                self.wait_s = 0  # a platform older than nodes/wait: poll it every --poll seconds
+        if answer is None:
+            answer = self._call("poll", body)
+        self.again = bool(answer.get("again"))
         claims = answer.get("claims", [])
         for claim in claims:
             self.start(claim)
@@ -374,10 +407,13 @@ class NodeAgent:
         run_id, number = int(claim["run"]), int(claim["attempt"])
         platform = Platform(self.platform, run_id, number, claim["token"], self.transport)
         try:
-            result = run_attempt(platform, self.workroot, gpus=[str(i) for i in claim.get("gpus", [])],
-                                 job_extra=claim.get("job", {}), python=self.python,
-                                 heartbeat_s=float(claim.get("heartbeat_s", agent.HEARTBEAT_S)), warm=self.warm,
-                                 spares=self.spares)
+            try:
+                result = run_attempt(platform, self.workroot, gpus=[str(i) for i in claim.get("gpus", [])],
+                                     job_extra=claim.get("job", {}), python=self.python,
+                                     heartbeat_s=float(claim.get("heartbeat_s", agent.HEARTBEAT_S)), warm=self.warm,
+                                     spares=self.spares)
+            finally:
+                self.release(indices)  # before reporting: the platform's wake-up then finds the devices free
             platform.call("result", result)
         except Gone as exc:
             print(f"run {run_id} attempt {number} is no longer ours: {exc}", file=sys.stderr)
@@ -389,9 +425,12 @@ class NodeAgent:
             except Exception as report_exc:
                 print(f"could not report the failure: {report_exc}", file=sys.stderr)
         finally:
-            with self.lock:
-                for index in indices:
-                    self.busy.pop(index, None)
+            self.release(indices)
+
+    def release(self, indices: list[int]) -> None:
+        with self.lock:
+            for index in indices:
+                self.busy.pop(index, None)
 
     def drain(self) -> int:
         """Take and run, one after the other in this thread, every run the platform has for this node now; how many
@@ -415,7 +454,10 @@ class NodeAgent:
                     self.register()
                     registered = True
                     print(f"node agent: {self.hostname} in pool {self.pool}: devices {self.devices}", file=sys.stderr)
-                self.poll()
+                started = time.monotonic()
+                self.poll(self.wait_s)
+                if self.again or time.monotonic() - started > self.poll_s:
+                    continue  # a held wait: its answer is news, or its heartbeat is due
             except Refused as exc:
                 registered = registered and exc.status != 404
                 print(f"node agent: refused: {exc}", file=sys.stderr)
@@ -439,7 +481,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", default=os.environ.get("KERNELBOT_HARNESS_PYTHON") or sys.executable,
                         help="the interpreter that runs the harness (with torch)")
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()), help="where runs unpack")
-    parser.add_argument("--poll", type=float, default=POLL_S, help="seconds between asks for work")
+    parser.add_argument("--wait", type=float, default=WAIT_S,
+                        help="the longest the platform holds an ask for work open (the node's heartbeat)")
+    parser.add_argument("--poll", type=float, default=POLL_S,
+                        help="seconds between asks for work where the platform answers at once")
     parser.add_argument("--cold", action="store_true",
                         help="start every run's harness in a new interpreter (no warm template, no spares)")
     parser.add_argument("--no-spares", action="store_true",
@@ -458,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
     agent.harden_self()
     args.workdir.mkdir(parents=True, exist_ok=True)
     node = NodeAgent(args.platform, args.pool, args.hostname, token, python=args.python, workroot=args.workdir,
-                     poll_s=args.poll, warm=not args.cold, spares=not (args.cold or args.no_spares))
+                     poll_s=args.poll, wait_s=args.wait, warm=not args.cold, spares=not (args.cold or args.no_spares))
     node.authorized_keys = args.authorized_keys.expanduser() if args.authorized_keys else None
     signal.signal(signal.SIGTERM, lambda *_: node.stopping.set())
     signal.signal(signal.SIGINT, lambda *_: node.stopping.set())

@@ -16,6 +16,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from runners import wakeups
 from runners.models import Gpu, GpuPool, GpuType
 from runners.queue import enqueue_on_commit
 
@@ -65,6 +66,19 @@ def kept_for_competitions(policy: PoolPolicy | None, gpus: list[Gpu]) -> set[int
     keep = math.ceil(round(share * len(gpus), 9))
     ordered = sorted(gpus, key=lambda g: (g.node.hostname, g.node_id, g.index), reverse=True)
     return {g.pk for g in ordered[:keep]}
+
+
+def kept_among(pool: GpuPool, gpu_type: GpuType, gpus: list[Gpu]) -> set[int]:
+    """`kept_for_competitions` of the pool's devices of the type, among `gpus`; the pool's devices are read (as
+    bare tuples) only when its share keeps some but not all: a node's claim in a pool of thousands of devices."""
+    policy = PoolPolicy.objects.filter(pool=pool).first()
+    share = policy.competition_share if policy else 1.0
+    if share >= 1 or share <= 0:
+        return {g.pk for g in gpus} if share >= 1 else set()
+    rows = list(Gpu.objects.filter(node__pool=pool, node__enabled=True, enabled=True, gpu_type=gpu_type)
+                .values_list("pk", "node__hostname", "node_id", "index"))
+    keep = math.ceil(round(share * len(rows), 9))
+    return {row[0] for row in sorted(rows, key=lambda r: r[1:], reverse=True)[:keep]} & {g.pk for g in gpus}
 
 
 def open_holds(gpu_ids: Iterable[int]) -> dict[int, DeviceHold]:
@@ -119,6 +133,7 @@ def activate(reservation: Reservation, gpus: list[Gpu], now: datetime) -> list[D
     gpus = sorted(gpus, key=lambda g: g.pk)
     reservation.update_status(ReservationStatus.ACTIVE, now=now, node_id=gpus[0].node_id, planned_start=None,
                               planned_gpus=[g.pk for g in gpus])
+    wakeups.node_changed(gpus[0].node_id)  # on commit: its agent learns of the reservation and its keys
     return DeviceHold.objects.bulk_create(
         DeviceHold(gpu=g, node_id=g.node_id, pool_id=reservation.pool_id, gpu_type_id=g.gpu_type_id,
                    kind=HoldKind.RESERVATION, reservation=reservation, user_id=reservation.user_id,
@@ -137,6 +152,8 @@ def end_hold(hold: DeviceHold, at: datetime) -> bool:
             return False
         hold.ended = at
         usage.add_hold(hold, at)
+        if hold.node_id:
+            wakeups.node_changed(hold.node_id)  # on commit: its agent asks again with the device free
     return True
 
 
@@ -203,7 +220,7 @@ def acquire_on_node(gpus: list[Gpu], count: int, *, run_id: int, attempt: int, u
         promised = {pk for r in Reservation.objects.filter(
                         pool=pool, gpu_type=gpu_type, status=ReservationStatus.PENDING, planned_start__lte=soon)
                     for pk in r.planned_gpus}
-        kept = kept_for_competitions(PoolPolicy.objects.filter(pool=pool).first(), devices(pool, gpu_type))
+        kept = kept_among(pool, gpu_type, gpus)
         free = sorted((g for g in gpus if g.pk not in holds and g.pk not in promised),
                       key=lambda g: (g.pk not in kept, g.pk))
         if len(free) < count:

@@ -22,6 +22,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 
 from kernelbot.errors import Refused
+from runners import wakeups
 
 from .models import DeviceHold, HoldKind, ReservationStatus, SshKey, SshKeySource
 
@@ -116,7 +117,9 @@ def do_add_key(user, text: str, title: str = "") -> SshKey:
         with transaction.atomic():
             lock_user(user)
             parsed, title = check_add_key(user, text, title)
-            return SshKey.objects.create(user=user, key=parsed.key, fingerprint=parsed.fingerprint, title=title)
+            key = SshKey.objects.create(user=user, key=parsed.key, fingerprint=parsed.fingerprint, title=title)
+            keys_changed(user)
+            return key
     except IntegrityError:  # the same key added twice at once
         raise Refused("This key is already on your profile.", 409) from None
 
@@ -124,6 +127,14 @@ def do_add_key(user, text: str, title: str = "") -> SshKey:
 def do_remove_key(user, key_id: int) -> None:
     if not keys_of(user).filter(pk=key_id).delete()[0]:
         raise Refused(f"You have no SSH key #{key_id}.", 404)
+    keys_changed(user)
+
+
+def keys_changed(user) -> None:
+    """The agents of the nodes where the user's reservations are active place their keys anew (on commit)."""
+    for node_id in set(DeviceHold.objects.held().filter(kind=HoldKind.RESERVATION, reservation__user=user)
+                       .values_list("node_id", flat=True)):
+        wakeups.node_changed(node_id)
 
 
 def check_github_login(login: str) -> str:
@@ -174,6 +185,7 @@ def do_import_github(user, login: str) -> tuple[list[SshKey], list[str]]:
         keys = SshKey.objects.bulk_create(
             SshKey(user=user, key=p.key, fingerprint=p.fingerprint, title=f"{login}@github", github_login=login,
                    source=SshKeySource.GITHUB) for p in new)
+        keys_changed(user)
     return keys, skipped
 
 

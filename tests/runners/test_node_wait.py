@@ -1,0 +1,214 @@
+"""Node agents wait for work instead of polling (issue 42): `nodes/wait` is held open by the ASGI server and woken
+when a run is dispatched to the node's pool (runners.wakeups), so an idle fleet costs one cheap ask per node per
+heartbeat and a queued run is claimed at once; claims stay exactly-once with several web workers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+import time
+
+import pytest
+from asgiref.sync import sync_to_async
+from asgiref.testing import ApplicationCommunicator
+from django.db import connection
+
+from kernelbot.handlers import SyncWorkerASGIHandler
+from leaderboards.models import Run, RunAttempt, RunStatus
+from runners.harness.node import NodeAgent, node_token
+from runners.models import Gpu, Node
+
+from ..conftest import RUNNER_KEY
+from ..factories import UserFactory
+from ..servers import granian, production_env
+from .test_node_agent import dispatch_all, new_key, reservation_hold, submit
+
+
+def wait_scope(body: bytes) -> tuple[dict, bytes]:
+    token = node_token(RUNNER_KEY, "local", "localhost")
+    return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+            "path": "/api/runner/v1/nodes/wait", "raw_path": b"/api/runner/v1/nodes/wait", "query_string": b"",
+            "root_path": "", "client": ("127.0.0.1", 5000), "server": ("testserver", 80),
+            "headers": [(b"host", b"testserver"), (b"content-type", b"application/json"),
+                        (b"authorization", f"Bearer {token}".encode())]}, body
+
+
+async def ask(body: dict, *, during=None) -> tuple[int, dict, float]:
+    """POST nodes/wait through the ASGI handler in this process; `during` (sync) runs on another thread once the
+    ask waits. Returns the status, the answer and how long it took."""
+    scope, raw = wait_scope(json.dumps(body).encode())
+    comm = ApplicationCommunicator(SyncWorkerASGIHandler(), scope)
+    started = time.monotonic()
+    await comm.send_input({"type": "http.request", "body": raw, "more_body": False})
+    if during is not None:
+        await asyncio.sleep(1.0)
+        await sync_to_async(during, thread_sensitive=False)()
+    start = await comm.receive_output(30)
+    message = await comm.receive_output(30)
+    return start["status"], json.loads(message["body"]), time.monotonic() - started
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_idle_nodes_wait_is_held_until_its_heartbeat_and_marks_its_agent_live(cpu_pool, settings):
+    settings.NODE_WAIT = 1.5
+    node = cpu_pool.nodes.get()
+    Node.objects.filter(pk=node.pk).update(agent_seen_at=None)
+    status, answer, took = asyncio.run(ask({"pool": "local", "hostname": "localhost", "free": [0], "wait": 60}))
+    assert status == 200, answer
+    assert answer == {"claims": [], "reserved": [], "reservations": [], "keys": [], "again": True}
+    assert 1.4 <= took < 5  # held for NODE_WAIT, not the 60 s asked
+    node.refresh_from_db()
+    assert node.agent_live()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_waiting_node_is_woken_by_a_dispatched_run_and_claims_it_at_once(leaderboard, cpu_pool, settings):
+    settings.NODE_WAIT = 20
+    submission = submit(leaderboard)
+    status, answer, took = asyncio.run(ask({"pool": "local", "hostname": "localhost", "free": [0], "wait": 20},
+                                           during=dispatch_all))
+    assert status == 200, answer
+    run = submission.runs.get()
+    assert [c["run"] for c in answer["claims"]] == [run.pk] and answer["claims"][0]["devices"] == [0]
+    assert took < 10  # woken, not at its heartbeat 20 s on
+    run.refresh_from_db()
+    assert run.status == RunStatus.RUNNING
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lost_wake_up_is_caught_by_the_next_heartbeat(leaderboard, cpu_pool, settings, monkeypatch):
+    settings.NODE_WAIT = 1.5
+    monkeypatch.setattr("runners.wakeups.publish", lambda keys: None)  # Redis away: every message lost
+    submission = submit(leaderboard)
+    body = {"pool": "local", "hostname": "localhost", "free": [0], "wait": 20}
+    status, answer, took = asyncio.run(ask(body, during=dispatch_all))
+    assert (status, answer["claims"], answer["again"]) == (200, [], True) and took >= 1.4  # its heartbeat came
+    status, answer, took = asyncio.run(ask(body))  # the agent asks again at once
+    assert [c["run"] for c in answer["claims"]] == [submission.runs.get().pk] and took < 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_without_redis_a_run_dispatched_by_another_process_wakes_the_wait_through_the_wake_file(
+        leaderboard, cpu_pool, settings, monkeypatch, tmp_path):
+    settings.NODE_WAIT, settings.REDIS_URL, settings.DATA_DIR = 20, "", tmp_path
+    published = []
+    monkeypatch.setattr("runners.wakeups.publish", published.append)  # not this process's waiters: another's
+
+    def another_process_dispatches():
+        dispatch_all()
+        (tmp_path / "node-wake").write_text(" ".join(published[0]))  # what publish writes there without Redis
+
+    submission = submit(leaderboard)
+    status, answer, took = asyncio.run(ask({"pool": "local", "hostname": "localhost", "free": [0], "wait": 20},
+                                           during=another_process_dispatches))
+    assert [c["run"] for c in answer["claims"]] == [submission.runs.get().pk] and took < 5, answer
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_waiting_node_learns_at_once_of_a_new_key_of_a_reservation_on_it(cpu_pool, settings, tmp_path):
+    settings.NODE_WAIT = 20
+    node, holder = cpu_pool.nodes.get(), UserFactory()
+    Gpu.objects.create(node=node, gpu_type=cpu_pool.cpu, index=1)
+    reservation_hold(node, holder, index=1)
+    status, answer, took = asyncio.run(ask({"pool": "local", "hostname": "localhost", "free": [0], "wait": 20},
+                                           during=lambda: new_key(holder, tmp_path)))
+    assert status == 200 and took < 10, answer
+    assert answer["reserved"] == [1] and [len(entry["keys"]) for entry in answer["keys"]] == [1]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_bad_asks_to_wait_get_the_precise_refusals_of_poll(cpu_pool):
+    for body, expected in (({"pool": "local", "hostname": "localhost", "free": ["x"], "wait": 5}, 400),
+                           ({"pool": "local", "hostname": "nowhere", "free": [0], "wait": 5}, 403),
+                           ({"pool": "local\x00", "hostname": "localhost"}, 400)):
+        status, answer, took = asyncio.run(ask(body))
+        assert (status, took < 3) == (expected, True), answer
+        assert answer["detail"]
+    scope, _ = wait_scope(b"[1, 2")
+
+    async def broken():
+        comm = ApplicationCommunicator(SyncWorkerASGIHandler(), scope)
+        await comm.send_input({"type": "http.request", "body": b"[1, 2", "more_body": False})
+        return (await comm.receive_output(10))["status"], json.loads((await comm.receive_output(10))["body"])
+
+    status, answer = asyncio.run(broken())
+    assert status == 400 and "not JSON" in answer["detail"]
+
+
+class Recorder(NodeAgent):
+    """The real agent's wire protocol (`poll(wait)` over HTTP); claimed runs are recorded, not run."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, warm=False, **kwargs)
+        self.claimed: list[int] = []
+
+    def start(self, claim: dict, *, wait: bool = False) -> None:
+        self.claimed.append(claim["run"])
+        with self.lock:
+            for index in claim["devices"]:
+                self.busy[index] = (claim["run"], claim["attempt"])
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_several_web_workers_and_many_waiting_agents_claim_every_run_once_and_at_once(
+        leaderboard, cpu_pool, tmp_path, postgres, redis_url):
+    """Three granian workers on PostgreSQL + Redis, twelve waiting agents of two devices: 20 runs dispatched from
+    another process are each claimed by exactly one agent, within seconds (the waits are 20 s)."""
+    nodes = []
+    for n in range(12):
+        node = Node.objects.create(pool=cpu_pool, hostname=f"n{n}")
+        Gpu.objects.bulk_create(Gpu(node=node, gpu_type=cpu_pool.cpu, index=i) for i in range(2))
+        nodes.append(node)
+    Node.objects.filter(hostname="localhost").update(enabled=False)
+    env = production_env(tmp_path, REDIS_URL=redis_url, KERNELBOT_RUNNER_KEY=RUNNER_KEY, KERNELBOT_NODE_WAIT="20")
+    connection.close()
+    with granian(env, tmp_path / "granian.log", workers=3) as url:
+        agents = [Recorder(url, "local", node.hostname, node_token(RUNNER_KEY, "local", node.hostname))
+                  for node in nodes]
+        for agent in agents:
+            agent.devices = [0, 1]
+        stop = threading.Event()
+
+        def serve(agent: Recorder) -> None:
+            with contextlib.suppress(Exception):  # the server stops under the last waits
+                while not stop.is_set():
+                    agent.poll(20)
+
+        threads = [threading.Thread(target=serve, args=(agent,), daemon=True) for agent in agents]
+        for thread in threads:
+            thread.start()
+        time.sleep(3)  # every agent waits
+        runs = [submit(leaderboard).runs.get().pk for _ in range(20)]
+        started = time.monotonic()
+        dispatch_all()
+        while sum(len(a.claimed) for a in agents) < 20 and time.monotonic() - started < 15:
+            time.sleep(0.05)
+        took = time.monotonic() - started
+        stop.set()
+    claimed = [run for agent in agents for run in agent.claimed]
+    assert sorted(claimed) == sorted(runs), claimed  # every run, none twice
+    assert took < 10
+    assert set(Run.objects.filter(pk__in=runs).values_list("status", flat=True)) == {RunStatus.RUNNING}
+    for run in runs:
+        attempts = RunAttempt.objects.filter(run_id=run)
+        assert attempts.count() == 1 and attempts.get().external_id.startswith("node:")
+
+
+def test_an_agent_polls_a_platform_older_than_nodes_wait():
+    asked = []
+
+    def older_platform(method, url, data, headers):
+        route = url.rsplit("/", 1)[1]
+        asked.append(route)
+        if route == "wait":
+            return 404, b'{"detail": "Not Found"}'
+        return 200, json.dumps({"claims": [], "reserved": []}).encode()
+
+    agent = NodeAgent("http://old", "local", "h", "t", transport=older_platform, warm=False)
+    agent.devices = [0]
+    agent.poll(agent.wait_s)
+    agent.poll(agent.wait_s)
+    assert asked == ["wait", "poll", "poll"] and agent.wait_s == 0
