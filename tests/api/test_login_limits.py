@@ -96,7 +96,7 @@ def test_a_strangers_failures_do_not_lock_the_owner_out(client, dave):
     assert site_login(browser, "dave", "correct horse", address="198.51.100.3").status_code == 302
     assert browser.session["_auth_user_id"] == str(dave.pk)
     cli_id = client.post("/api/v1/auth/cli", REMOTE_ADDR="198.51.100.3").json()["cli_id"]
-    assert browser.post("/tokens/link-cli/", {"cli_id": cli_id}).status_code == 302
+    assert browser.post("/tokens/link-cli/", {"cli_id": cli_id, "confirm": "yes"}).status_code == 302
     assert ApiToken.objects.filter(user=dave, pendinglogin__isnull=False).exists()
 
 
