@@ -281,11 +281,13 @@ class Live:
                 pass
 
     async def _follow_boards(self) -> None:
-        """New open boards, broken problem versions to tell the report channel of, published final standings, and
-        announcements that another (dead) process or a refused post left unposted."""
+        """New open boards (followed and announced), podium changes no event brought, broken problem versions to tell
+        the report channel of, published final standings, and announcements that another (dead) process or a refused
+        post left unposted."""
         while True:
             for board_id in await in_live_thread(announce.open_leaderboard_ids):
                 await self._follow_board(board_id)
+            await self._announce(await in_live_thread(announce.claim_recent))
             await self._announce(await in_live_thread(announce.claim_broken_problems))
             await self._announce(await in_live_thread(announce.claim_final_standings))
             await self._announce(await in_live_thread(announce.claim_stale))
