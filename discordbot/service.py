@@ -18,7 +18,7 @@ from django.db import transaction
 from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Q, Sum
 from django.utils import timezone
 
-from kernelbot.cli.directives import parse_directives
+from kernelbot.cli.directives import parse_directives, with_header
 from leaderboards import actions, dataset, finals, health
 from leaderboards.access import actions as access
 from leaderboards.access.authority import access_leaderboard, access_submission, run_view
@@ -354,7 +354,7 @@ def template(member: Member, leaderboard_name: str, lang: str | None) -> tuple[s
     name = board.problem.definition.get("submission_name") or "submission.py"
     if len(templates) > 1:
         name = f"{PurePosixPath(name).stem}_{key.lower()}{PurePosixPath(name).suffix}"
-    return name, templates[key]
+    return name, with_header(templates[key], name, board.name, [g.name for g in board.gpu_types.all()])
 
 
 def get_submission(member: Member, submission_id: int) -> tuple[str, str]:

@@ -131,6 +131,8 @@ def test_autocomplete_list_show_task_template_and_status(bot, leaderboard):
     template = fake.command("leaderboard template", ALICE, leaderboard_name=leaderboard.name)
     reply(fake, template)
     assert fake.original(template).files and b"def custom_kernel" in fake.original(template).files[0][1]
+    assert fake.original(template).files[0][1].startswith(
+        f"#!POPCORN leaderboard {leaderboard.name}\n#!POPCORN gpu CPU\n".encode())
 
     reply(fake, submit(fake, mode="ranked", leaderboard_name=leaderboard.name, gpu="CPU"))
     submission = Submission.objects.get()
