@@ -95,6 +95,9 @@ def new_invite_code() -> str:
 class Invite(models.Model):
     code = models.CharField(max_length=32, unique=True, default=new_invite_code)
     leaderboard = models.ForeignKey("leaderboards.Leaderboard", on_delete=models.CASCADE, related_name="invites")
+    more_leaderboards = models.ManyToManyField("leaderboards.Leaderboard", blank=True, related_name="+",
+                                               help_text="Further boards the code admits to (KernelBot's invites "
+                                                         "cover several).")
     max_uses = models.PositiveIntegerField(default=1)
     uses = models.PositiveIntegerField(default=0)
     expires = models.DateTimeField(null=True, blank=True)

@@ -8,18 +8,19 @@ from __future__ import annotations
 import zipfile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AnonymousUser
 from django.db.models import Count, Q
-from django.http import Http404, HttpRequest
+from django.http import Http404, HttpRequest, JsonResponse
 from django.urls import reverse
 from django.utils import timezone
 from ninja import Field, NinjaAPI, Router, Schema
 from ninja.errors import HttpError
 from ninja.security import APIKeyHeader, HttpBearer
+from pydantic import ValidationError as PydanticValidationError
 
 from kernelbot.api_errors import check_offset, install_error_handlers
 from kernelbot.cli.directives import parse_directives
@@ -28,9 +29,12 @@ from leaderboards import actions
 from leaderboards.access import actions as access
 from leaderboards.access.authority import RunView, access_leaderboard, access_submission, run_view
 from leaderboards.access.models import Invite
+from leaderboards.board_rows import name_of
 from leaderboards.importing import ImportRejected, do_import_task
-from leaderboards.models import Leaderboard, Run, Submission
+from leaderboards.models import ACTIVE_STATUSES, BoardEntry, Leaderboard, Run, RunStatus, Submission
+from leaderboards.repository import RepositoryError, do_import_repository
 from leaderboards.serializers import job_state
+from runners.models import GpuType
 from taskspec.loader import TaskFileError, collection_root, load_competition, load_task, load_task_from_zip
 
 from . import wire
@@ -145,6 +149,54 @@ def submit(request, leaderboard: str, gpu: str, mode: str):
             "runner_queue": runner_queue(submission, submission.new_runs)}
 
 
+@api.get("/runner_queue/{gpu}", auth=None)
+def runner_queue_of(request, gpu: str):
+    """KernelBot's queue status of a GPU type: what waits and runs on it, the devices serving it, a rough wait."""
+    gpu_type = GpuType.objects.filter(name=gpu).first()
+    if gpu_type is None:
+        raise Http404(f"Unknown GPU type '{gpu}'.")
+    counts = dict(Run.objects.filter(gpu_type=gpu_type, status__in=ACTIVE_STATUSES).values_list("status")
+                  .annotate(n=Count("pk")).order_by())
+    devices, seconds = access.eta_inputs(gpu_type.pk)
+    waiting = sum(n for status, n in counts.items() if status != RunStatus.RUNNING)
+    return {"gpu": gpu_type.name, "queued_jobs": waiting, "running_jobs": counts.get(RunStatus.RUNNING, 0),
+            "devices": devices, "eta_seconds": round((waiting // devices + 1) * seconds)}
+
+
+def _board_entries(request, leaderboard: str, gpu: str):
+    board = access_leaderboard(request.auth, leaderboard)
+    gpu_type = board.gpu_types.filter(name=gpu).first()
+    if gpu_type is None:
+        raise Http404(f"Leaderboard '{board.name}' has no GPU type '{gpu}'.")
+    return board, gpu_type, BoardEntry.objects.for_board(board, gpu_type)
+
+
+@api.get("/submissions/{leaderboard}/{gpu}", auth=optional_cli)
+def board_submissions(request, leaderboard: str, gpu: str, limit: int | None = None, offset: int = 0):
+    """The ranked entries of a board (KernelBot's LeaderboardRankedEntry), best first."""
+    board, gpu_type, entries = _board_entries(request, leaderboard, gpu)
+    check_offset(offset)
+    limit = max(1, min(limit or 100, 1000))
+    rows = entries.select_related("user__profile", "submission").page(offset, offset + limit)
+    return [{"submission_id": e.submission_id, "user_id": e.user_id, "user_name": name_of(e.user),
+             "submission_name": e.submission.file_name, "submission_time": wire.iso(e.submitted_at),
+             "submission_score": e.score, "ratio": e.ratio, "rank": e.rank, "leaderboard_name": board.name,
+             "gpu_type": gpu_type.name} for e in rows]
+
+
+@api.get("/submission_count/{leaderboard}/{gpu}", auth=optional_cli)
+def board_submission_count(request, leaderboard: str, gpu: str, user_id: str | None = None):
+    _, _, entries = _board_entries(request, leaderboard, gpu)
+    if user_id is not None:
+        entries = entries.filter(user_id=int(user_id)) if user_id.isdigit() else entries.none()
+    return {"count": entries.count()}
+
+
+def not_found(request: HttpRequest, rest: str = "") -> JsonResponse:
+    """Any path not served: a JSON 404 in popcorn's error format."""
+    return JsonResponse({"detail": "Not Found"}, status=404)
+
+
 def detail_of(submission: Submission, view: RunView) -> dict[str, Any]:
     runs = list(submission.runs.select_related("gpu_type", "submission").order_by("gpu_type", "secret"))
     return wire.submission_detail(submission, runs, view, runner_queue(submission, runs))
@@ -189,7 +241,9 @@ class JoinIn(Schema):
 @api.post("/user/join")
 def join(request, body: JoinIn):
     membership = access.do_join(request.auth, body.code)
-    return {"status": "ok", "leaderboard": membership.leaderboard.name}
+    invite = membership.invite
+    boards = [membership.leaderboard.name] + ([b.name for b in invite.more_leaderboards.all()] if invite else [])
+    return {"status": "ok", "leaderboard": boards[0], "leaderboards": boards}
 
 
 # --- registration ---------------------------------------------------------------------------------
@@ -309,9 +363,41 @@ def admin_delete_leaderboard(request, name: str, force: bool = False):
     return {"status": "ok", "leaderboard": name, "deleted_submissions": count}
 
 
+class UpdateProblemsIn(Schema):
+    """popcorn-cli's `admin update-problems` body: {"repository", "branch", "force"[, "problem_set"][, "visibility":
+    "closed"]}: a repository's branch downloaded and imported as the Discord command does."""
+    repository: Text = "gpu-mode/reference-kernels"
+    branch: Text = "main"
+    problem_set: Text | None = None
+    force: Bool = False
+    visibility: Literal["public", "closed"] = "public"
+
+
+def _from_repository(request) -> dict[str, Any]:
+    try:
+        body = UpdateProblemsIn.model_validate_json(request.body or b"{}")
+    except PydanticValidationError as exc:
+        raise HttpError(400, "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}"
+                                       for e in exc.errors())) from None
+    try:
+        done = do_import_repository(body.repository, body.branch, body.problem_set, force=body.force,
+                                    visibility=body.visibility if body.visibility != "public" else None)
+    except RepositoryError as exc:
+        status = 503 if str(exc).startswith("could not download") else 400
+        raise HttpError(status, f"{exc}" + (" This server may have no internet access: put the problems under "
+                                             "its problems directory and send `directory`, or upload a zip (`file`)."
+                                             if status == 503 else "")) from None
+    return {"status": "ok", "created": done.created, "updated": done.updated,
+            "skipped": [{"name": n, "reason": "unchanged"} for n in done.unchanged],
+            "errors": [{"name": e.split(":", 1)[0], "error": e.split(":", 1)[-1].strip()} for e in done.errors]}
+
+
 @admin.post("/update-problems")
 def admin_update_problems(request, force: bool = False, directory: str | None = None):
-    """From a competition file / problem tree under the problems directory, or an uploaded zip (`file`)."""
+    """From a repository's branch (popcorn-cli's JSON body), a competition file / problem tree under the problems
+    directory, or an uploaded zip (`file`)."""
+    if request.content_type == "application/json":
+        return _from_repository(request)
     created: list[str] = []
     updated: list[str] = []
     skipped: list[dict] = []
@@ -356,18 +442,28 @@ def _zip_sources(data: bytes):
 
 
 class InviteIn(Schema):
-    leaderboard: Text
+    """popcorn-cli's `admin generate-invites` sends {"leaderboards": [...], "count": N} (KernelBot also takes
+    "leaderboard"): N codes, each admitting to every board named."""
+    leaderboard: Text | None = None
+    leaderboards: list[Text] | None = Field(None, max_length=100)
+    count: Int = Field(1, ge=1, le=access.MAX_INVITES)
     max_uses: Int = Field(1, ge=1, le=access.MAX_INVITE_USES)
     expires_days: Int | None = Field(None, ge=1, le=access.MAX_DAYS)
 
 
 @admin.post("/invites")
 def admin_create_invite(request, body: InviteIn):
-    leaderboard = Leaderboard.objects.filter(name=body.leaderboard).first()
-    if leaderboard is None:
-        raise Http404(f"Unknown leaderboard '{body.leaderboard}'.")
-    invite = access.do_create_invite(leaderboard, body.max_uses, body.expires_days)
-    return {"code": invite.code, "leaderboard": leaderboard.name, "max_uses": invite.max_uses}
+    names = list(dict.fromkeys(body.leaderboards or ([body.leaderboard] if body.leaderboard else [])))
+    if not names:
+        raise HttpError(400, "Must provide 'leaderboards' list or 'leaderboard' string.")
+    found = Leaderboard.objects.in_bulk(names, field_name="name")
+    if missing := [n for n in names if n not in found]:
+        raise Http404(f"Unknown leaderboard(s): {', '.join(missing)}.")
+    boards = [found[n] for n in names]
+    codes = [access.do_create_invite(boards[0], body.max_uses, body.expires_days, boards[1:]).code
+             for _ in range(body.count)]
+    return {"status": "ok", "leaderboards": names, "codes": codes, "max_uses": body.max_uses,
+            **({"code": codes[0], "leaderboard": names[0]} if len(codes) == 1 else {})}
 
 
 @admin.get("/leaderboards/{leaderboard}/invites")

@@ -1,9 +1,7 @@
 """Every command through the fake, its permissions and its error paths (no cluster: runs stay queued)."""
 
-import http.server
 import io
 import json
-import threading
 import zipfile
 
 import pytest
@@ -254,33 +252,6 @@ def test_kernelbot_organiser_commands_ban_delete_leaderboard_names_stats_ping(bo
     fake.press(fake.original(ask), "kb-delete-confirm", ORG, [ORGANISER_ROLE_ID])
     fake.wait_for(lambda: "is deleted with 1 submission(s)" in fake.original(ask).content, 10, "the deletion")
     assert not Leaderboard.objects.filter(pk=leaderboard.pk).exists()
-
-
-@pytest.fixture
-def problems_repository(settings):
-    """A loopback server for a repository's branch zips: owner/problems@main holds this project's problems/."""
-    archive = io.BytesIO()
-    with zipfile.ZipFile(archive, "w") as z:
-        for path in sorted((REPO / "problems").rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts:
-                z.write(path, "problems-main/" + str(path.relative_to(REPO)))
-    zips = {"/owner/problems/main.zip": archive.getvalue()}
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = zips.get(self.path)
-            self.send_response(200 if body else 404)
-            self.end_headers()
-            self.wfile.write(body or b"Not Found")
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    settings.PROBLEMS_ARCHIVE_URL = f"http://127.0.0.1:{server.server_port}/{{repository}}/{{branch}}.zip"
-    yield
-    server.shutdown()
 
 
 def test_update_problems_imports_a_repositorys_problem_set(bot, leaderboard, problems_repository):

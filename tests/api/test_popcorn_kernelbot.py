@@ -1,0 +1,122 @@
+"""popcorn-cli's admin requests exactly as it sends them (bodies from popcorn-cli's src/service/mod.rs) and
+KernelBot's routes the CLI and its users call (issue 44, points 2 and 3)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from leaderboards.access.models import Invite, Membership
+from leaderboards.models import Leaderboard, Run, RunStatus, Visibility
+
+from ..conftest import free_port
+from ..factories import LeaderboardFactory, UserFactory, submission
+from .conftest import error_text
+
+pytestmark = pytest.mark.django_db
+ADMIN = {"Authorization": "Bearer s3cret-admin"}
+
+
+@pytest.fixture
+def admin_token(settings):
+    settings.ADMIN_TOKEN = "s3cret-admin"
+
+
+def test_generate_invites_for_several_boards_and_a_count(client, admin_token, popcorn, leaderboard, alice):
+    other = LeaderboardFactory(problem=leaderboard.problem, gpu_types=list(leaderboard.gpu_types.all()))
+    Leaderboard.objects.filter(pk__in=[leaderboard.pk, other.pk]).update(visibility=Visibility.CLOSED)
+    # admin_generate_invites: json!({"leaderboards": leaderboards, "count": count})
+    body = {"leaderboards": [leaderboard.name, other.name], "count": 3}
+    answer = client.post("/popcorn/admin/invites", json.dumps(body), content_type="application/json", headers=ADMIN)
+    assert answer.status_code == 200, answer.content
+    result = answer.json()
+    assert result["leaderboards"] == [leaderboard.name, other.name] and len(set(result["codes"])) == 3
+    assert Invite.objects.count() == 3
+
+    joined = client.post("/popcorn/user/join", {"code": result["codes"][0]}, content_type="application/json",
+                         headers=popcorn.headers())
+    assert joined.status_code == 200 and joined.json()["leaderboards"] == [leaderboard.name, other.name]
+    assert set(Membership.objects.filter(user=alice).values_list("leaderboard__name", flat=True)) == {
+        leaderboard.name, other.name}
+
+    unknown = client.post("/popcorn/admin/invites", json.dumps({"leaderboards": ["nope"], "count": 1}),
+                          content_type="application/json", headers=ADMIN)
+    assert unknown.status_code == 404 and "nope" in error_text(unknown)
+    for bad in ({"leaderboards": [], "count": 1}, {"leaderboards": [leaderboard.name], "count": 0}):
+        refused = client.post("/popcorn/admin/invites", json.dumps(bad), content_type="application/json",
+                              headers=ADMIN)
+        assert refused.status_code == 400, refused.content
+
+
+@pytest.mark.parametrize("method,path", [
+    ("get", "/popcorn/no/such/route"),
+    ("get", "/popcorn/vectoradd/CPU/test"),  # the SSE submit route's shape, not a POST
+    ("put", "/popcorn/a/b/c"),
+    ("get", "/popcorn/definitely-not-a-route"),
+    ("get", "/popcorn/user/submissions/1/extra"),
+])
+def test_a_path_not_served_is_a_json_404_in_popcorns_format(client, method, path):
+    answer = getattr(client, method)(path)
+    assert answer.status_code == 404 and answer["Content-Type"] == "application/json", answer.content
+    assert answer.json() == {"detail": "Not Found"}
+
+
+def test_runner_queue_submissions_and_count_of_a_board(client, leaderboard):
+    alice, bob = UserFactory(username="alice"), UserFactory(username="bob")
+    for user, ratio in ((alice, 2.0), (bob, 1.0)):
+        sub = submission(leaderboard, user)
+        Run.objects.filter(submission=sub).update(status=RunStatus.SUCCEEDED, passed=True, score=ratio * 1e-3,
+                                                  ratio=ratio, ratio_low=ratio, ratio_high=ratio)
+    from leaderboards import actions
+    actions.do_recompute_ranks(leaderboard.pk, leaderboard.gpu_types.get().pk)
+    submission(leaderboard, alice)  # queued: two runs waiting on CPU
+
+    queue = client.get("/popcorn/runner_queue/CPU")
+    assert queue.status_code == 200 and queue.json()["queued_jobs"] == 2 and queue.json()["gpu"] == "CPU"
+    assert client.get("/popcorn/runner_queue/NOPE").status_code == 404
+
+    rows = client.get(f"/popcorn/submissions/{leaderboard.name}/CPU").json()
+    assert [(r["user_name"], r["rank"]) for r in rows] == [("bob", 1), ("alice", 2)]
+    assert client.get(f"/popcorn/submissions/{leaderboard.name}/CPU?limit=1&offset=1").json()[0]["user_name"] == \
+        "alice"
+    assert client.get(f"/popcorn/submission_count/{leaderboard.name}/CPU").json() == {"count": 2}
+    assert client.get(f"/popcorn/submission_count/{leaderboard.name}/CPU?user_id={bob.pk}").json() == {"count": 1}
+    assert client.get(f"/popcorn/submissions/{leaderboard.name}/H100").status_code == 404
+
+    Leaderboard.objects.filter(pk=leaderboard.pk).update(visibility=Visibility.CLOSED)
+    assert client.get(f"/popcorn/submissions/{leaderboard.name}/CPU").status_code == 404  # not a member
+
+
+def test_update_problems_from_a_repository_as_popcorn_cli_sends_it(client, admin_token, cpu_pool,
+                                                                   problems_repository):
+    # admin_update_problems: json!({"repository", "branch", "force"}) + "problem_set" + "visibility": "closed"
+    body = {"repository": "owner/problems", "branch": "main", "force": False, "problem_set": "demo",
+            "visibility": "closed"}
+    answer = client.post("/popcorn/admin/update-problems", json.dumps(body), content_type="application/json",
+                         headers=ADMIN)
+    assert answer.status_code == 200, answer.content
+    result = answer.json()
+    assert {"vectoradd", "softmax"} <= set(result["created"]) and result["errors"] == []
+    assert set(Leaderboard.objects.filter(name__in=result["created"]).values_list("visibility", flat=True)) == {
+        Visibility.CLOSED}
+
+    again = client.post("/popcorn/admin/update-problems", json.dumps({**body, "force": True}),
+                        content_type="application/json", headers=ADMIN).json()
+    assert again["created"] == [] and {s["name"] for s in again["skipped"]} >= {"vectoradd", "softmax"}
+
+    missing = client.post("/popcorn/admin/update-problems", json.dumps({**body, "problem_set": "nope"}),
+                          content_type="application/json", headers=ADMIN)
+    assert missing.status_code == 400 and "available: demo" in error_text(missing)
+    wrong = client.post("/popcorn/admin/update-problems", json.dumps({**body, "visibility": "secret"}),
+                        content_type="application/json", headers=ADMIN)
+    assert wrong.status_code == 400 and "visibility" in error_text(wrong)
+
+
+def test_update_problems_offline_is_a_clear_refusal(client, admin_token, settings):
+    settings.PROBLEMS_ARCHIVE_URL = f"http://127.0.0.1:{free_port()}/{{repository}}/{{branch}}.zip"  # nobody there
+    body = {"repository": "gpu-mode/reference-kernels", "branch": "main", "force": False}
+    answer = client.post("/popcorn/admin/update-problems", json.dumps(body), content_type="application/json",
+                         headers=ADMIN)
+    assert answer.status_code == 503 and "could not download" in error_text(answer)
+    assert "no internet access" in error_text(answer) and not Leaderboard.objects.exists()
