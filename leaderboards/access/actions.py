@@ -201,9 +201,18 @@ def _switch() -> JobSwitch:
     return JobSwitch.objects.filter(pk=1).first() or JobSwitch(pk=1)
 
 
-def _quotas(leaderboard_id: int) -> dict[str, tuple[int, int]]:
-    return {q.kind: (q.max_submissions, q.window_seconds)
+def _quotas(leaderboard_id: int) -> dict[str, tuple[int, int, bool]]:
+    return {q.kind: (q.max_submissions, q.window_seconds, q.frozen)
             for q in SubmissionQuota.objects.filter(leaderboard_id=leaderboard_id)}
+
+
+def do_set_kernelbot_rate_limit(leaderboard: Leaderboard, kind: str, per_hour: int) -> SubmissionQuota:
+    """KernelBot's rate limit: `per_hour` submissions per hour, 0 = frozen (this platform's own 0 = unlimited is
+    kept as it is: a frozen quota is its own flag)."""
+    quota, _ = SubmissionQuota.objects.update_or_create(
+        leaderboard=leaderboard, kind=kind,
+        defaults={"max_submissions": per_hour, "window_seconds": 3600, "frozen": per_hour == 0})
+    return quota  # its post_save receiver forgets the cached quotas
 
 
 def accepting_jobs() -> JobSwitch:
@@ -240,7 +249,10 @@ def check_quota(user, leaderboard: Leaderboard, mode: str, quotas: dict | None =
     kind = quota_kind(mode)
     if quotas is None:
         quotas = cached(key("quotas", leaderboard.pk), lambda: _quotas(leaderboard.pk))
-    limit, window = quotas.get(kind) or settings.SUBMISSION_QUOTAS[kind]
+    limit, window, *frozen = quotas.get(kind) or settings.SUBMISSION_QUOTAS[kind]
+    if frozen and frozen[0]:
+        raise SubmissionRejected(f"{kind.capitalize()} submissions to '{leaderboard.name}' are frozen by the "
+                                 "organisers.", 403)
     if not limit:
         return
     modes = [SubmissionMode.LEADERBOARD] if kind == QuotaKind.RANKED else \
@@ -263,7 +275,7 @@ def lock_quota(user, leaderboard: Leaderboard, mode: str) -> None:
     submissions sent at once cannot all pass a quota that has room for fewer. Nothing is locked where no quota
     applies."""
     quotas = cached(key("quotas", leaderboard.pk), lambda: _quotas(leaderboard.pk))
-    limit, _ = quotas.get(quota_kind(mode)) or settings.SUBMISSION_QUOTAS[quota_kind(mode)]
+    limit, *_ = quotas.get(quota_kind(mode)) or settings.SUBMISSION_QUOTAS[quota_kind(mode)]
     if limit:
         get_user_model().objects.filter(pk=user.pk).update(is_active=F("is_active"))
         check_quota(user, leaderboard, mode, quotas)

@@ -28,7 +28,7 @@ from kernelbot.inputs import Bool, Int, Text
 from leaderboards import actions
 from leaderboards.access import actions as access
 from leaderboards.access.authority import RunView, access_leaderboard, access_submission, run_view
-from leaderboards.access.models import Invite
+from leaderboards.access.models import Invite, QuotaKind, SubmissionQuota
 from leaderboards.board_rows import name_of
 from leaderboards.importing import ImportRejected, do_import_task
 from leaderboards.models import ACTIVE_STATUSES, BoardEntry, Leaderboard, Run, RunStatus, Submission
@@ -478,6 +478,56 @@ def admin_delete_invite(request, code: str):
     if not deleted:
         raise Http404(f"Unknown invite '{code}'.")
     return {"status": "ok", "code": code}
+
+
+MODE_CATEGORIES = {"test": QuotaKind.TEST, "leaderboard": QuotaKind.RANKED}
+
+
+class RateLimitIn(Schema):
+    mode_category: Literal["test", "leaderboard"]
+    max_submissions_per_hour: Int = Field(ge=0, le=10**6)
+
+
+def _rate_limit(quota: SubmissionQuota) -> dict[str, Any]:
+    """KernelBot's view of a quota (per hour; 0 = frozen; null = unlimited here) beside this platform's own."""
+    per_hour = 0 if quota.frozen else (round(quota.max_submissions * 3600 / quota.window_seconds)
+                                       if quota.max_submissions else None)
+    return {"leaderboard": quota.leaderboard.name,
+            "mode_category": "leaderboard" if quota.kind == QuotaKind.RANKED else "test",
+            "max_submissions_per_hour": per_hour, "max_submissions": quota.max_submissions,
+            "window_seconds": quota.window_seconds, "frozen": quota.frozen}
+
+
+def _board(name: str) -> Leaderboard:
+    board = Leaderboard.objects.filter(name=name, internal=False).first()
+    if board is None:
+        raise Http404(f"Unknown leaderboard '{name}'.")
+    return board
+
+
+@admin.get("/leaderboards/{leaderboard}/rate-limits")
+def admin_get_rate_limits(request, leaderboard: str):
+    board = _board(leaderboard)
+    return {"status": "ok", "leaderboard": board.name,
+            "rate_limits": [_rate_limit(q) for q in board.quotas.select_related("leaderboard").order_by("kind")]}
+
+
+@admin.put("/leaderboards/{leaderboard}/rate-limits")
+def admin_set_rate_limit(request, leaderboard: str, body: RateLimitIn):
+    quota = access.do_set_kernelbot_rate_limit(_board(leaderboard), MODE_CATEGORIES[body.mode_category],
+                                               body.max_submissions_per_hour)
+    return {"status": "ok", "rate_limit": _rate_limit(quota)}
+
+
+@admin.delete("/leaderboards/{leaderboard}/rate-limits/{mode_category}")
+def admin_delete_rate_limit(request, leaderboard: str, mode_category: str):
+    if mode_category not in MODE_CATEGORIES:
+        raise HttpError(400, "mode_category must be 'test' or 'leaderboard'.")
+    board = _board(leaderboard)
+    deleted = [q.delete() for q in board.quotas.filter(kind=MODE_CATEGORIES[mode_category])]  # post_delete: cache
+    if not deleted:
+        raise Http404(f"No {mode_category} rate limit on '{board.name}'.")
+    return {"status": "ok", "leaderboard": board.name, "mode_category": mode_category}
 
 
 class BanIn(Schema):

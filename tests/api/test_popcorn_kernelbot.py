@@ -7,14 +7,15 @@ import json
 
 import pytest
 
-from leaderboards.access.models import Invite, Membership
+from leaderboards.access.models import Invite, Membership, SubmissionQuota
 from leaderboards.models import Leaderboard, Run, RunStatus, Visibility
 
-from ..conftest import free_port
+from ..conftest import REPO, free_port
 from ..factories import LeaderboardFactory, UserFactory, submission
 from .conftest import error_text
 
 pytestmark = pytest.mark.django_db
+GOOD = (REPO / "problems" / "demo" / "vectoradd_py" / "solutions" / "correct.py").read_bytes()
 ADMIN = {"Authorization": "Bearer s3cret-admin"}
 
 
@@ -120,3 +121,35 @@ def test_update_problems_offline_is_a_clear_refusal(client, admin_token, setting
                          headers=ADMIN)
     assert answer.status_code == 503 and "could not download" in error_text(answer)
     assert "no internet access" in error_text(answer) and not Leaderboard.objects.exists()
+
+
+def test_kernelbot_rate_limits_zero_freezes_and_this_platforms_zero_stays_unlimited(client, admin_token, popcorn,
+                                                                                    leaderboard):
+    url = f"/popcorn/admin/leaderboards/{leaderboard.name}/rate-limits"
+    put = client.put(url, json.dumps({"mode_category": "test", "max_submissions_per_hour": 0}),
+                     content_type="application/json", headers=ADMIN)
+    assert put.status_code == 200 and put.json()["rate_limit"]["frozen"] is True, put.content
+    frozen = popcorn.submit(leaderboard.name, "CPU", "test", GOOD)
+    assert frozen.status_code == 403 and "frozen" in error_text(frozen)
+
+    client.put(url, json.dumps({"mode_category": "test", "max_submissions_per_hour": 1}),
+               content_type="application/json", headers=ADMIN)
+    assert popcorn.submit(leaderboard.name, "CPU", "test", GOOD).status_code == 200
+    assert popcorn.submit(leaderboard.name, "CPU", "test", GOOD).status_code == 429
+    limits = client.get(url, headers=ADMIN).json()["rate_limits"]
+    assert limits == [{"leaderboard": leaderboard.name, "mode_category": "test", "max_submissions_per_hour": 1,
+                       "max_submissions": 1, "window_seconds": 3600, "frozen": False}]
+
+    # this platform's own 0 (admin, settings) still means unlimited, shown to KernelBot's clients as null
+    SubmissionQuota.objects.filter(leaderboard=leaderboard).update(max_submissions=0)
+    SubmissionQuota.objects.get(leaderboard=leaderboard).save()  # as the admin saves it: the cache is forgotten
+    assert popcorn.submit(leaderboard.name, "CPU", "test", GOOD).status_code == 200
+    assert client.get(url, headers=ADMIN).json()["rate_limits"][0]["max_submissions_per_hour"] is None
+
+    assert client.delete(f"{url}/test", headers=ADMIN).status_code == 200
+    assert not SubmissionQuota.objects.exists()
+    assert client.delete(f"{url}/test", headers=ADMIN).status_code == 404
+    assert client.delete(f"{url}/ranked", headers=ADMIN).status_code == 400
+    bad = client.put(url, json.dumps({"mode_category": "test", "max_submissions_per_hour": -1}),
+                     content_type="application/json", headers=ADMIN)
+    assert bad.status_code == 400
