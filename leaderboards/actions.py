@@ -70,8 +70,8 @@ class SubmissionRequest:
 
 
 def check_submission(user, leaderboard_name: str, gpu_names: list[str], mode: str, file_name: str,
-                     content: bytes) -> SubmissionRequest:
-    leaderboard = access_leaderboard(user, leaderboard_name, for_submit=True)
+                     content: bytes, *, after_deadline: bool = False) -> SubmissionRequest:
+    leaderboard = access_leaderboard(user, leaderboard_name, for_submit=True, after_deadline=after_deadline)
     if mode not in SubmissionMode.values:
         raise SubmissionRejected(f"Unknown mode '{mode}'; use one of: {', '.join(SubmissionMode.values)}.")
     accepted = serving_gpu_types(leaderboard)

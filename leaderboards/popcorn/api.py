@@ -309,6 +309,45 @@ def admin_delete_submission(request, submission_id: int):
     return {"status": "ok", "submission_id": submission_id}
 
 
+@admin.delete("/submissions")
+def admin_delete_submissions_of_user(request, leaderboard_id: int, user_name: str):
+    """KernelBot's bulk delete: every submission of `user_name` (user name or id) on a leaderboard."""
+    board = Leaderboard.objects.filter(pk=leaderboard_id).first()
+    user = get_user_model().objects.filter(Q(username=user_name) | Q(pk__in=[user_name] if user_name.isdigit()
+                                                                     else [])).first()
+    if board is None or user is None:
+        raise Http404(f"Unknown leaderboard {leaderboard_id}." if board is None else f"Unknown user '{user_name}'.")
+    doomed = list(Submission.objects.filter(leaderboard=board, user=user))
+    for submission in doomed:
+        actions.do_delete_submission(submission)
+    return {"status": "ok", "leaderboard_id": leaderboard_id, "user_name": user_name,
+            "deleted_submissions": len(doomed)}
+
+
+@admin.get("/leaderboards/{leaderboard}/submissions")
+def admin_list_board_submissions(request, leaderboard: str, limit: int = 100, offset: int = 0):
+    board = Leaderboard.objects.filter(name=leaderboard).first()
+    if board is None:
+        raise Http404(f"Unknown leaderboard '{leaderboard}'.")
+    check_offset(offset)
+    limit = max(1, min(limit, 10_000))
+    ids = list(Submission.objects.filter(leaderboard=board).order_by("pk").values_list("pk", flat=True)
+               [offset:offset + limit])
+    return {"status": "ok", "leaderboard": board.name, "limit": limit, "offset": offset, "submission_ids": ids}
+
+
+@admin.post("/submission/{leaderboard}/{gpu}/{mode}")
+def admin_submit_after_deadline(request, leaderboard: str, gpu: str, mode: str):
+    """KernelBot's admin path: a submission of the X-Popcorn-Cli-Id user, taken after the board's deadline too."""
+    user = cli_user(request)
+    file_name, content = read_upload(request)
+    check_directives(content, leaderboard, gpu)
+    submission = actions.do_submit(user, actions.check_submission(user, leaderboard, [gpu], mode, file_name, content,
+                                                                  after_deadline=True))
+    return JsonResponse({"details": {"id": submission.pk}, "status": "accepted",
+                         "runner_queue": runner_queue(submission, submission.new_runs)}, status=202)
+
+
 class CreateLeaderboardIn(Schema):
     directory: Text
     name: str | None = None  # do_import_task names what is wrong with it

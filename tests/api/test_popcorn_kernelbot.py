@@ -4,15 +4,17 @@ KernelBot's routes the CLI and its users call (issue 44, points 2 and 3)."""
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from leaderboards.access.models import Invite, Membership, SubmissionQuota
-from leaderboards.models import Leaderboard, Run, RunStatus, Visibility
+from leaderboards.models import Leaderboard, Run, RunStatus, Submission, Visibility
 
 from ..conftest import REPO, free_port
 from ..factories import LeaderboardFactory, UserFactory, submission
-from .conftest import error_text
+from .conftest import error_text, multipart
 
 pytestmark = pytest.mark.django_db
 GOOD = (REPO / "problems" / "demo" / "vectoradd_py" / "solutions" / "correct.py").read_bytes()
@@ -153,3 +155,30 @@ def test_kernelbot_rate_limits_zero_freezes_and_this_platforms_zero_stays_unlimi
     bad = client.put(url, json.dumps({"mode_category": "test", "max_submissions_per_hour": -1}),
                      content_type="application/json", headers=ADMIN)
     assert bad.status_code == 400
+
+
+def test_after_deadline_admin_submission_board_listing_and_bulk_delete(client, admin_token, popcorn, leaderboard,
+                                                                       alice):
+    Leaderboard.objects.filter(pk=leaderboard.pk).update(deadline=timezone.now() - timedelta(minutes=1))
+    late = popcorn.submit(leaderboard.name, "CPU", "test", GOOD)
+    assert late.status_code == 403 and "closed" in error_text(late)
+    body, content_type = multipart(GOOD, "submission.py")
+    path = f"/popcorn/admin/submission/{leaderboard.name}/CPU/test"
+    assert client.generic("POST", path, body, content_type=content_type,
+                          headers=popcorn.headers()).status_code == 401  # no admin token
+    taken = client.generic("POST", path, body, content_type=content_type, headers={**popcorn.headers(), **ADMIN})
+    assert taken.status_code == 202, taken.content
+    first = taken.json()["details"]["id"]
+    second = client.generic("POST", path, body, content_type=content_type,
+                            headers={**popcorn.headers(), **ADMIN}).json()["details"]["id"]
+    assert set(Submission.objects.values_list("user__username", flat=True)) == {alice.username}
+
+    listed = client.get(f"/popcorn/admin/leaderboards/{leaderboard.name}/submissions?limit=1&offset=1",
+                        headers=ADMIN).json()
+    assert listed["submission_ids"] == [second] and listed["leaderboard"] == leaderboard.name
+    gone = client.delete(f"/popcorn/admin/submissions?leaderboard_id={leaderboard.pk}&user_name={alice.username}",
+                         headers=ADMIN)
+    assert gone.status_code == 200 and gone.json()["deleted_submissions"] == 2, gone.content
+    assert not Submission.objects.filter(pk__in=[first, second]).exists()
+    assert client.delete(f"/popcorn/admin/submissions?leaderboard_id={leaderboard.pk}&user_name=nobody",
+                         headers=ADMIN).status_code == 404
