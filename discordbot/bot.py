@@ -699,14 +699,16 @@ async def update_user_names_command(interaction: discord.Interaction, attachment
 @admin_group.command(name="update-problems", description="Import the problem sets of a repository's branch")
 @app_commands.describe(repository_name="owner/name (default: the configured one)", problem_set="problems/<set>.yaml "
                        "(default: every set)", branch="The branch (no slashes)", force="Let leaderboards with "
-                       "submissions change (with one problem set)")
+                       "submissions change (with one problem set)", closed="New leaderboards are closed (invite "
+                       "only)")
 async def update_problems_command(interaction: discord.Interaction, repository_name: str | None = None,
-                                  problem_set: str | None = None, branch: str = "main", force: bool = False) -> None:
+                                  problem_set: str | None = None, branch: str = "main", force: bool = False,
+                                  closed: bool = False) -> None:
     member = member_of(interaction)
     try:
         await in_thread(service.require_organiser, member)
         await interaction.response.defer(ephemeral=True, thinking=True)  # a download takes longer than 3 s
-        text = await in_thread(service.update_problems, member, repository_name, problem_set, branch, force)
+        text = await in_thread(service.update_problems, member, repository_name, problem_set, branch, force, closed)
     except BotError as exc:
         return await refuse(interaction, str(exc))
     await send(interaction, text)
@@ -853,6 +855,15 @@ async def delete_leaderboard_command(interaction: discord.Interaction, leaderboa
         return await refuse(interaction, str(exc))
     await respond(interaction, text, view=ConfirmDelete(interaction.user.id, f"Leaderboard '{leaderboard_name}'",
                                                         service.delete_leaderboard, leaderboard_name, force))
+
+
+@admin_group.command(name="get-submission", description="A submission's code and runs.json (secret runs too)")
+async def admin_get_submission_command(interaction: discord.Interaction, submission_id: int) -> None:
+    try:
+        text, (name, code), runs = await in_thread(service.admin_submission, member_of(interaction), submission_id)
+    except BotError as exc:
+        return await refuse(interaction, str(exc))
+    await respond(interaction, render.clip(text), files=[text_file(name, code), text_file("runs.json", runs)])
 
 
 @admin_group.command(name="delete-submission", description="Delete a submission (asks for confirmation)")

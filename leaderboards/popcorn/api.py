@@ -25,7 +25,7 @@ from pydantic import ValidationError as PydanticValidationError
 from kernelbot.api_errors import check_offset, install_error_handlers
 from kernelbot.cli.directives import parse_directives
 from kernelbot.inputs import Bool, Int, Text
-from leaderboards import actions
+from leaderboards import actions, dataset
 from leaderboards.access import actions as access
 from leaderboards.access.authority import RunView, access_leaderboard, access_submission, run_view
 from leaderboards.access.models import Invite, QuotaKind, SubmissionQuota
@@ -517,6 +517,29 @@ def admin_delete_invite(request, code: str):
     if not deleted:
         raise Http404(f"Unknown invite '{code}'.")
     return {"status": "ok", "code": code}
+
+
+class ExportIn(Schema):
+    leaderboard_ids: list[Int] = Field(min_length=1, max_length=1000)
+    filename: Text = Field(pattern=r"^[\w.-]+\.parquet$")
+    private: Bool = True
+
+
+@admin.post("/export-hf")
+def admin_export_hf(request, body: ExportIn):
+    """KernelBot's export: `private` a snapshot of the boards (live ones too) to HF_PRIVATE_DATASET, a private
+    repository; else the public dataset (closed boards whose code is public) to HF_PUBLIC_DATASET."""
+    boards = list(Leaderboard.objects.filter(pk__in=body.leaderboard_ids, internal=False))
+    if missing := sorted(set(body.leaderboard_ids) - {b.pk for b in boards}):
+        raise Http404(f"Unknown leaderboard id(s): {', '.join(map(str, missing))}.")
+    if body.private:
+        url = dataset.do_push_snapshot(boards, filename=body.filename)
+    else:
+        if not settings.HF_PUBLIC_DATASET:
+            raise HttpError(400, "Set HF_PUBLIC_DATASET for the public export.")
+        url = dataset.push_to_hub(dataset.parquet_bytes(boards), settings.HF_PUBLIC_DATASET, body.filename,
+                                  private=False)
+    return {"status": "ok", "leaderboards": [b.name for b in boards], "filename": body.filename, "url": url}
 
 
 MODE_CATEGORIES = {"test": QuotaKind.TEST, "leaderboard": QuotaKind.RANKED}

@@ -182,3 +182,18 @@ def test_after_deadline_admin_submission_board_listing_and_bulk_delete(client, a
     assert not Submission.objects.filter(pk__in=[first, second]).exists()
     assert client.delete(f"/popcorn/admin/submissions?leaderboard_id={leaderboard.pk}&user_name=nobody",
                          headers=ADMIN).status_code == 404
+
+
+def test_a_test_runs_result_is_in_its_detail_and_a_secret_runs_never(client, popcorn, leaderboard, alice):
+    from ..factories import ranked_result
+    tested = submission(leaderboard, alice, mode="test")
+    ranked = submission(leaderboard, alice, mode="leaderboard")
+    for sub in (tested, ranked):
+        Run.objects.filter(submission=sub).update(status=RunStatus.SUCCEEDED, passed=True, score=1e-3,
+                                                  stdout="public-out", result=ranked_result([1e6]))
+    detail = popcorn.get(f"user/submissions/{tested.pk}").json()
+    [run] = detail["runs"]
+    assert run["result"]["passed"] is True and run["result"]["stdout"] == "public-out"
+    assert run["result"]["benchmarks"], run["result"]
+    runs = popcorn.get(f"user/submissions/{ranked.pk}").json()["runs"]
+    assert [("result" in r) for r in runs] == [False, False]  # ranked runs, and the secret one above all

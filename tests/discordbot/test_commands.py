@@ -174,6 +174,19 @@ def test_organiser_commands_cancel_requeue_rescore_stats_delete_and_import(bot, 
     stats = reply(fake, fake.command("admin stats", ORG, **org))[0]
     assert "1 submissions (leaderboard 1)" in stats and "Top users: member" in stats
 
+    # KernelBot's /admin get-submission: the code and runs.json with the secret run too, for organisers only
+    Run.objects.filter(submission=submission, secret=True).update(
+        status=RunStatus.FAILED, passed=False, error="secret case 7 differs", stdout="secret-seed-output")
+    assert "for organisers" in refused(fake, fake.command("admin get-submission", ALICE, submission_id=submission.pk))
+    got = fake.command("admin get-submission", ORG, submission_id=submission.pk, **org)
+    text, _ = reply(fake, got)
+    assert text.startswith(f"# Submission {submission.pk}") and "secret on CPU: failed" in text
+    files = dict(fake.original(got).files)
+    assert files["kernel.py"] == CORRECT
+    runs = json.loads(files["runs.json"])
+    assert [r["secret"] for r in runs] == [False, True]
+    assert runs[1]["error"] == "secret case 7 differs" and runs[1]["stdout"] == "secret-seed-output"
+
     ask = fake.command("admin delete-submission", ORG, submission=submission.pk, **org)
     assert "Delete submission" in reply(fake, ask)[0]
     message = fake.original(ask)
