@@ -33,7 +33,7 @@ from leaderboards.board_rows import name_of
 from leaderboards.importing import ImportRejected, do_import_task
 from leaderboards.models import ACTIVE_STATUSES, BoardEntry, Leaderboard, Run, RunStatus, Submission
 from leaderboards.repository import RepositoryError, do_import_repository
-from leaderboards.serializers import job_state
+from leaderboards.serializers import job_state, run_out
 from runners.models import GpuType
 from taskspec.loader import TaskFileError, collection_root, load_competition, load_task, load_task_from_zip
 
@@ -297,7 +297,9 @@ def admin_get_submission(request, submission_id: int):
         pk=submission_id).first()
     if submission is None:
         raise Http404(f"Submission {submission_id} not found.")
-    return detail_of(submission, RunView.ALL)
+    runs = submission.runs.select_related("gpu_type").order_by("gpu_type", "secret")
+    # KernelBot's admin answer holds each run whole (its runs.json): secret runs' errors and logs too
+    return {**detail_of(submission, RunView.ALL), "status": "ok", "runs_json": [run_out(r, RunView.ALL) for r in runs]}
 
 
 @admin.delete("/submissions/{submission_id}")

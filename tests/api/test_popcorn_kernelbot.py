@@ -197,3 +197,17 @@ def test_a_test_runs_result_is_in_its_detail_and_a_secret_runs_never(client, pop
     assert run["result"]["benchmarks"], run["result"]
     runs = popcorn.get(f"user/submissions/{ranked.pk}").json()["runs"]
     assert [("result" in r) for r in runs] == [False, False]  # ranked runs, and the secret one above all
+
+
+def test_admin_get_submission_holds_every_run_whole_and_the_author_never_sees_the_secret(client, admin_token,
+                                                                                         popcorn, leaderboard, alice):
+    ranked = submission(leaderboard, alice, mode="leaderboard")
+    Run.objects.filter(submission=ranked, secret=False).update(status=RunStatus.SUCCEEDED, passed=True, score=1e-3)
+    Run.objects.filter(submission=ranked, secret=True).update(status=RunStatus.FAILED, passed=False,
+                                                              error="secret case 7 differs", stdout="secret-out")
+    whole = client.get(f"/popcorn/admin/submissions/{ranked.pk}", headers=ADMIN).json()
+    secret = next(r for r in whole["runs_json"] if r["secret"])
+    assert secret["error"] == "secret case 7 differs" and secret["stdout"] == "secret-out"
+    own = popcorn.get(f"user/submissions/{ranked.pk}")
+    assert own.status_code == 200 and "secret case 7" not in own.content.decode()
+    assert "secret-out" not in own.content.decode() and "runs_json" not in own.json()
