@@ -509,16 +509,27 @@ def admin_create_invite(request, body: InviteIn):
 
 @admin.get("/leaderboards/{leaderboard}/invites")
 def admin_list_invites(request, leaderboard: str):
-    return [{"code": i.code, "uses": i.uses, "max_uses": i.max_uses, "expires": wire.iso(i.expires)}
-            for i in Invite.objects.filter(leaderboard__name=leaderboard).order_by("created")]
+    """KernelBot's shape, which popcorn-cli tabulates: {"invites": [{code, user_id, user_name, created_at}]} (the
+    first who joined with it; `uses`/`max_uses` say how many more may)."""
+    invites = (Invite.objects.filter(Q(leaderboard__name=leaderboard) | Q(more_leaderboards__name=leaderboard))
+               .distinct().order_by("created").prefetch_related("membership_set__user"))
+    rows = []
+    for invite in invites:
+        first = min(invite.membership_set.all(), key=lambda m: m.joined, default=None)
+        rows.append({"code": invite.code, "user_id": str(first.user_id) if first else None,
+                     "user_name": first.user.get_username() if first else None,
+                     "created_at": wire.iso(invite.created), "uses": invite.uses, "max_uses": invite.max_uses,
+                     "expires": wire.iso(invite.expires)})
+    return {"status": "ok", "leaderboard": leaderboard, "invites": rows}
 
 
 @admin.delete("/invites/{code}")
 def admin_delete_invite(request, code: str):
-    deleted, _ = Invite.objects.filter(code=code).delete()
-    if not deleted:
+    invite = Invite.objects.filter(code=code).first()
+    if invite is None:
         raise Http404(f"Unknown invite '{code}'.")
-    return {"status": "ok", "code": code}
+    invite.delete()
+    return {"status": "ok", "code": code, "was_claimed": invite.uses > 0}
 
 
 class ExportIn(Schema):

@@ -43,6 +43,12 @@ def test_generate_invites_for_several_boards_and_a_count(client, admin_token, po
     assert set(Membership.objects.filter(user=alice).values_list("leaderboard__name", flat=True)) == {
         leaderboard.name, other.name}
 
+    # admin list-invites / revoke-invite read "invites" (user_id set once claimed) and "was_claimed"
+    listed = client.get(f"/popcorn/admin/leaderboards/{other.name}/invites", headers=ADMIN).json()["invites"]
+    assert sorted((i["code"], i["user_id"]) for i in listed) == sorted(
+        (c, str(alice.pk) if c == result["codes"][0] else None) for c in result["codes"])
+    revoked = client.delete(f"/popcorn/admin/invites/{result['codes'][0]}", headers=ADMIN).json()
+    assert revoked["was_claimed"] is True
     unknown = client.post("/popcorn/admin/invites", json.dumps({"leaderboards": ["nope"], "count": 1}),
                           content_type="application/json", headers=ADMIN)
     assert unknown.status_code == 404 and "nope" in error_text(unknown)
