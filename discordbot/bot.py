@@ -36,6 +36,7 @@ from . import announce, gpus, render, service, verify
 from .service import BotError, Member
 
 log = logging.getLogger(__name__)
+ANNOUNCE_MENTIONS = discord.AllowedMentions(everyone=False, users=False, roles=True)
 # Discord allows 5 edits of one message per 5 s; keep a margin for network delay between us and its clock
 EDITS_PER_WINDOW, EDIT_WINDOW = 5, 5.5
 RATE_LIMIT_BACKOFF = 2.0  # s, after a 429 that discord.py gave up on
@@ -317,7 +318,8 @@ class Live:
     async def _announce(self, claimed: list[announce.Claimed]) -> None:
         for item in claimed:
             try:
-                sent = await self.client.get_partial_messageable(item.channel_id).send(item.text)
+                sent = await self.client.get_partial_messageable(item.channel_id).send(
+                    item.text, allowed_mentions=ANNOUNCE_MENTIONS)  # the participant role only: names never ping
             except TRANSIENT as exc:
                 log.warning("could not post announcement %s (%r); retried after %s s", item.announcement_id, exc,
                             settings.DISCORD_ANNOUNCE_RETRY_SECONDS)

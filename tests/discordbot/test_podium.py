@@ -91,6 +91,8 @@ def test_thirty_users_post_only_podium_changes(fast_sweep, bot, leaderboard):
     announced = [m.content for m in fake.in_channel(ANNOUNCE_CHANNEL_ID)]
     assert len(announced) == 1 and announced[0].startswith(f"# New leaderboard: {leaderboard.name}"), announced
     assert f"<@&{PARTICIPANTS}>" in announced[0] and "**Deadline**" in announced[0]
+    pings = {tuple(sorted(m.allowed_mentions["parse"])) for m in fake.messages.values() if m.via == "channel"}
+    assert pings == {("roles",)}  # the participant role may ping; no name in a podium post ever does
     assert Announcement.objects.filter(message_id__isnull=True).count() == 0
     assert Podium.objects.get().version == sum(changes)
 
