@@ -39,7 +39,8 @@ def test_each_change_is_announced_once_across_processes_restarts_and_a_refused_p
     bots.start(2)
     ranked(leaderboard, "alice")
     fake.wait_for(lambda: Announcement.objects.filter(message_id__isnull=False).count() == 1, 180, "alice's post")
-    fake.wait_for(lambda: "claimed already" in bots.log_text(), 10, "the other bot's claim to lose")
+    # the other bot either loses the podium's compare-and-set or finds the change announced: nothing is posted twice
+    # (checked at the end, after more sweeps)
 
     bots.kill()  # the change below happens while no bot listens
     bob = ranked(leaderboard, "bob")
