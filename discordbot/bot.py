@@ -36,6 +36,7 @@ from . import announce, gpus, render, service, verify
 from .service import BotError, Member
 
 log = logging.getLogger(__name__)
+ANNOUNCE_MENTIONS = discord.AllowedMentions(everyone=False, users=False, roles=True)
 # Discord allows 5 edits of one message per 5 s; keep a margin for network delay between us and its clock
 EDITS_PER_WINDOW, EDIT_WINDOW = 5, 5.5
 RATE_LIMIT_BACKOFF = 2.0  # s, after a 429 that discord.py gave up on
@@ -281,11 +282,13 @@ class Live:
                 pass
 
     async def _follow_boards(self) -> None:
-        """New open boards, broken problem versions to tell the report channel of, published final standings, and
-        announcements that another (dead) process or a refused post left unposted."""
+        """New open boards (followed and announced), podium changes no event brought, broken problem versions to tell
+        the report channel of, published final standings, and announcements that another (dead) process or a refused
+        post left unposted."""
         while True:
             for board_id in await in_live_thread(announce.open_leaderboard_ids):
                 await self._follow_board(board_id)
+            await self._announce(await in_live_thread(announce.claim_recent))
             await self._announce(await in_live_thread(announce.claim_broken_problems))
             await self._announce(await in_live_thread(announce.claim_final_standings))
             await self._announce(await in_live_thread(announce.claim_stale))
@@ -315,7 +318,8 @@ class Live:
     async def _announce(self, claimed: list[announce.Claimed]) -> None:
         for item in claimed:
             try:
-                sent = await self.client.get_partial_messageable(item.channel_id).send(item.text)
+                sent = await self.client.get_partial_messageable(item.channel_id).send(
+                    item.text, allowed_mentions=ANNOUNCE_MENTIONS)  # the participant role only: names never ping
             except TRANSIENT as exc:
                 log.warning("could not post announcement %s (%r); retried after %s s", item.announcement_id, exc,
                             settings.DISCORD_ANNOUNCE_RETRY_SECONDS)
@@ -697,14 +701,16 @@ async def update_user_names_command(interaction: discord.Interaction, attachment
 @admin_group.command(name="update-problems", description="Import the problem sets of a repository's branch")
 @app_commands.describe(repository_name="owner/name (default: the configured one)", problem_set="problems/<set>.yaml "
                        "(default: every set)", branch="The branch (no slashes)", force="Let leaderboards with "
-                       "submissions change (with one problem set)")
+                       "submissions change (with one problem set)", closed="New leaderboards are closed (invite "
+                       "only)")
 async def update_problems_command(interaction: discord.Interaction, repository_name: str | None = None,
-                                  problem_set: str | None = None, branch: str = "main", force: bool = False) -> None:
+                                  problem_set: str | None = None, branch: str = "main", force: bool = False,
+                                  closed: bool = False) -> None:
     member = member_of(interaction)
     try:
         await in_thread(service.require_organiser, member)
         await interaction.response.defer(ephemeral=True, thinking=True)  # a download takes longer than 3 s
-        text = await in_thread(service.update_problems, member, repository_name, problem_set, branch, force)
+        text = await in_thread(service.update_problems, member, repository_name, problem_set, branch, force, closed)
     except BotError as exc:
         return await refuse(interaction, str(exc))
     await send(interaction, text)
@@ -851,6 +857,15 @@ async def delete_leaderboard_command(interaction: discord.Interaction, leaderboa
         return await refuse(interaction, str(exc))
     await respond(interaction, text, view=ConfirmDelete(interaction.user.id, f"Leaderboard '{leaderboard_name}'",
                                                         service.delete_leaderboard, leaderboard_name, force))
+
+
+@admin_group.command(name="get-submission", description="A submission's code and runs.json (secret runs too)")
+async def admin_get_submission_command(interaction: discord.Interaction, submission_id: int) -> None:
+    try:
+        text, (name, code), runs = await in_thread(service.admin_submission, member_of(interaction), submission_id)
+    except BotError as exc:
+        return await refuse(interaction, str(exc))
+    await respond(interaction, render.clip(text), files=[text_file(name, code), text_file("runs.json", runs)])
 
 
 @admin_group.command(name="delete-submission", description="Delete a submission (asks for confirmation)")

@@ -19,10 +19,16 @@ class Guild(models.Model):
     submission_channel_id = models.BigIntegerField(
         null=True, blank=True, help_text="Only this channel takes /leaderboard submit; empty: any channel.")
     announcement_channel_id = models.BigIntegerField(
-        null=True, blank=True, help_text="New first places, personal bests and first successful submissions.")
+        null=True, blank=True, help_text="New leaderboards, final standings (and personal bests where kept); "
+                                         "podium changes go to the submission channel, else here.")
     report_channel_id = models.BigIntegerField(
         null=True, blank=True, help_text="Live status moves here when a run outlives its 15-minute interaction; "
                                          "statistics are posted here.")
+    participant_role_id = models.BigIntegerField(
+        null=True, blank=True, help_text="Pinged when a new leaderboard opens.")
+    personal_bests = models.BooleanField(
+        default=False, help_text="Also post every personal best and first successful submission, not only podium "
+                                 "changes (top 3, #1).")
 
     def __str__(self) -> str:
         return self.name or str(self.guild_id)
@@ -60,6 +66,23 @@ class Announcement(models.Model):
 
     def __str__(self) -> str:
         return self.key
+
+
+class Podium(models.Model):
+    """The top three of a board as last announced: compared with the board's top three, it says what changed; moved
+    on by compare-and-set on `version`, so one process announces each change, once, across restarts."""
+
+    leaderboard = models.ForeignKey("leaderboards.Leaderboard", on_delete=models.CASCADE, related_name="+")
+    gpu_type = models.ForeignKey("runners.GpuType", on_delete=models.CASCADE, related_name="+")
+    user_ids = models.JSONField(default=list)
+    version = models.PositiveIntegerField(default=0)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["leaderboard", "gpu_type"], name="podium_unique")]
+
+    def __str__(self) -> str:
+        return f"podium of {self.leaderboard_id}/{self.gpu_type_id}"
 
 
 class StatusMessage(models.Model):

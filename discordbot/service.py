@@ -18,14 +18,14 @@ from django.db import transaction
 from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Q, Sum
 from django.utils import timezone
 
-from kernelbot.cli.directives import parse_directives
+from kernelbot.cli.directives import parse_directives, with_header
 from leaderboards import actions, dataset, finals, health
 from leaderboards.access import actions as access
-from leaderboards.access.authority import access_leaderboard, access_submission, run_view
+from leaderboards.access.authority import RunView, access_leaderboard, access_submission, run_view
 from leaderboards.api import queue_out
 from leaderboards.errors import AccessDenied, Refused, SubmissionRejected
 from leaderboards.importing import ImportRejected, do_import_task
-from leaderboards.models import BoardEntry, Leaderboard, Profile, Run, RunStatus, Submission, SubmissionMode
+from leaderboards.models import BoardEntry, Leaderboard, Profile, Run, RunStatus, Submission, SubmissionMode, Visibility
 from leaderboards.popcorn.wire import public_task
 from leaderboards.repository import RepositoryError, do_import_repository
 from leaderboards.serializers import job_state, run_out, submission_results, submission_scores
@@ -354,7 +354,7 @@ def template(member: Member, leaderboard_name: str, lang: str | None) -> tuple[s
     name = board.problem.definition.get("submission_name") or "submission.py"
     if len(templates) > 1:
         name = f"{PurePosixPath(name).stem}_{key.lower()}{PurePosixPath(name).suffix}"
-    return name, templates[key]
+    return name, with_header(templates[key], name, board.name, [g.name for g in board.gpu_types.all()])
 
 
 def get_submission(member: Member, submission_id: int) -> tuple[str, str]:
@@ -437,6 +437,26 @@ def delete_submission(member: Member, submission_id: int) -> str:
     except Refused as exc:
         raise BotError(exc.message) from exc
     return f"Submission #{submission_id} is deleted; its boards are being re-ranked."
+
+
+def admin_submission(member: Member, submission_id: int) -> tuple[str, tuple[str, str], str]:
+    """KernelBot's `/admin get-submission`: a summary, the code, and runs.json with every run (secret ones too), as
+    staff see them: organisers only."""
+    require_organiser(member)
+    submission = Submission.objects.select_related("leaderboard", "code", "user").filter(pk=submission_id).first()
+    if submission is None:
+        raise BotError(f"Submission {submission_id} does not exist.")
+    runs = [run_out(r, RunView.ALL)
+            for r in submission.runs.select_related("gpu_type").order_by("gpu_type", "secret")]
+    lines = [f"# Submission {submission.pk}", f"submitted by {submission.user.get_username()} on "
+             f"{submission.created:%Y-%m-%d %H:%M} UTC to leaderboard `{submission.leaderboard.name}` "
+             f"({submission.mode})."]
+    if not job_state(list(submission.runs.all()), RunView.ALL)[0]:
+        lines.append("*Submission is still running!*")
+    lines += [f" * {'secret' if r['secret'] else 'public'} on {r['gpu']}: "
+              + (f"{r['score']}" if r["passed"] and r["score"] is not None else "pass" if r["passed"] else r["status"])
+              for r in runs]
+    return "\n".join(lines), (submission.file_name, submission.code.text), json.dumps(runs, default=str, indent=2)
 
 
 def import_problem(member: Member, data: bytes, leaderboard: str | None, deadline: str | None, gpus: str | None,
@@ -588,13 +608,13 @@ def update_user_names(member: Member, data: bytes) -> str:
 
 
 def update_problems(member: Member, repository: str | None, problem_set: str | None, branch: str,
-                    force: bool) -> str:
+                    force: bool, closed: bool = False) -> str:
     """KernelBot's update-problems: the competition files of a repository's branch (`leaderboards.repository`)."""
     require_organiser(member)
     repository = (repository or settings.PROBLEMS_REPOSITORY).strip()
     try:
         done = do_import_repository(repository, branch.strip() or "main", (problem_set or "").strip() or None,
-                                    force=force)
+                                    force=force, visibility=Visibility.CLOSED if closed else None)
     except RepositoryError as exc:
         raise BotError(f"Update refused: {exc}") from exc
     lines = [f"From {repository}@{branch}:"] + done.imported + [f"refused (nothing of it imported): {e}"
@@ -606,7 +626,8 @@ def export_hf(member: Member, repository: str | None, leaderboard: str | None = 
               private: bool = True) -> str:
     """KernelBot's export-hf: the submissions dataset (leaderboards.dataset) of one closed board, or of every closed
     board whose code is public, pushed to a Hugging Face dataset repository (HF_TOKEN): `repository`, else
-    HF_PRIVATE_DATASET (HF_PUBLIC_DATASET when not `private`), as `filename` (.parquet added)."""
+    HF_PRIVATE_DATASET (HF_PUBLIC_DATASET when not `private`), as `filename` (.parquet added). A board named with
+    `private`: a private snapshot of it, live too, to a private repository only."""
     actor = require_organiser(member)
     repository = (repository or (settings.HF_PRIVATE_DATASET if private else settings.HF_PUBLIC_DATASET)).strip()
     if not repository:
@@ -618,6 +639,11 @@ def export_hf(member: Member, repository: str | None, leaderboard: str | None = 
     if filename and (filename.startswith("/") or ".." in PurePosixPath(filename).parts):
         raise BotError(f"'{filename}' is not a file name inside the repository.")
     try:
+        if leaderboard and private:  # a private snapshot: the board's ranked submissions, live or not
+            boards = [_leaderboard(actor, leaderboard)]
+            filename = filename or dataset.file_name(boards)
+            url = dataset.do_push_snapshot(boards, repository, filename)
+            return f"Pushed a private snapshot {filename} ({boards[0].name}) to {url}"
         if leaderboard:
             boards = [_leaderboard(actor, leaderboard)]
             dataset.check_exportable(boards[0])

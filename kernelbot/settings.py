@@ -415,6 +415,8 @@ DISCORD_EDIT_INTERVAL = float(os.environ.get("DISCORD_EDIT_INTERVAL", "1.0"))
 # by whichever bot sweeps next (each sweeps every DISCORD_SWEEP_SECONDS; it also re-reads the open boards then).
 DISCORD_ANNOUNCE_RETRY_SECONDS = float(os.environ.get("DISCORD_ANNOUNCE_RETRY_SECONDS", "120"))
 DISCORD_SWEEP_SECONDS = float(os.environ.get("DISCORD_SWEEP_SECONDS", "60"))
+# Leaderboards whose podium changes are not announced (KernelBot's beginner boards), by name.
+DISCORD_BEGINNER_BOARDS = set(env_list("DISCORD_BEGINNER_BOARDS"))
 # An interaction's token edits its response for 15 minutes; the status moves to a channel message (or a DM) before.
 DISCORD_INTERACTION_TOKEN_SECONDS = float(os.environ.get("DISCORD_INTERACTION_TOKEN_SECONDS", "900"))
 # One bot process edits a live status message at a time: it renews its lease every third of this; another process

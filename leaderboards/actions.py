@@ -87,9 +87,9 @@ def counts_refusals(check):
 
 @counts_refusals
 def check_submission(user, leaderboard_name: str, gpu_names: list[str], mode: str, file_name: str,
-                     content: bytes, size: int | None = None) -> SubmissionRequest:
+                     content: bytes, size: int | None = None, *, after_deadline: bool = False) -> SubmissionRequest:
     """`size`: the upload's whole size where `content` holds only its first MAX_SUBMISSION_BYTES + 1 bytes."""
-    leaderboard = access_leaderboard(user, leaderboard_name, for_submit=True)
+    leaderboard = access_leaderboard(user, leaderboard_name, for_submit=True, after_deadline=after_deadline)
     if mode not in SubmissionMode.values:
         raise SubmissionRejected(f"Unknown mode '{mode}'; use one of: {', '.join(SubmissionMode.values)}.")
     accepted = serving_gpu_types(leaderboard)

@@ -823,7 +823,7 @@ class PendingLoginAdmin(admin.ModelAdmin):
 
 @admin.register(SubmissionQuota)
 class SubmissionQuotaAdmin(NoInternalBoardsMixin, admin.ModelAdmin):
-    list_display = ["leaderboard", "kind", "max_submissions", "window_seconds"]
+    list_display = ["leaderboard", "kind", "max_submissions", "window_seconds", "frozen"]
     list_filter = ["kind"]
 
 

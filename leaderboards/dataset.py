@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Iterable
+from datetime import timedelta
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -100,8 +101,26 @@ def dataset_rows(leaderboards: Iterable[Leaderboard]) -> list[dict]:
     boards = list(leaderboards)
     for board in boards:
         check_exportable(board)
-    submissions = (Submission.objects.code_visible_to(AnonymousUser()).filter(leaderboard__in=boards)
-                   .exclude(user__profile__publish_submissions=False)
+    return _rows(Submission.objects.code_visible_to(AnonymousUser()).filter(leaderboard__in=boards))
+
+
+def snapshot_rows(leaderboards: Iterable[Leaderboard]) -> list[dict]:
+    """The private snapshot: every ranked submission of the boards, open or closed, public or not (for a private
+    repository only: `do_push_snapshot`); users who opted out are left out here too, final re-runs are not theirs."""
+    return _rows(Submission.objects.filter(leaderboard__in=list(leaderboards), mode=SubmissionMode.LEADERBOARD,
+                                           final_entry__isnull=True))
+
+
+def snapshot_leaderboards() -> list[Leaderboard]:
+    """KernelBot's scheduled export set: the boards of live competitions (open, a deadline within a year, not
+    internal, not '-dev')."""
+    horizon = timezone.now() + timedelta(days=365)
+    return list(Leaderboard.objects.open().filter(internal=False, deadline__lt=horizon)
+                .exclude(name__endswith="-dev").order_by("name"))
+
+
+def _rows(submissions) -> list[dict]:
+    submissions = (submissions.exclude(user__profile__publish_submissions=False)
                    .select_related("user", "code", "problem", "leaderboard").order_by("created", "pk"))
     runs: dict[int, list[Run]] = {}
     ordered = Run.objects.filter(submission__in=submissions).select_related("gpu_type")
@@ -143,10 +162,10 @@ def parquet_bytes(leaderboards: Iterable[Leaderboard]) -> bytes:
 
 
 def push_to_hub(data: bytes, repo_id: str, path_in_repo: str, *, token: str | None = None,
-                endpoint: str | None = None, private: bool | None = None) -> str:
+                endpoint: str | None = None, private: bool | None = None, only_private: bool = False) -> str:
     """Uploads `data` as `path_in_repo` to the Hugging Face dataset repository `repo_id` (created if missing: private
     or public as `private` says, None the Hub's default) in one commit; returns the commit's URL. The token comes from
-    HF_TOKEN unless given; the Hub from HF_ENDPOINT."""
+    HF_TOKEN unless given; the Hub from HF_ENDPOINT. `only_private`: refused unless the repository is private."""
     from huggingface_hub import HfApi  # noqa: PLC0415 - only the push needs it
     from huggingface_hub.errors import HfHubHTTPError  # noqa: PLC0415
 
@@ -158,6 +177,9 @@ def push_to_hub(data: bytes, repo_id: str, path_in_repo: str, *, token: str | No
     api = HfApi(endpoint=endpoint or settings.HF_ENDPOINT, token=token)
     try:
         api.create_repo(repo_id, repo_type="dataset", exist_ok=True, private=private)
+        if only_private and not api.dataset_info(repo_id).private:
+            raise Refused(f"'{repo_id}' is a public repository: a snapshot of live boards goes only to a private "
+                          "one.", 409)
         commit = api.upload_file(path_or_fileobj=data, path_in_repo=path_in_repo, repo_id=repo_id,
                                  repo_type="dataset", commit_message=f"KernelBot submissions: {path_in_repo}")
     except HfHubHTTPError as exc:
@@ -168,3 +190,26 @@ def push_to_hub(data: bytes, repo_id: str, path_in_repo: str, *, token: str | No
 def file_name(leaderboards: Iterable[Leaderboard]) -> str:
     names = sorted(b.name for b in leaderboards)
     return f"{names[0] if len(names) == 1 else 'submissions'}.parquet"
+
+
+SNAPSHOT_FILE = "active_submissions.parquet"
+
+
+def do_push_snapshot(leaderboards: Iterable[Leaderboard] | None = None, repository: str | None = None,
+                     filename: str = SNAPSHOT_FILE) -> str:
+    """A private snapshot of live boards (default: `snapshot_leaderboards`) pushed to a private dataset repository
+    (default HF_PRIVATE_DATASET): on an organiser's request, and every 6 hours (`tasks.export_snapshot`)."""
+    repository = (repository or settings.HF_PRIVATE_DATASET).strip()
+    if not repository:
+        raise Refused("Set HF_PRIVATE_DATASET (or name a private repository) for the private snapshot.")
+    boards = list(snapshot_leaderboards() if leaderboards is None else leaderboards)
+    if not boards:
+        raise Refused("No live leaderboard to snapshot.", 409)
+    data = pq_bytes(pa.Table.from_pylist(snapshot_rows(boards), schema=SCHEMA))
+    return push_to_hub(data, repository, filename, private=True, only_private=True)
+
+
+def pq_bytes(table: pa.Table) -> bytes:
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer)
+    return buffer.getvalue()

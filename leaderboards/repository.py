@@ -15,10 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from django.conf import settings
+from django.db import transaction
 
 from taskspec.loader import TaskFileError, load_competition
 
 from .importing import ImportRejected, do_import_competition
+from .models import Leaderboard
 
 REPOSITORY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,38}/[A-Za-z0-9_.-]{1,100}")
 BRANCH = re.compile(r"[A-Za-z0-9_.-]{1,100}")  # no slashes, as KernelBot
@@ -35,6 +37,9 @@ class RepositoryError(Exception):
 class RepositoryImport:
     imported: list[str] = field(default_factory=list)  # one line per leaderboard
     errors: list[str] = field(default_factory=list)  # one per competition file refused (nothing of it imported)
+    created: list[str] = field(default_factory=list)  # leaderboard names
+    updated: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
 
 
 def archive_url(repository: str, branch: str) -> str:
@@ -77,9 +82,10 @@ def unpack(data: bytes, dest: Path) -> Path:
 
 
 def do_import_repository(repository: str, branch: str = "main", problem_set: str | None = None, *,
-                         force: bool = False) -> RepositoryImport:
+                         force: bool = False, visibility: str | None = None) -> RepositoryImport:
     """Import `problems/<problem_set>.yaml` of the repository's branch, or every competition file there (`force`
-    only with one set, as KernelBot)."""
+    only with one set, as KernelBot). `visibility`: what the leaderboards it creates get (KernelBot's `--closed`);
+    existing ones keep theirs."""
     if force and not problem_set:
         raise RepositoryError("force needs a problem set: name the one whose leaderboards may change.")
     data = download(archive_url(repository, branch))
@@ -98,9 +104,15 @@ def do_import_repository(repository: str, branch: str = "main", problem_set: str
                 raise RepositoryError(f"{repository}@{branch} has no problems/*.yaml.")
         for path in chosen:
             try:
-                report = do_import_competition(load_competition(path, root=problems), force=force)
+                with transaction.atomic():
+                    report = do_import_competition(load_competition(path, root=problems), force=force)
+                    if visibility and report.created:
+                        Leaderboard.objects.filter(name__in=report.created).update(visibility=visibility)
             except (TaskFileError, ImportRejected) as exc:
                 result.errors.append(f"{path.stem}: " + "; ".join(getattr(exc, "errors", None) or [str(exc)]))
                 continue
             result.imported += report.lines
+            result.created += report.created
+            result.updated += report.updated
+            result.unchanged += report.unchanged
     return result

@@ -1,8 +1,16 @@
 """django-q2 entry points for runs, rankings and housekeeping. Each is idempotent: safe to run twice or late."""
 
+import logging
+import os
+
+from django.conf import settings
+
 from runners.models import GpuPool
 
-from . import actions, finals, health, lifecycle
+from . import actions, dataset, finals, health, lifecycle
+from .errors import Refused
+
+log = logging.getLogger(__name__)
 
 
 def dispatch_run(run_id: int) -> None:
@@ -48,3 +56,17 @@ def check_pool(pool_id: int) -> int:
 def verify_finals() -> int:
     """Every minute: re-verify the final standings of boards whose deadline passed; move running ones on."""
     return finals.tick()
+
+
+def export_snapshot() -> str:
+    """Every 6 hours: the private snapshot of live boards to HF_PRIVATE_DATASET (KernelBot's scheduled export); off
+    while HF_PRIVATE_DATASET or HF_TOKEN is unset. Idempotent: a push replaces the one file."""
+    if not settings.HF_PRIVATE_DATASET or not os.environ.get("HF_TOKEN"):
+        return "off: set HF_PRIVATE_DATASET and HF_TOKEN"
+    if not dataset.snapshot_leaderboards():
+        return "no live leaderboard"
+    try:
+        return dataset.do_push_snapshot()
+    except Refused as exc:
+        log.warning("private snapshot not pushed: %s", exc.message)
+        return exc.message

@@ -15,6 +15,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 
+from kernelbot.cli.directives import with_header
 from runners.actions import gpu_availability
 
 from . import actions, dataset, finals
@@ -125,7 +126,9 @@ def leaderboard_file(request: HttpRequest, name: str, kind: str, key: str) -> Ht
     if key not in source:
         raise Http404("No such file.")
     filename = (lb.problem.definition.get("submission_name") or "submission.py") if kind == "template" else key
-    response = HttpResponse(source[key], content_type="text/plain; charset=utf-8")
+    text = with_header(source[key], filename, lb.name, [g.name for g in lb.gpu_types.all()]) \
+        if kind == "template" else source[key]
+    response = HttpResponse(text, content_type="text/plain; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{filename.replace(chr(34), "")}"'
     return response
 

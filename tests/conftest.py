@@ -3,12 +3,16 @@ service fails instead of skipping."""
 
 from __future__ import annotations
 
+import http.server
+import io
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -239,3 +243,30 @@ def redis_server(tmp_path) -> Iterator[RedisServer]:
     yield server
     process.kill()  # also when stopped
     process.wait(10)
+
+
+@pytest.fixture
+def problems_repository(settings):
+    """A loopback server for a repository's branch zips: owner/problems@main holds this project's problems/."""
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w") as z:
+        for path in sorted((REPO / "problems").rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                z.write(path, "problems-main/" + str(path.relative_to(REPO)))
+    zips = {"/owner/problems/main.zip": archive.getvalue()}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = zips.get(self.path)
+            self.send_response(200 if body else 404)
+            self.end_headers()
+            self.wfile.write(body or b"Not Found")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    settings.PROBLEMS_ARCHIVE_URL = f"http://127.0.0.1:{server.server_port}/{{repository}}/{{branch}}.zip"
+    yield
+    server.shutdown()

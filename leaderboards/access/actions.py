@@ -46,6 +46,7 @@ MAX_DAYS = 3650  # longest token or invite lifetime
 CLI_LOGINS_PER_MINUTE = 30  # anonymous CLI logins started per client address (REMOTE_ADDR)
 CLI_LOGINS_PENDING = 10_000  # unlinked ones in all (each is pruned after a day)
 MAX_INVITE_USES = 10**6
+MAX_INVITES = 10_000  # codes one request creates (KernelBot's bound)
 MAX_TOKEN_NAME = ApiToken._meta.get_field("name").max_length
 
 
@@ -230,9 +231,18 @@ def _switch() -> JobSwitch:
     return JobSwitch.objects.filter(pk=1).first() or JobSwitch(pk=1)
 
 
-def _quotas(leaderboard_id: int) -> dict[str, tuple[int, int]]:
-    return {q.kind: (q.max_submissions, q.window_seconds)
+def _quotas(leaderboard_id: int) -> dict[str, tuple[int, int, bool]]:
+    return {q.kind: (q.max_submissions, q.window_seconds, q.frozen)
             for q in SubmissionQuota.objects.filter(leaderboard_id=leaderboard_id)}
+
+
+def do_set_kernelbot_rate_limit(leaderboard: Leaderboard, kind: str, per_hour: int) -> SubmissionQuota:
+    """KernelBot's rate limit: `per_hour` submissions per hour, 0 = frozen (this platform's own 0 = unlimited is
+    kept as it is: a frozen quota is its own flag)."""
+    quota, _ = SubmissionQuota.objects.update_or_create(
+        leaderboard=leaderboard, kind=kind,
+        defaults={"max_submissions": per_hour, "window_seconds": 3600, "frozen": per_hour == 0})
+    return quota  # its post_save receiver forgets the cached quotas
 
 
 def accepting_jobs() -> JobSwitch:
@@ -269,7 +279,10 @@ def check_quota(user, leaderboard: Leaderboard, mode: str, quotas: dict | None =
     kind = quota_kind(mode)
     if quotas is None:
         quotas = cached(key("quotas", leaderboard.pk), lambda: _quotas(leaderboard.pk))
-    limit, window = quotas.get(kind) or settings.SUBMISSION_QUOTAS[kind]
+    limit, window, *frozen = quotas.get(kind) or settings.SUBMISSION_QUOTAS[kind]
+    if frozen and frozen[0]:
+        raise SubmissionRejected(f"{kind.capitalize()} submissions to '{leaderboard.name}' are frozen by the "
+                                 "organisers.", 403)
     if not limit:
         return
     modes = [SubmissionMode.LEADERBOARD] if kind == QuotaKind.RANKED else \
@@ -292,17 +305,23 @@ def lock_quota(user, leaderboard: Leaderboard, mode: str) -> None:
     submissions sent at once cannot all pass a quota that has room for fewer. Nothing is locked where no quota
     applies."""
     quotas = cached(key("quotas", leaderboard.pk), lambda: _quotas(leaderboard.pk))
-    limit, _ = quotas.get(quota_kind(mode)) or settings.SUBMISSION_QUOTAS[quota_kind(mode)]
+    limit, *_ = quotas.get(quota_kind(mode)) or settings.SUBMISSION_QUOTAS[quota_kind(mode)]
     if limit:
         get_user_model().objects.filter(pk=user.pk).update(is_active=F("is_active"))
         check_quota(user, leaderboard, mode, quotas)
 
 
 # --- invitations and bans -----------------------------------------------------------------------
-def do_create_invite(leaderboard: Leaderboard, max_uses: int = 1, expires_days: int | None = None) -> Invite:
+def do_create_invite(leaderboard: Leaderboard, max_uses: int = 1, expires_days: int | None = None,
+                     more: list[Leaderboard] = ()) -> Invite:
+    """A code admitting to `leaderboard` and the `more` boards."""
     expires = timezone.now() + timedelta(days=min(max(expires_days, 1), MAX_DAYS)) if expires_days else None
-    return Invite.objects.create(leaderboard=leaderboard, max_uses=min(max(1, max_uses), MAX_INVITE_USES),
-                                 expires=expires)
+    with transaction.atomic():
+        invite = Invite.objects.create(leaderboard=leaderboard, max_uses=min(max(1, max_uses), MAX_INVITE_USES),
+                                       expires=expires)
+        if more := [b for b in more if b.pk != leaderboard.pk]:
+            invite.more_leaderboards.set(more)
+    return invite
 
 
 def do_join(user, code: str) -> Membership:
@@ -310,13 +329,17 @@ def do_join(user, code: str) -> Membership:
         invite = Invite.objects.select_for_update().select_related("leaderboard").filter(code=code.strip()).first()
         if invite is None or (invite.expires and invite.expires <= timezone.now()):
             raise AccessDenied("Unknown or expired invite code.", 404)
-        existing = Membership.objects.filter(leaderboard=invite.leaderboard, user=user).first()
-        if existing:
-            return existing
+        boards = [invite.leaderboard, *invite.more_leaderboards.all()]
+        held = set(Membership.objects.filter(leaderboard__in=boards, user=user).values_list("leaderboard_id",
+                                                                                             flat=True))
+        if len(held) == len(boards):
+            return Membership.objects.get(leaderboard=invite.leaderboard, user=user)
         if invite.uses >= invite.max_uses:
             raise AccessDenied("This invite code has been used up.", 410)
         Invite.objects.filter(pk=invite.pk).update(uses=F("uses") + 1)
-        return Membership.objects.create(leaderboard=invite.leaderboard, user=user, invite=invite)
+        Membership.objects.bulk_create([Membership(leaderboard=b, user=user, invite=invite) for b in boards
+                                        if b.pk not in held])
+        return Membership.objects.get(leaderboard=invite.leaderboard, user=user)
 
 
 def do_ban(user, leaderboard: Leaderboard | None, reason: str = "") -> Ban:

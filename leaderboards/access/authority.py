@@ -94,11 +94,12 @@ def _by_name(queryset, name: str) -> Leaderboard | None:
     return next((b for b in found if b.name == name), found[0] if found else None)
 
 
-def access_leaderboard(user, name: str, *, for_submit: bool = False, queryset=None) -> Leaderboard:
+def access_leaderboard(user, name: str, *, for_submit: bool = False, queryset=None,
+                       after_deadline: bool = False) -> Leaderboard:
     """The leaderboard `name` if `user` may see it, or a 404 (the same as for a name that does not exist).
     `for_submit`: also open now (403 before its start or after its deadline), refused as SubmissionRejected like
     every other reason a submission is refused; read from the cache, since every submission asks (the bare row:
-    no problem definition)."""
+    no problem definition). `after_deadline`: an admin's submission, taken after the deadline too."""
     refuse = SubmissionRejected if for_submit else AccessDenied
     if for_submit:
         board = cached(board_key(name), lambda: _by_name(Leaderboard.objects.all(), name))
@@ -112,7 +113,7 @@ def access_leaderboard(user, name: str, *, for_submit: bool = False, queryset=No
         if not board.has_started:
             raise refuse(f"Leaderboard '{board.name}' opens at {board.starts_at:%Y-%m-%d %H:%M} UTC; it does not "
                          "accept submissions yet.", 403)
-        if board.is_finished:
+        if board.is_finished and not after_deadline:
             raise refuse(f"Leaderboard '{board.name}' closed at {board.deadline:%Y-%m-%d %H:%M} UTC; it no longer "
                          "accepts submissions.", 403)
     return board

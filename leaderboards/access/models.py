@@ -82,12 +82,15 @@ class SubmissionQuota(models.Model):
     kind = models.CharField(max_length=8, choices=QuotaKind.choices)
     max_submissions = models.PositiveIntegerField(help_text="0 means unlimited.")
     window_seconds = models.PositiveIntegerField(default=3600)
+    frozen = models.BooleanField(default=False, help_text="No submissions of this kind at all (KernelBot's rate "
+                                                          "limit of 0); the numbers above are then ignored.")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["leaderboard", "kind"], name="quota_unique")]
 
     def __str__(self) -> str:
-        return f"{self.leaderboard} {self.kind}: {self.max_submissions}/{self.window_seconds}s"
+        return f"{self.leaderboard} {self.kind}: " + ("frozen" if self.frozen else
+                                                      f"{self.max_submissions}/{self.window_seconds}s")
 
 
 def new_invite_code() -> str:
@@ -97,6 +100,9 @@ def new_invite_code() -> str:
 class Invite(models.Model):
     code = models.CharField(max_length=32, unique=True, default=new_invite_code)
     leaderboard = models.ForeignKey("leaderboards.Leaderboard", on_delete=models.CASCADE, related_name="invites")
+    more_leaderboards = models.ManyToManyField("leaderboards.Leaderboard", blank=True, related_name="+",
+                                               help_text="Further boards the code admits to (KernelBot's invites "
+                                                         "cover several).")
     max_uses = models.PositiveIntegerField(default=1)
     uses = models.PositiveIntegerField(default=0)
     expires = models.DateTimeField(null=True, blank=True)

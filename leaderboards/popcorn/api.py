@@ -8,29 +8,33 @@ from __future__ import annotations
 import zipfile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AnonymousUser
 from django.db.models import Count, Q
-from django.http import Http404, HttpRequest
+from django.http import Http404, HttpRequest, JsonResponse
 from django.urls import reverse
 from django.utils import timezone
 from ninja import Field, NinjaAPI, Router, Schema
 from ninja.errors import HttpError
 from ninja.security import APIKeyHeader, HttpBearer
+from pydantic import ValidationError as PydanticValidationError
 
 from kernelbot.api_errors import check_offset, install_error_handlers
 from kernelbot.cli.directives import parse_directives
 from kernelbot.inputs import Bool, Int, Text
-from leaderboards import actions
+from leaderboards import actions, dataset
 from leaderboards.access import actions as access
 from leaderboards.access.authority import RunView, access_leaderboard, access_submission, run_view
-from leaderboards.access.models import Invite
+from leaderboards.access.models import Invite, QuotaKind, SubmissionQuota
+from leaderboards.board_rows import name_of
 from leaderboards.importing import ImportRejected, do_import_task
-from leaderboards.models import Leaderboard, Run, Submission
-from leaderboards.serializers import job_state
+from leaderboards.models import ACTIVE_STATUSES, BoardEntry, Leaderboard, Run, RunStatus, Submission
+from leaderboards.repository import RepositoryError, do_import_repository
+from leaderboards.serializers import job_state, run_out
+from runners.models import GpuType
 from taskspec.loader import TaskFileError, collection_root, load_competition, load_task, load_task_from_zip
 
 from . import wire
@@ -148,6 +152,54 @@ def submit(request, leaderboard: str, gpu: str, mode: str):
             "runner_queue": runner_queue(submission, submission.new_runs)}
 
 
+@api.get("/runner_queue/{gpu}", auth=None)
+def runner_queue_of(request, gpu: str):
+    """KernelBot's queue status of a GPU type: what waits and runs on it, the devices serving it, a rough wait."""
+    gpu_type = GpuType.objects.filter(name=gpu).first()
+    if gpu_type is None:
+        raise Http404(f"Unknown GPU type '{gpu}'.")
+    counts = dict(Run.objects.filter(gpu_type=gpu_type, status__in=ACTIVE_STATUSES).values_list("status")
+                  .annotate(n=Count("pk")).order_by())
+    devices, seconds = access.eta_inputs(gpu_type.pk)
+    waiting = sum(n for status, n in counts.items() if status != RunStatus.RUNNING)
+    return {"gpu": gpu_type.name, "queued_jobs": waiting, "running_jobs": counts.get(RunStatus.RUNNING, 0),
+            "devices": devices, "eta_seconds": round((waiting // devices + 1) * seconds)}
+
+
+def _board_entries(request, leaderboard: str, gpu: str):
+    board = access_leaderboard(request.auth, leaderboard)
+    gpu_type = board.gpu_types.filter(name=gpu).first()
+    if gpu_type is None:
+        raise Http404(f"Leaderboard '{board.name}' has no GPU type '{gpu}'.")
+    return board, gpu_type, BoardEntry.objects.for_board(board, gpu_type)
+
+
+@api.get("/submissions/{leaderboard}/{gpu}", auth=optional_cli)
+def board_submissions(request, leaderboard: str, gpu: str, limit: int | None = None, offset: int = 0):
+    """The ranked entries of a board (KernelBot's LeaderboardRankedEntry), best first."""
+    board, gpu_type, entries = _board_entries(request, leaderboard, gpu)
+    check_offset(offset)
+    limit = max(1, min(limit or 100, 1000))
+    rows = entries.select_related("user__profile", "submission").page(offset, offset + limit)
+    return [{"submission_id": e.submission_id, "user_id": e.user_id, "user_name": name_of(e.user),
+             "submission_name": e.submission.file_name, "submission_time": wire.iso(e.submitted_at),
+             "submission_score": e.score, "ratio": e.ratio, "rank": e.rank, "leaderboard_name": board.name,
+             "gpu_type": gpu_type.name} for e in rows]
+
+
+@api.get("/submission_count/{leaderboard}/{gpu}", auth=optional_cli)
+def board_submission_count(request, leaderboard: str, gpu: str, user_id: str | None = None):
+    _, _, entries = _board_entries(request, leaderboard, gpu)
+    if user_id is not None:
+        entries = entries.filter(user_id=int(user_id)) if user_id.isdigit() else entries.none()
+    return {"count": entries.count()}
+
+
+def not_found(request: HttpRequest, rest: str = "") -> JsonResponse:
+    """Any path not served: a JSON 404 in popcorn's error format."""
+    return JsonResponse({"detail": "Not Found"}, status=404)
+
+
 def detail_of(submission: Submission, view: RunView) -> dict[str, Any]:
     runs = list(submission.runs.select_related("gpu_type", "submission").order_by("gpu_type", "secret"))
     return wire.submission_detail(submission, runs, view, runner_queue(submission, runs))
@@ -192,7 +244,9 @@ class JoinIn(Schema):
 @api.post("/user/join")
 def join(request, body: JoinIn):
     membership = access.do_join(request.auth, body.code)
-    return {"status": "ok", "leaderboard": membership.leaderboard.name}
+    invite = membership.invite
+    boards = [membership.leaderboard.name] + ([b.name for b in invite.more_leaderboards.all()] if invite else [])
+    return {"status": "ok", "leaderboard": boards[0], "leaderboards": boards}
 
 
 # --- registration ---------------------------------------------------------------------------------
@@ -246,7 +300,9 @@ def admin_get_submission(request, submission_id: int):
         pk=submission_id).first()
     if submission is None:
         raise Http404(f"Submission {submission_id} not found.")
-    return detail_of(submission, RunView.ALL)
+    runs = submission.runs.select_related("gpu_type").order_by("gpu_type", "secret")
+    # KernelBot's admin answer holds each run whole (its runs.json): secret runs' errors and logs too
+    return {**detail_of(submission, RunView.ALL), "status": "ok", "runs_json": [run_out(r, RunView.ALL) for r in runs]}
 
 
 @admin.delete("/submissions/{submission_id}")
@@ -256,6 +312,45 @@ def admin_delete_submission(request, submission_id: int):
         raise Http404(f"Submission {submission_id} not found.")
     actions.do_delete_submission(submission)
     return {"status": "ok", "submission_id": submission_id}
+
+
+@admin.delete("/submissions")
+def admin_delete_submissions_of_user(request, leaderboard_id: int, user_name: str):
+    """KernelBot's bulk delete: every submission of `user_name` (user name or id) on a leaderboard."""
+    board = Leaderboard.objects.filter(pk=leaderboard_id).first()
+    user = get_user_model().objects.filter(Q(username=user_name) | Q(pk__in=[user_name] if user_name.isdigit()
+                                                                     else [])).first()
+    if board is None or user is None:
+        raise Http404(f"Unknown leaderboard {leaderboard_id}." if board is None else f"Unknown user '{user_name}'.")
+    doomed = list(Submission.objects.filter(leaderboard=board, user=user))
+    for submission in doomed:
+        actions.do_delete_submission(submission)
+    return {"status": "ok", "leaderboard_id": leaderboard_id, "user_name": user_name,
+            "deleted_submissions": len(doomed)}
+
+
+@admin.get("/leaderboards/{leaderboard}/submissions")
+def admin_list_board_submissions(request, leaderboard: str, limit: int = 100, offset: int = 0):
+    board = Leaderboard.objects.filter(name=leaderboard).first()
+    if board is None:
+        raise Http404(f"Unknown leaderboard '{leaderboard}'.")
+    check_offset(offset)
+    limit = max(1, min(limit, 10_000))
+    ids = list(Submission.objects.filter(leaderboard=board).order_by("pk").values_list("pk", flat=True)
+               [offset:offset + limit])
+    return {"status": "ok", "leaderboard": board.name, "limit": limit, "offset": offset, "submission_ids": ids}
+
+
+@admin.post("/submission/{leaderboard}/{gpu}/{mode}")
+def admin_submit_after_deadline(request, leaderboard: str, gpu: str, mode: str):
+    """KernelBot's admin path: a submission of the X-Popcorn-Cli-Id user, taken after the board's deadline too."""
+    user = cli_user(request)
+    file_name, content = read_upload(request)
+    check_directives(content, leaderboard, gpu)
+    submission = actions.do_submit(user, actions.check_submission(user, leaderboard, [gpu], mode, file_name, content,
+                                                                  after_deadline=True))
+    return JsonResponse({"details": {"id": submission.pk}, "status": "accepted",
+                         "runner_queue": runner_queue(submission, submission.new_runs)}, status=202)
 
 
 class CreateLeaderboardIn(Schema):
@@ -313,9 +408,41 @@ def admin_delete_leaderboard(request, name: str, force: bool = False):
     return {"status": "ok", "leaderboard": name, "deleted_submissions": count}
 
 
+class UpdateProblemsIn(Schema):
+    """popcorn-cli's `admin update-problems` body: {"repository", "branch", "force"[, "problem_set"][, "visibility":
+    "closed"]}: a repository's branch downloaded and imported as the Discord command does."""
+    repository: Text = "gpu-mode/reference-kernels"
+    branch: Text = "main"
+    problem_set: Text | None = None
+    force: Bool = False
+    visibility: Literal["public", "closed"] = "public"
+
+
+def _from_repository(request) -> dict[str, Any]:
+    try:
+        body = UpdateProblemsIn.model_validate_json(request.body or b"{}")
+    except PydanticValidationError as exc:
+        raise HttpError(400, "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}"
+                                       for e in exc.errors())) from None
+    try:
+        done = do_import_repository(body.repository, body.branch, body.problem_set, force=body.force,
+                                    visibility=body.visibility if body.visibility != "public" else None)
+    except RepositoryError as exc:
+        status = 503 if str(exc).startswith("could not download") else 400
+        raise HttpError(status, f"{exc}" + (" This server may have no internet access: put the problems under "
+                                             "its problems directory and send `directory`, or upload a zip (`file`)."
+                                             if status == 503 else "")) from None
+    return {"status": "ok", "created": done.created, "updated": done.updated,
+            "skipped": [{"name": n, "reason": "unchanged"} for n in done.unchanged],
+            "errors": [{"name": e.split(":", 1)[0], "error": e.split(":", 1)[-1].strip()} for e in done.errors]}
+
+
 @admin.post("/update-problems")
 def admin_update_problems(request, force: bool = False, directory: str | None = None):
-    """From a competition file / problem tree under the problems directory, or an uploaded zip (`file`)."""
+    """From a repository's branch (popcorn-cli's JSON body), a competition file / problem tree under the problems
+    directory, or an uploaded zip (`file`)."""
+    if request.content_type == "application/json":
+        return _from_repository(request)
     created: list[str] = []
     updated: list[str] = []
     skipped: list[dict] = []
@@ -360,32 +487,126 @@ def _zip_sources(data: bytes):
 
 
 class InviteIn(Schema):
-    leaderboard: Text
+    """popcorn-cli's `admin generate-invites` sends {"leaderboards": [...], "count": N} (KernelBot also takes
+    "leaderboard"): N codes, each admitting to every board named."""
+    leaderboard: Text | None = None
+    leaderboards: list[Text] | None = Field(None, max_length=100)
+    count: Int = Field(1, ge=1, le=access.MAX_INVITES)
     max_uses: Int = Field(1, ge=1, le=access.MAX_INVITE_USES)
     expires_days: Int | None = Field(None, ge=1, le=access.MAX_DAYS)
 
 
 @admin.post("/invites")
 def admin_create_invite(request, body: InviteIn):
-    leaderboard = Leaderboard.objects.filter(name=body.leaderboard).first()
-    if leaderboard is None:
-        raise Http404(f"Unknown leaderboard '{body.leaderboard}'.")
-    invite = access.do_create_invite(leaderboard, body.max_uses, body.expires_days)
-    return {"code": invite.code, "leaderboard": leaderboard.name, "max_uses": invite.max_uses}
+    names = list(dict.fromkeys(body.leaderboards or ([body.leaderboard] if body.leaderboard else [])))
+    if not names:
+        raise HttpError(400, "Must provide 'leaderboards' list or 'leaderboard' string.")
+    found = Leaderboard.objects.in_bulk(names, field_name="name")
+    if missing := [n for n in names if n not in found]:
+        raise Http404(f"Unknown leaderboard(s): {', '.join(missing)}.")
+    boards = [found[n] for n in names]
+    codes = [access.do_create_invite(boards[0], body.max_uses, body.expires_days, boards[1:]).code
+             for _ in range(body.count)]
+    return {"status": "ok", "leaderboards": names, "codes": codes, "max_uses": body.max_uses,
+            **({"code": codes[0], "leaderboard": names[0]} if len(codes) == 1 else {})}
 
 
 @admin.get("/leaderboards/{leaderboard}/invites")
 def admin_list_invites(request, leaderboard: str):
-    return [{"code": i.code, "uses": i.uses, "max_uses": i.max_uses, "expires": wire.iso(i.expires)}
-            for i in Invite.objects.filter(leaderboard__name=leaderboard).order_by("created")]
+    """KernelBot's shape, which popcorn-cli tabulates: {"invites": [{code, user_id, user_name, created_at}]} (the
+    first who joined with it; `uses`/`max_uses` say how many more may)."""
+    invites = (Invite.objects.filter(Q(leaderboard__name=leaderboard) | Q(more_leaderboards__name=leaderboard))
+               .distinct().order_by("created").prefetch_related("membership_set__user"))
+    rows = []
+    for invite in invites:
+        first = min(invite.membership_set.all(), key=lambda m: m.joined, default=None)
+        rows.append({"code": invite.code, "user_id": str(first.user_id) if first else None,
+                     "user_name": first.user.get_username() if first else None,
+                     "created_at": wire.iso(invite.created), "uses": invite.uses, "max_uses": invite.max_uses,
+                     "expires": wire.iso(invite.expires)})
+    return {"status": "ok", "leaderboard": leaderboard, "invites": rows}
 
 
 @admin.delete("/invites/{code}")
 def admin_delete_invite(request, code: str):
-    deleted, _ = Invite.objects.filter(code=code).delete()
-    if not deleted:
+    invite = Invite.objects.filter(code=code).first()
+    if invite is None:
         raise Http404(f"Unknown invite '{code}'.")
-    return {"status": "ok", "code": code}
+    invite.delete()
+    return {"status": "ok", "code": code, "was_claimed": invite.uses > 0}
+
+
+class ExportIn(Schema):
+    leaderboard_ids: list[Int] = Field(min_length=1, max_length=1000)
+    filename: Text = Field(pattern=r"^[\w.-]+\.parquet$")
+    private: Bool = True
+
+
+@admin.post("/export-hf")
+def admin_export_hf(request, body: ExportIn):
+    """KernelBot's export: `private` a snapshot of the boards (live ones too) to HF_PRIVATE_DATASET, a private
+    repository; else the public dataset (closed boards whose code is public) to HF_PUBLIC_DATASET."""
+    boards = list(Leaderboard.objects.filter(pk__in=body.leaderboard_ids, internal=False))
+    if missing := sorted(set(body.leaderboard_ids) - {b.pk for b in boards}):
+        raise Http404(f"Unknown leaderboard id(s): {', '.join(map(str, missing))}.")
+    if body.private:
+        url = dataset.do_push_snapshot(boards, filename=body.filename)
+    else:
+        if not settings.HF_PUBLIC_DATASET:
+            raise HttpError(400, "Set HF_PUBLIC_DATASET for the public export.")
+        url = dataset.push_to_hub(dataset.parquet_bytes(boards), settings.HF_PUBLIC_DATASET, body.filename,
+                                  private=False)
+    return {"status": "ok", "leaderboards": [b.name for b in boards], "filename": body.filename, "url": url}
+
+
+MODE_CATEGORIES = {"test": QuotaKind.TEST, "leaderboard": QuotaKind.RANKED}
+
+
+class RateLimitIn(Schema):
+    mode_category: Literal["test", "leaderboard"]
+    max_submissions_per_hour: Int = Field(ge=0, le=10**6)
+
+
+def _rate_limit(quota: SubmissionQuota) -> dict[str, Any]:
+    """KernelBot's view of a quota (per hour; 0 = frozen; null = unlimited here) beside this platform's own."""
+    per_hour = 0 if quota.frozen else (round(quota.max_submissions * 3600 / quota.window_seconds)
+                                       if quota.max_submissions else None)
+    return {"leaderboard": quota.leaderboard.name,
+            "mode_category": "leaderboard" if quota.kind == QuotaKind.RANKED else "test",
+            "max_submissions_per_hour": per_hour, "max_submissions": quota.max_submissions,
+            "window_seconds": quota.window_seconds, "frozen": quota.frozen}
+
+
+def _board(name: str) -> Leaderboard:
+    board = Leaderboard.objects.filter(name=name, internal=False).first()
+    if board is None:
+        raise Http404(f"Unknown leaderboard '{name}'.")
+    return board
+
+
+@admin.get("/leaderboards/{leaderboard}/rate-limits")
+def admin_get_rate_limits(request, leaderboard: str):
+    board = _board(leaderboard)
+    return {"status": "ok", "leaderboard": board.name,
+            "rate_limits": [_rate_limit(q) for q in board.quotas.select_related("leaderboard").order_by("kind")]}
+
+
+@admin.put("/leaderboards/{leaderboard}/rate-limits")
+def admin_set_rate_limit(request, leaderboard: str, body: RateLimitIn):
+    quota = access.do_set_kernelbot_rate_limit(_board(leaderboard), MODE_CATEGORIES[body.mode_category],
+                                               body.max_submissions_per_hour)
+    return {"status": "ok", "rate_limit": _rate_limit(quota)}
+
+
+@admin.delete("/leaderboards/{leaderboard}/rate-limits/{mode_category}")
+def admin_delete_rate_limit(request, leaderboard: str, mode_category: str):
+    if mode_category not in MODE_CATEGORIES:
+        raise HttpError(400, "mode_category must be 'test' or 'leaderboard'.")
+    board = _board(leaderboard)
+    deleted = [q.delete() for q in board.quotas.filter(kind=MODE_CATEGORIES[mode_category])]  # post_delete: cache
+    if not deleted:
+        raise Http404(f"No {mode_category} rate limit on '{board.name}'.")
+    return {"status": "ok", "leaderboard": board.name, "mode_category": mode_category}
 
 
 class BanIn(Schema):

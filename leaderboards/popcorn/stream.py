@@ -20,8 +20,8 @@ HEARTBEAT = 15.0
 
 @csrf_exempt
 async def stream_submit(request: HttpRequest, leaderboard: str, gpu: str, mode: str) -> HttpResponse:
-    if request.method != "POST":
-        return JsonResponse({"detail": "Use POST with a multipart 'file' part."}, status=405)
+    if request.method != "POST":  # no other route has this shape: a path not served
+        return JsonResponse({"detail": "Not Found"}, status=404)
     try:
         user = await in_pool(cli_user, request)
         file_name, content = read_upload(request)

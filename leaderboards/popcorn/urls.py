@@ -2,11 +2,12 @@
 
 from django.urls import path
 
-from .api import api
+from .api import api, not_found
 from .stream import stream_submit
 
 urlpatterns = [
     *api.urls[0],
     # after the fixed routes: three free segments would otherwise shadow e.g. user/submissions/<id>
     path("<str:leaderboard>/<str:gpu>/<str:mode>", stream_submit, name="popcorn-stream"),
+    path("<path:rest>", not_found),  # popcorn's JSON 404 for every other path
 ]

@@ -7,7 +7,7 @@ from typing import Any
 
 from leaderboards import finals
 from leaderboards.access.authority import RunView
-from leaderboards.models import Leaderboard, Run, RunStatus, Submission
+from leaderboards.models import Leaderboard, Run, RunStatus, Submission, SubmissionMode
 from leaderboards.serializers import iso, job_state, run_out
 
 PUBLIC_TASK_KEYS = ("lang", "description", "templates", "tests", "benchmarks", "ranking_by", "test_timeout",
@@ -29,12 +29,17 @@ def leaderboard_item(leaderboard: Leaderboard) -> dict[str, Any]:
 
 
 def run_item(run: Run, view: RunView) -> dict[str, Any]:
+    """A run of a submission's detail; a public test or benchmark run with its result, as KernelBot (what the
+    viewer may see of it: `run_out`)."""
     shown = run_out(run, view)
-    return {"start_time": iso(run.started_at), "end_time": iso(run.finished_at), "mode": run.submission.mode,
+    item = {"start_time": iso(run.started_at), "end_time": iso(run.finished_at), "mode": run.submission.mode,
             "secret": run.secret, "runner": shown["gpu"], "status": run.status, "score": shown["score"],
             "passed": run.passed, "gpu_type": shown["gpu"],
             # ours: when it was handed to a runner, and where its time went (`serializers.phase_seconds`)
             "dispatched_at": iso(run.dispatched_at), "seconds": shown["seconds"]}
+    if not run.secret and run.submission.mode in (SubmissionMode.TEST, SubmissionMode.BENCHMARK):
+        item["result"] = run_result(run, view)["runs"][run.submission.mode]["run"]
+    return item
 
 
 def run_row(run: Run, view: RunView) -> dict[str, Any]:

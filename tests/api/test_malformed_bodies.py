@@ -35,18 +35,18 @@ MULTIPART_ROUTES = {"/api/v1/submissions", "/popcorn/submission/{leaderboard}/{g
                     "/popcorn/admin/update-problems", "/popcorn/{leaderboard}/{gpu}/{mode}"}
 
 
-def body_routes() -> list[str]:
-    """Every operation of both APIs that reads a body (JSON or multipart), and popcorn's streamed route."""
-    found = set(MULTIPART_ROUTES)
+def body_routes() -> list[tuple[str, str]]:
+    """Every operation of both APIs that reads a body (JSON or multipart), and popcorn's streamed route: (path,
+    method)."""
+    found = {(route, "POST") for route in MULTIPART_ROUTES}
     for api, prefix in ((v1_api, "/api/v1"), (popcorn_api, "/popcorn")):
         for path, operations in api.get_openapi_schema(path_prefix="")["paths"].items():
-            if any(op.get("requestBody") for op in operations.values()):
-                found.add(prefix + path)
+            found |= {(prefix + path, method.upper()) for method, op in operations.items() if op.get("requestBody")}
     return sorted(found)
 
 
-async def post(path: str, content_type: bytes, body: bytes, headers: list[tuple[bytes, bytes]]):
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+async def post(path: str, content_type: bytes, body: bytes, headers: list[tuple[bytes, bytes]], method: str = "POST"):
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
              "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
              "headers": [(b"host", b"testserver"), (b"content-type", content_type),
                          (b"content-length", str(len(body)).encode()), *headers],
@@ -72,16 +72,16 @@ def test_every_route_that_reads_a_body_answers_a_malformed_multipart_one_in_the_
     token = alice.raw_token.encode()
     headers = [(b"authorization", b"Bearer " + token), (b"x-popcorn-cli-id", token)]
     routes = body_routes()
-    assert {"/api/v1/tokens", "/api/v1/gpus/reservations", "/popcorn/user/join"} < set(routes)
+    assert {"/api/v1/tokens", "/api/v1/gpus/reservations", "/popcorn/user/join"} < {r for r, _ in routes}
     wrong = []
-    for route in routes:
+    for route, method in routes:
         path = route.format(**names)
         special = ADMIN_TOKEN if "/admin/" in path else AGENT_TOKEN if path.endswith("/samples") else None
         auth = [(b"authorization", f"Bearer {special}".encode())] if special else headers
         for case, (content_type, body) in MALFORMED.items():
             if route == "/popcorn/admin/update-problems" and case in ("cut short", "no parts"):
                 continue  # no part read: as a request without a zip, it imports from the problems directory
-            status, got, answer = asyncio.run(post(path, content_type, body, auth))
+            status, got, answer = asyncio.run(post(path, content_type, body, auth, method))
             detail = json.loads(answer).get("detail") if got.get(b"content-type", b"").startswith(
                 b"application/json") else None
             expected = ("multipart", "file") if route in MULTIPART_ROUTES else ("JSON",)

@@ -155,7 +155,7 @@ def test_invites_admit_users_to_closed_leaderboards(client, admin_token, popcorn
     code = json.loads(client.post("/popcorn/admin/invites", {"leaderboard": leaderboard.name},
                                   content_type="application/json", headers=ADMIN).content)["code"]
     listed = json.loads(client.get(f"/popcorn/admin/leaderboards/{leaderboard.name}/invites", headers=ADMIN).content)
-    assert [i["code"] for i in listed] == [code]
+    assert [(i["code"], i["user_id"]) for i in listed["invites"]] == [(code, None)]
     joined = client.post("/popcorn/user/join", {"code": code}, content_type="application/json",
                          headers=popcorn.headers())
     assert joined.status_code == 200 and Membership.objects.filter(user=alice).exists()

@@ -3,17 +3,20 @@ were down while the change happened, and when Discord refused the first post."""
 
 from __future__ import annotations
 
+import re
 import time
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from discordbot.models import Announcement
 from leaderboards import actions
-from leaderboards.models import BoardEntry, SubmissionMode
+from leaderboards.models import BoardEntry, Leaderboard, SubmissionMode
 
 from ..conftest import REPO
 from ..factories import UserFactory
-from .conftest import ANNOUNCE_CHANNEL_ID
+from ..fakes.discord import CHANNEL_ID
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 CORRECT = (REPO / "problems" / "demo" / "vectoradd_py" / "solutions" / "correct.py").read_bytes()
@@ -27,15 +30,17 @@ def ranked(leaderboard, name: str):
 
 
 def posted(fake) -> list[str]:
-    return [m.content for m in fake.in_channel(ANNOUNCE_CHANNEL_ID)]
+    return [m.content for m in fake.in_channel(CHANNEL_ID)]
 
 
 def test_each_change_is_announced_once_across_processes_restarts_and_a_refused_post(bots, cluster, leaderboard):
     fake = bots.fake
+    Leaderboard.objects.filter(pk=leaderboard.pk).update(created=timezone.now() - timedelta(hours=2))  # not new
     bots.start(2)
-    alice = ranked(leaderboard, "alice")
+    ranked(leaderboard, "alice")
     fake.wait_for(lambda: Announcement.objects.filter(message_id__isnull=False).count() == 1, 180, "alice's post")
-    fake.wait_for(lambda: "claimed already" in bots.log_text(), 10, "the other bot's claim to lose")
+    # the other bot either loses the podium's compare-and-set or finds the change announced: nothing is posted twice
+    # (checked at the end, after more sweeps)
 
     bots.kill()  # the change below happens while no bot listens
     bob = ranked(leaderboard, "bob")
@@ -44,14 +49,14 @@ def test_each_change_is_announced_once_across_processes_restarts_and_a_refused_p
     fake.wait_for(lambda: Announcement.objects.filter(message_id__isnull=False).count() == 2, 30, "bob's post")
 
     fake.refuse_posts = 1
-    carol = ranked(leaderboard, "carol")
+    ranked(leaderboard, "carol")
     fake.wait_for(lambda: Announcement.objects.filter(message_id__isnull=False).count() == 3, 180,
                   "carol's post, retried after the refusal")
-    assert fake.refuse_posts == 0 and Announcement.objects.get(key__endswith=f":{carol.pk}").attempts == 2
+    assert fake.refuse_posts == 0 and Announcement.objects.latest("pk").attempts == 2
 
     time.sleep(3)  # a retry period and more sweeps: nothing is posted twice
     texts = posted(fake)
     assert len(texts) == 3, texts
-    for submission in (alice, bob, carol):
-        assert len([t for t in texts if f"(#{submission.pk})" in t]) == 1, texts
+    for name in ("alice", "bob", "carol"):  # each took #1 or entered the top 3, once
+        assert len([t for t in texts if re.match(rf"\*\*{name}\*\* (took|entered)", t)]) == 1, texts
     assert Announcement.objects.count() == 3

@@ -1,9 +1,7 @@
 """Every command through the fake, its permissions and its error paths (no cluster: runs stay queued)."""
 
-import http.server
 import io
 import json
-import threading
 import zipfile
 
 import pytest
@@ -131,6 +129,8 @@ def test_autocomplete_list_show_task_template_and_status(bot, leaderboard):
     template = fake.command("leaderboard template", ALICE, leaderboard_name=leaderboard.name)
     reply(fake, template)
     assert fake.original(template).files and b"def custom_kernel" in fake.original(template).files[0][1]
+    assert fake.original(template).files[0][1].startswith(
+        f"#!POPCORN leaderboard {leaderboard.name}\n#!POPCORN gpu CPU\n".encode())
 
     reply(fake, submit(fake, mode="ranked", leaderboard_name=leaderboard.name, gpu="CPU"))
     submission = Submission.objects.get()
@@ -173,6 +173,19 @@ def test_organiser_commands_cancel_requeue_rescore_stats_delete_and_import(bot, 
     assert "Rescored" in reply(fake, fake.command("admin rescore", ORG, leaderboard_name=leaderboard.name, **org))[0]
     stats = reply(fake, fake.command("admin stats", ORG, **org))[0]
     assert "1 submissions (leaderboard 1)" in stats and "Top users: member" in stats
+
+    # KernelBot's /admin get-submission: the code and runs.json with the secret run too, for organisers only
+    Run.objects.filter(submission=submission, secret=True).update(
+        status=RunStatus.FAILED, passed=False, error="secret case 7 differs", stdout="secret-seed-output")
+    assert "for organisers" in refused(fake, fake.command("admin get-submission", ALICE, submission_id=submission.pk))
+    got = fake.command("admin get-submission", ORG, submission_id=submission.pk, **org)
+    text, _ = reply(fake, got)
+    assert text.startswith(f"# Submission {submission.pk}") and "secret on CPU: failed" in text
+    files = dict(fake.original(got).files)
+    assert files["kernel.py"] == CORRECT
+    runs = json.loads(files["runs.json"])
+    assert [r["secret"] for r in runs] == [False, True]
+    assert runs[1]["error"] == "secret case 7 differs" and runs[1]["stdout"] == "secret-seed-output"
 
     ask = fake.command("admin delete-submission", ORG, submission=submission.pk, **org)
     assert "Delete submission" in reply(fake, ask)[0]
@@ -252,33 +265,6 @@ def test_kernelbot_organiser_commands_ban_delete_leaderboard_names_stats_ping(bo
     fake.press(fake.original(ask), "kb-delete-confirm", ORG, [ORGANISER_ROLE_ID])
     fake.wait_for(lambda: "is deleted with 1 submission(s)" in fake.original(ask).content, 10, "the deletion")
     assert not Leaderboard.objects.filter(pk=leaderboard.pk).exists()
-
-
-@pytest.fixture
-def problems_repository(settings):
-    """A loopback server for a repository's branch zips: owner/problems@main holds this project's problems/."""
-    archive = io.BytesIO()
-    with zipfile.ZipFile(archive, "w") as z:
-        for path in sorted((REPO / "problems").rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts:
-                z.write(path, "problems-main/" + str(path.relative_to(REPO)))
-    zips = {"/owner/problems/main.zip": archive.getvalue()}
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = zips.get(self.path)
-            self.send_response(200 if body else 404)
-            self.end_headers()
-            self.wfile.write(body or b"Not Found")
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    settings.PROBLEMS_ARCHIVE_URL = f"http://127.0.0.1:{server.server_port}/{{repository}}/{{branch}}.zip"
-    yield
-    server.shutdown()
 
 
 def test_update_problems_imports_a_repositorys_problem_set(bot, leaderboard, problems_repository):

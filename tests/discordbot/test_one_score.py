@@ -29,4 +29,5 @@ def test_the_status_message_shows_the_scored_run_as_the_board_and_the_announceme
         shown = service.progress(ranked.pk, public).content
         assert f"Score on **CPU**: {board}" in shown, shown
         assert "472" not in shown and "1.25×" not in shown, shown
-    assert board in announce._text(entry)[1]
+    said = announce.measure(entry, on_ratio=True)
+    assert said.startswith("1.27×") and "1.25" not in said

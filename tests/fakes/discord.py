@@ -55,6 +55,7 @@ class Message:
     changed_at: list[float] = field(default_factory=list)  # when each `history` entry was set
     interaction_id: int | None = None
     via: str = ""  # callback, webhook, channel
+    allowed_mentions: dict | None = None  # as sent: who the message may ping
 
     @property
     def ephemeral(self) -> bool:
@@ -366,7 +367,7 @@ class FakeDiscord:
     def _new_message(self, channel_id: int, body: dict, files, via: str, interaction_id: int | None = None) -> Message:
         m = Message(next(self.ids), channel_id, body.get("content") or "", int(body.get("flags") or 0),
                     body.get("components") or [], files, [body.get("content") or ""], [time.monotonic()],
-                    [time.monotonic()], interaction_id, via)
+                    [time.monotonic()], interaction_id, via, body.get("allowed_mentions"))
         self.messages[m.id] = m
         return m
 

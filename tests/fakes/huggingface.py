@@ -4,6 +4,7 @@ upload a file in one commit, unmodified (point it at the fake with `HfApi(endpoi
 - `POST /api/repos/create` ({"name", "organization", "type"}) → {"url"}; 409 when it exists (exist_ok accepts it).
 - `POST /api/{type}s/{owner}/{name}/preupload/{revision}` ({"files": [{"path", "size", "sample"}]}) → every file
   "regular" (the Hub decides; regular files travel inside the commit, not through LFS or Xet storage).
+- `GET /api/datasets/{owner}/{name}` → {"id", "private"} (`HfApi.dataset_info`).
 - `POST /api/{type}s/{owner}/{name}/commit/{revision}`: ndjson lines {"key": "header", "value": {"summary", …}} and
   {"key": "file", "value": {"path", "content", "encoding": "base64"}} → {"commitUrl", "commitOid"}.
 
@@ -40,6 +41,16 @@ class FakeHub:
                     return self.reply(401, {"error": "Invalid credentials in Authorization header"})
                 status, answer = hub.route(urlsplit(self.path).path, body)
                 self.reply(status, answer)
+
+            def do_GET(self) -> None:  # noqa: N802 - `HfApi.dataset_info`: GET /api/datasets/{owner}/{name}
+                if self.headers.get("Authorization") != f"Bearer {hub.token}":
+                    hub.refused.append(self.path)
+                    return self.reply(401, {"error": "Invalid credentials in Authorization header"})
+                parts = [unquote(p) for p in urlsplit(self.path).path.split("/")]
+                key = ("dataset", "/".join(parts[3:5]))
+                if parts[1:3] != ["api", "datasets"] or key not in hub.repos:
+                    return self.reply(404, {"error": "Repository not found"})
+                self.reply(200, {"id": key[1], "private": hub.private[key], "sha": "0" * 40})
 
             def reply(self, status: int, answer: dict) -> None:
                 data = json.dumps(answer).encode()

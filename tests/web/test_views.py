@@ -8,6 +8,7 @@ import pytest
 from django.contrib.staticfiles import finders
 from django.utils import timezone
 
+from kernelbot.cli.directives import parse_directives, with_header
 from leaderboards import actions, lifecycle
 from leaderboards.board_rows import live_board
 from leaderboards.models import Leaderboard, Profile, Submission, Visibility
@@ -82,6 +83,9 @@ def test_leaderboard_page_shows_ratio_interval_and_statistical_ties(client, lead
 def test_task_files_and_templates_download_but_nothing_else(client, leaderboard):
     template = client.get(f"/lb/{leaderboard.name}/template/Python")
     assert template.status_code == 200 and b"def custom_kernel" in template.content
+    # KernelBot's header: submitted unchanged, the template names its board (and its one GPU type)
+    assert template.content.startswith(f"#!POPCORN leaderboard {leaderboard.name}\n#!POPCORN gpu CPU\n".encode())
+    assert parse_directives(template.content.decode()) == {"leaderboard": leaderboard.name, "gpu": "CPU"}
     assert client.get(f"/lb/{leaderboard.name}/file/reference.py").status_code == 200
     for bad in ("file/secret_seed", "template/Rust", "other/reference.py"):
         assert client.get(f"/lb/{leaderboard.name}/{bad}").status_code == 404
@@ -206,3 +210,11 @@ def test_every_page_has_a_favicon_and_favicon_ico_answers(client):
     assert redirect.status_code == 301 and redirect["Location"] == "/static/kb/favicon.svg"
     icon = finders.find("kb/favicon.svg")  # what whitenoise serves at that address
     assert icon and Path(icon).read_text().startswith("<svg")
+
+
+def test_template_header_replaces_directives_and_uses_the_languages_comment():
+    cuda = "//!POPCORN leaderboard old\n// a note\n__global__ void k() {}\n//!POPCORN gpu kept-in-code\n"
+    assert with_header(cuda, "submission.cu", "grayscale", ["A100", "H100"]) == (
+        "//!POPCORN leaderboard grayscale\n// a note\n__global__ void k() {}\n//!POPCORN gpu kept-in-code\n")
+    assert with_header("def f(): ...\n", "submission.py", "vectoradd", ["H100"]) == (
+        "#!POPCORN leaderboard vectoradd\n#!POPCORN gpu H100\ndef f(): ...\n")

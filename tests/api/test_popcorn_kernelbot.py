@@ -1,0 +1,219 @@
+"""popcorn-cli's admin requests exactly as it sends them (bodies from popcorn-cli's src/service/mod.rs) and
+KernelBot's routes the CLI and its users call (issue 44, points 2 and 3)."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from leaderboards.access.models import Invite, Membership, SubmissionQuota
+from leaderboards.models import Leaderboard, Run, RunStatus, Submission, Visibility
+
+from ..conftest import REPO, free_port
+from ..factories import LeaderboardFactory, UserFactory, submission
+from .conftest import error_text, multipart
+
+pytestmark = pytest.mark.django_db
+GOOD = (REPO / "problems" / "demo" / "vectoradd_py" / "solutions" / "correct.py").read_bytes()
+ADMIN = {"Authorization": "Bearer s3cret-admin"}
+
+
+@pytest.fixture
+def admin_token(settings):
+    settings.ADMIN_TOKEN = "s3cret-admin"
+
+
+def test_generate_invites_for_several_boards_and_a_count(client, admin_token, popcorn, leaderboard, alice):
+    other = LeaderboardFactory(problem=leaderboard.problem, gpu_types=list(leaderboard.gpu_types.all()))
+    Leaderboard.objects.filter(pk__in=[leaderboard.pk, other.pk]).update(visibility=Visibility.CLOSED)
+    # admin_generate_invites: json!({"leaderboards": leaderboards, "count": count})
+    body = {"leaderboards": [leaderboard.name, other.name], "count": 3}
+    answer = client.post("/popcorn/admin/invites", json.dumps(body), content_type="application/json", headers=ADMIN)
+    assert answer.status_code == 200, answer.content
+    result = answer.json()
+    assert result["leaderboards"] == [leaderboard.name, other.name] and len(set(result["codes"])) == 3
+    assert Invite.objects.count() == 3
+
+    joined = client.post("/popcorn/user/join", {"code": result["codes"][0]}, content_type="application/json",
+                         headers=popcorn.headers())
+    assert joined.status_code == 200 and joined.json()["leaderboards"] == [leaderboard.name, other.name]
+    assert set(Membership.objects.filter(user=alice).values_list("leaderboard__name", flat=True)) == {
+        leaderboard.name, other.name}
+
+    # admin list-invites / revoke-invite read "invites" (user_id set once claimed) and "was_claimed"
+    listed = client.get(f"/popcorn/admin/leaderboards/{other.name}/invites", headers=ADMIN).json()["invites"]
+    assert sorted((i["code"], i["user_id"]) for i in listed) == sorted(
+        (c, str(alice.pk) if c == result["codes"][0] else None) for c in result["codes"])
+    revoked = client.delete(f"/popcorn/admin/invites/{result['codes'][0]}", headers=ADMIN).json()
+    assert revoked["was_claimed"] is True
+    unknown = client.post("/popcorn/admin/invites", json.dumps({"leaderboards": ["nope"], "count": 1}),
+                          content_type="application/json", headers=ADMIN)
+    assert unknown.status_code == 404 and "nope" in error_text(unknown)
+    for bad in ({"leaderboards": [], "count": 1}, {"leaderboards": [leaderboard.name], "count": 0}):
+        refused = client.post("/popcorn/admin/invites", json.dumps(bad), content_type="application/json",
+                              headers=ADMIN)
+        assert refused.status_code == 400, refused.content
+
+
+@pytest.mark.parametrize("method,path", [
+    ("get", "/popcorn/no/such/route"),
+    ("get", "/popcorn/vectoradd/CPU/test"),  # the SSE submit route's shape, not a POST
+    ("put", "/popcorn/a/b/c"),
+    ("get", "/popcorn/definitely-not-a-route"),
+    ("get", "/popcorn/user/submissions/1/extra"),
+])
+def test_a_path_not_served_is_a_json_404_in_popcorns_format(client, method, path):
+    answer = getattr(client, method)(path)
+    assert answer.status_code == 404 and answer["Content-Type"] == "application/json", answer.content
+    assert answer.json() == {"detail": "Not Found"}
+
+
+def test_runner_queue_submissions_and_count_of_a_board(client, leaderboard):
+    alice, bob = UserFactory(username="alice"), UserFactory(username="bob")
+    for user, ratio in ((alice, 2.0), (bob, 1.0)):
+        sub = submission(leaderboard, user)
+        Run.objects.filter(submission=sub).update(status=RunStatus.SUCCEEDED, passed=True, score=ratio * 1e-3,
+                                                  ratio=ratio, ratio_low=ratio, ratio_high=ratio)
+    from leaderboards import actions
+    actions.do_recompute_ranks(leaderboard.pk, leaderboard.gpu_types.get().pk)
+    submission(leaderboard, alice)  # queued: two runs waiting on CPU
+
+    queue = client.get("/popcorn/runner_queue/CPU")
+    assert queue.status_code == 200 and queue.json()["queued_jobs"] == 2 and queue.json()["gpu"] == "CPU"
+    assert client.get("/popcorn/runner_queue/NOPE").status_code == 404
+
+    rows = client.get(f"/popcorn/submissions/{leaderboard.name}/CPU").json()
+    assert [(r["user_name"], r["rank"]) for r in rows] == [("bob", 1), ("alice", 2)]
+    assert client.get(f"/popcorn/submissions/{leaderboard.name}/CPU?limit=1&offset=1").json()[0]["user_name"] == \
+        "alice"
+    assert client.get(f"/popcorn/submission_count/{leaderboard.name}/CPU").json() == {"count": 2}
+    assert client.get(f"/popcorn/submission_count/{leaderboard.name}/CPU?user_id={bob.pk}").json() == {"count": 1}
+    assert client.get(f"/popcorn/submissions/{leaderboard.name}/H100").status_code == 404
+
+    Leaderboard.objects.filter(pk=leaderboard.pk).update(visibility=Visibility.CLOSED)
+    assert client.get(f"/popcorn/submissions/{leaderboard.name}/CPU").status_code == 404  # not a member
+
+
+def test_update_problems_from_a_repository_as_popcorn_cli_sends_it(client, admin_token, cpu_pool,
+                                                                   problems_repository):
+    # admin_update_problems: json!({"repository", "branch", "force"}) + "problem_set" + "visibility": "closed"
+    body = {"repository": "owner/problems", "branch": "main", "force": False, "problem_set": "demo",
+            "visibility": "closed"}
+    answer = client.post("/popcorn/admin/update-problems", json.dumps(body), content_type="application/json",
+                         headers=ADMIN)
+    assert answer.status_code == 200, answer.content
+    result = answer.json()
+    assert {"vectoradd", "softmax"} <= set(result["created"]) and result["errors"] == []
+    assert set(Leaderboard.objects.filter(name__in=result["created"]).values_list("visibility", flat=True)) == {
+        Visibility.CLOSED}
+
+    again = client.post("/popcorn/admin/update-problems", json.dumps({**body, "force": True}),
+                        content_type="application/json", headers=ADMIN).json()
+    assert again["created"] == [] and {s["name"] for s in again["skipped"]} >= {"vectoradd", "softmax"}
+
+    missing = client.post("/popcorn/admin/update-problems", json.dumps({**body, "problem_set": "nope"}),
+                          content_type="application/json", headers=ADMIN)
+    assert missing.status_code == 400 and "available: demo" in error_text(missing)
+    wrong = client.post("/popcorn/admin/update-problems", json.dumps({**body, "visibility": "secret"}),
+                        content_type="application/json", headers=ADMIN)
+    assert wrong.status_code == 400 and "visibility" in error_text(wrong)
+
+
+def test_update_problems_offline_is_a_clear_refusal(client, admin_token, settings):
+    settings.PROBLEMS_ARCHIVE_URL = f"http://127.0.0.1:{free_port()}/{{repository}}/{{branch}}.zip"  # nobody there
+    body = {"repository": "gpu-mode/reference-kernels", "branch": "main", "force": False}
+    answer = client.post("/popcorn/admin/update-problems", json.dumps(body), content_type="application/json",
+                         headers=ADMIN)
+    assert answer.status_code == 503 and "could not download" in error_text(answer)
+    assert "no internet access" in error_text(answer) and not Leaderboard.objects.exists()
+
+
+def test_kernelbot_rate_limits_zero_freezes_and_this_platforms_zero_stays_unlimited(client, admin_token, popcorn,
+                                                                                    leaderboard):
+    url = f"/popcorn/admin/leaderboards/{leaderboard.name}/rate-limits"
+    put = client.put(url, json.dumps({"mode_category": "test", "max_submissions_per_hour": 0}),
+                     content_type="application/json", headers=ADMIN)
+    assert put.status_code == 200 and put.json()["rate_limit"]["frozen"] is True, put.content
+    frozen = popcorn.submit(leaderboard.name, "CPU", "test", GOOD)
+    assert frozen.status_code == 403 and "frozen" in error_text(frozen)
+
+    client.put(url, json.dumps({"mode_category": "test", "max_submissions_per_hour": 1}),
+               content_type="application/json", headers=ADMIN)
+    assert popcorn.submit(leaderboard.name, "CPU", "test", GOOD).status_code == 200
+    assert popcorn.submit(leaderboard.name, "CPU", "test", GOOD).status_code == 429
+    limits = client.get(url, headers=ADMIN).json()["rate_limits"]
+    assert limits == [{"leaderboard": leaderboard.name, "mode_category": "test", "max_submissions_per_hour": 1,
+                       "max_submissions": 1, "window_seconds": 3600, "frozen": False}]
+
+    # this platform's own 0 (admin, settings) still means unlimited, shown to KernelBot's clients as null
+    SubmissionQuota.objects.filter(leaderboard=leaderboard).update(max_submissions=0)
+    SubmissionQuota.objects.get(leaderboard=leaderboard).save()  # as the admin saves it: the cache is forgotten
+    assert popcorn.submit(leaderboard.name, "CPU", "test", GOOD).status_code == 200
+    assert client.get(url, headers=ADMIN).json()["rate_limits"][0]["max_submissions_per_hour"] is None
+
+    assert client.delete(f"{url}/test", headers=ADMIN).status_code == 200
+    assert not SubmissionQuota.objects.exists()
+    assert client.delete(f"{url}/test", headers=ADMIN).status_code == 404
+    assert client.delete(f"{url}/ranked", headers=ADMIN).status_code == 400
+    bad = client.put(url, json.dumps({"mode_category": "test", "max_submissions_per_hour": -1}),
+                     content_type="application/json", headers=ADMIN)
+    assert bad.status_code == 400
+
+
+def test_after_deadline_admin_submission_board_listing_and_bulk_delete(client, admin_token, popcorn, leaderboard,
+                                                                       alice):
+    Leaderboard.objects.filter(pk=leaderboard.pk).update(deadline=timezone.now() - timedelta(minutes=1))
+    late = popcorn.submit(leaderboard.name, "CPU", "test", GOOD)
+    assert late.status_code == 403 and "closed" in error_text(late)
+    body, content_type = multipart(GOOD, "submission.py")
+    path = f"/popcorn/admin/submission/{leaderboard.name}/CPU/test"
+    assert client.generic("POST", path, body, content_type=content_type,
+                          headers=popcorn.headers()).status_code == 401  # no admin token
+    taken = client.generic("POST", path, body, content_type=content_type, headers={**popcorn.headers(), **ADMIN})
+    assert taken.status_code == 202, taken.content
+    first = taken.json()["details"]["id"]
+    second = client.generic("POST", path, body, content_type=content_type,
+                            headers={**popcorn.headers(), **ADMIN}).json()["details"]["id"]
+    assert set(Submission.objects.values_list("user__username", flat=True)) == {alice.username}
+
+    listed = client.get(f"/popcorn/admin/leaderboards/{leaderboard.name}/submissions?limit=1&offset=1",
+                        headers=ADMIN).json()
+    assert listed["submission_ids"] == [second] and listed["leaderboard"] == leaderboard.name
+    gone = client.delete(f"/popcorn/admin/submissions?leaderboard_id={leaderboard.pk}&user_name={alice.username}",
+                         headers=ADMIN)
+    assert gone.status_code == 200 and gone.json()["deleted_submissions"] == 2, gone.content
+    assert not Submission.objects.filter(pk__in=[first, second]).exists()
+    assert client.delete(f"/popcorn/admin/submissions?leaderboard_id={leaderboard.pk}&user_name=nobody",
+                         headers=ADMIN).status_code == 404
+
+
+def test_a_test_runs_result_is_in_its_detail_and_a_secret_runs_never(client, popcorn, leaderboard, alice):
+    from ..factories import ranked_result
+    tested = submission(leaderboard, alice, mode="test")
+    ranked = submission(leaderboard, alice, mode="leaderboard")
+    for sub in (tested, ranked):
+        Run.objects.filter(submission=sub).update(status=RunStatus.SUCCEEDED, passed=True, score=1e-3,
+                                                  stdout="public-out", result=ranked_result([1e6]))
+    detail = popcorn.get(f"user/submissions/{tested.pk}").json()
+    [run] = detail["runs"]
+    assert run["result"]["passed"] is True and run["result"]["stdout"] == "public-out"
+    assert run["result"]["benchmarks"], run["result"]
+    runs = popcorn.get(f"user/submissions/{ranked.pk}").json()["runs"]
+    assert [("result" in r) for r in runs] == [False, False]  # ranked runs, and the secret one above all
+
+
+def test_admin_get_submission_holds_every_run_whole_and_the_author_never_sees_the_secret(client, admin_token,
+                                                                                         popcorn, leaderboard, alice):
+    ranked = submission(leaderboard, alice, mode="leaderboard")
+    Run.objects.filter(submission=ranked, secret=False).update(status=RunStatus.SUCCEEDED, passed=True, score=1e-3)
+    Run.objects.filter(submission=ranked, secret=True).update(status=RunStatus.FAILED, passed=False,
+                                                              error="secret case 7 differs", stdout="secret-out")
+    whole = client.get(f"/popcorn/admin/submissions/{ranked.pk}", headers=ADMIN).json()
+    secret = next(r for r in whole["runs_json"] if r["secret"])
+    assert secret["error"] == "secret case 7 differs" and secret["stdout"] == "secret-out"
+    own = popcorn.get(f"user/submissions/{ranked.pk}")
+    assert own.status_code == 200 and "secret case 7" not in own.content.decode()
+    assert "secret-out" not in own.content.decode() and "runs_json" not in own.json()
