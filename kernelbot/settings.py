@@ -206,12 +206,15 @@ ACCOUNT_EMAIL_VERIFICATION = "none"
 # started per minute are per account and per client address. Behind the TLS proxy every request comes from the proxy:
 # name how many proxies append to X-Forwarded-For (1 for one nginx), else one address's failures refuse everyone's.
 ALLAUTH_TRUSTED_PROXY_COUNT = int(os.environ.get("KERNELBOT_TRUSTED_PROXY_COUNT", "0"))
-# Failed logins (leaderboards.access.adapter): 10 a minute per address, 5 in 5 minutes per (address, account), so
+# Failed logins (leaderboards.access.adapter): 10 a minute per address, 5 in 15 minutes per (address, account), so
 # strangers cannot lock an owner out, and per account from all addresses together KERNELBOT_LOGIN_FAILURES_PER_ACCOUNT
-# (an amount per period: "50/h").
+# (an amount per period: "100/h"), more than one address can reach (20 an hour): locking an owner out takes many.
 ACCOUNT_ADAPTER = "leaderboards.access.adapter.AccountAdapter"
-ACCOUNT_RATE_LIMITS = {"login_failed": "10/m/ip,5/5m/key",
-                       "login_failed_account": os.environ.get("KERNELBOT_LOGIN_FAILURES_PER_ACCOUNT", "50/h") + "/key"}
+LOGIN_FAILURES_PER_ACCOUNT = os.environ.get("KERNELBOT_LOGIN_FAILURES_PER_ACCOUNT", "100/h")
+if not re.fullmatch(r"[1-9][0-9]*/[0-9]*[smhd]", LOGIN_FAILURES_PER_ACCOUNT):
+    raise ImproperlyConfigured(f"KERNELBOT_LOGIN_FAILURES_PER_ACCOUNT={LOGIN_FAILURES_PER_ACCOUNT!r}: write an amount "
+                               "per period, e.g. 100/h or 20/15m")
+ACCOUNT_RATE_LIMITS = {"login_failed": "10/m/ip,5/15m/key", "login_failed_account": LOGIN_FAILURES_PER_ACCOUNT + "/key"}
 SOCIALACCOUNT_EMAIL_VERIFICATION = "none"
 SOCIALACCOUNT_ONLY = False
 SOCIALACCOUNT_PROVIDERS = {

@@ -1,5 +1,5 @@
 """The API's password login (the CLI's `login --username`) and the site's login count failed attempts together, with
-the site's own rule (leaderboards.access.adapter: 10 per address a minute, 5 per address and account in 5 minutes,
+the site's own rule (leaderboards.access.adapter: 10 per address a minute, 5 per address and account in 15 minutes,
 KERNELBOT_LOGIN_FAILURES_PER_ACCOUNT per account from anywhere): past it both refuse, the right password too (issue
 35: 25 wrong passwords, then the right one, got a token from the API while the site refused that address), but only
 from where the failures came (issue 43: strangers locked the owner out everywhere)."""
@@ -42,7 +42,7 @@ def test_failed_api_logins_lock_the_account_on_the_api_and_the_site(client, dave
     refused = api_login(client, "dave", "correct horse")
     detail = refused.json()["detail"]
     assert refused.status_code == 429 and "Too many failed logins for this account" in detail, detail
-    assert int(refused["Retry-After"]) == 300 and "try again in 5 min" in detail
+    assert int(refused["Retry-After"]) == 900 and "try again in 15 min" in detail
     browser = Client()
     site = site_login(browser, "dave", "correct horse")
     assert site.status_code == 200 and SITE_REFUSAL in site.content.decode()
@@ -113,3 +113,27 @@ def test_failures_for_one_account_from_many_addresses_meet_a_slower_cap(client, 
                                                    "try again in 60 min")
     assert SITE_REFUSAL in site_login(Client(), "dave", "correct horse", address="198.51.100.4").content.decode()
     assert api_login(client, "someone", "guess", address="198.51.100.2").status_code == 401  # other accounts: as ever
+
+
+def test_one_address_cannot_reach_the_account_cap_by_default():
+    """The per-account cap only helps the owner when no single address can fill it: failing as fast as its own limit
+    lets it, one address stays under the cap (with 5 in 5 minutes per address and 50 an hour per account it got 60
+    an hour, so one stranger locked the owner out everywhere for an hour)."""
+    from allauth.core.internal.ratelimit import parse_rates
+    from django.conf import settings
+
+    pair = next(r for r in parse_rates(settings.ACCOUNT_RATE_LIMITS["login_failed"]) if r.per == "key")
+    (account,) = parse_rates(settings.ACCOUNT_RATE_LIMITS["login_failed_account"])
+    assert pair.amount * account.duration / pair.duration < account.amount
+
+
+def test_a_malformed_account_cap_is_refused_when_the_settings_load():
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "KERNELBOT_LOGIN_FAILURES_PER_ACCOUNT": "50/h/key",
+           "DJANGO_SETTINGS_MODULE": "kernelbot.settings"}
+    done = subprocess.run([sys.executable, "-c", "import django; django.setup()"], env=env, capture_output=True,
+                          text=True)
+    assert done.returncode != 0 and "KERNELBOT_LOGIN_FAILURES_PER_ACCOUNT='50/h/key'" in done.stderr
