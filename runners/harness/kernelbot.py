@@ -529,21 +529,24 @@ class KernelbotRun:
         (`child.Yardstick`: the same clock, the same L2 flush), each call prepared as a submission's call is: fresh
         inputs generated, lent (copied into a reused shared buffer of a pool the child never sees) just before it,
         started on a thread just woken; its output copied out into a pool and checked, and alive until the next call
-        returns. So both sides meet the same state of caches and allocator, and a busy host slows both alike."""
+        returns; each sample charged what the device stayed busy past the baseline (stats.charge_late), as the
+        submission's are. So both sides meet the same state of caches and allocator, and a busy host slows both
+        alike."""
         assert self.problem is not None and self.session is not None
-        samples, out = [], None
+        samples, lates, out = [], [], None
         with self.session.tree.frozen():
             for j in range(calls):
                 data = self.problem.generate(case, derive_seed(seed, "reference", j, 0))
                 views = self.lent_to_self(data)
                 time.sleep(WAKE_S)
                 child_module.thread_times()  # what the child does right before its clock starts
-                out, ns, _ = self.yardstick(self.problem.reference, views)
+                out, ns, late = self.yardstick(self.problem.reference, views)
                 samples.append(ns)
+                lates.append(late)
                 self.pooled(self.reference_out, out, contiguous=True)  # as the child hands its output back
                 self.problem.check(data, out)  # as the parent checks a submission's output
         del out
-        return samples
+        return stats.charge_late(samples, lates, self.late_baseline)  # as the submission's samples are
 
     def lent_to_self(self, data: Any) -> Any:
         """`data` as the child would see it: views over buffers of the parent's own pool, just copied in."""
