@@ -5,10 +5,11 @@ run beside it keeps its time.
 
 Each round, through the real harness (warm template, sandboxed child, test mode, the matmul fixture, default limits):
 the honest `fast.py` alone (the baseline), then beside `tests/cheats/fork_bomb.py` started a second earlier, the bomb
-with the run's process limit (256, its pids cgroup) and with that limit raised to 100 000 (what the tree had before:
-no bound of its own). Both runs use the default sandbox uid, as two runs of one device slot do. Prints the honest
-run's wall seconds alone and beside each bomb (median and spread over the rounds), and each bomb's seconds to its
-verdict. Needs root (or a delegated cgroup) for the pids controller.
+with a process limit of 256 (a pool's own; its pids cgroup) and with that limit raised to 100 000 (what the tree had
+before: no bound of its own). Both runs use the default sandbox uid, as two runs of one device slot do. Prints the
+honest run's wall seconds alone and beside each bomb (median and spread over the rounds), and each bomb's seconds to
+its verdict. Then an unbounded bomb (every process forks) in a bare sandbox at 256 and at the default limit
+(contract.DEFAULT_LIMITS, 4096): seconds to its verdict. Needs root (or a delegated cgroup) for the pids controller.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import argparse
 import statistics
 import sys
 import tempfile
+import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,9 +26,28 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from runners.harness.contract import DEFAULT_LIMITS  # noqa: E402
+from runners.harness.sandbox import Limits, Sandbox  # noqa: E402
 from tests.harness.helpers import CHEATS, SUBMISSIONS, run_submission  # noqa: E402
 
 LIMITS = {"tree_memory_bytes": 2 << 30}
+BOMB = textwrap.dedent("""
+    import os, time
+    while True:
+        try:
+            os.fork()
+        except OSError:
+            time.sleep(0.001)
+""")
+
+
+def bare_bomb(processes: int) -> tuple[float, str]:
+    """An unbounded fork bomb in a sandbox of its own: seconds to its verdict, and the verdict."""
+    with tempfile.TemporaryDirectory() as tmp:
+        started = time.monotonic()
+        limits = Limits(wall_seconds=60, processes=processes, tree_memory_bytes=LIMITS["tree_memory_bytes"])
+        outcome = Sandbox(tmp, limits).start([sys.executable, "-c", BOMB]).wait()
+        return time.monotonic() - started, outcome.reason[:60]
 
 
 def timed(directory: Path, submission: Path, **overrides) -> tuple[float, dict]:
@@ -73,6 +94,10 @@ def main() -> int:
     print(f"| beside a bomb, process limit 256 (pids cgroup) | {spread(with_limit)} | {spread(bomb_limit)} |")
     print(f"| beside a bomb, no process limit of its own | {spread(without)} | {spread(bomb_none)} |")
     print("\n" + "\n".join(sorted(verdicts)))
+    print("\n| unbounded bomb, bare sandbox | seconds to its verdict |\n| --- | --- |")
+    for processes in (256, DEFAULT_LIMITS["processes"]):
+        bombs = [bare_bomb(processes) for _ in range(args.rounds)]
+        print(f"| process limit {processes} | {spread([t for t, _ in bombs])} ({bombs[-1][1]}…) |")
     return 0
 
 

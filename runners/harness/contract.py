@@ -36,7 +36,9 @@ MODE_PHASES = {"test": ("test",), "benchmark": ("benchmark",), "profile": ("benc
 # jobs): changing it would change verdicts of already-ranked code, and on GPU nodes host-side staging of large
 # inputs needs more than 8 GiB per process while the cgroup still protects the node.
 # disk_bytes: what the run's files in its workdir may take together (FSIZE bounds each file); a pool may set it.
-DEFAULT_LIMITS = {"memory_bytes": 16 << 30, "cpu_seconds": 3600, "processes": 256, "file_size_bytes": 256 << 20,
+# processes: tasks (threads count) of a run's tree; honest torch/triton/OpenMP code on a 200-core node stays far below
+# 4096, and an unbounded fork bomb still reaches it within seconds (its first refused fork ends the tree).
+DEFAULT_LIMITS = {"memory_bytes": 16 << 30, "cpu_seconds": 3600, "processes": 4096, "file_size_bytes": 256 << 20,
                   "open_files": 256, "output_bytes": 64 << 10, "shm_bytes": 256 << 20, "tree_memory_bytes": 0,
                   "runs_per_node": 1, "disk_bytes": 1 << 30}
 

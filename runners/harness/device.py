@@ -5,14 +5,17 @@ Whether an error is out of memory comes from its type as torch raised it (`torch
 memory measured by the trusted parent at the moment of failure, before the child is killed (`measure`: nvidia-smi,
 else rocm-smi, per process where the driver says): the run's own processes, other processes and their sizes, and the
 request (`blame`). Others' memory is the cause (the device is busy: an infrastructure failure, retried, the holders
-named for organisers) only when they hold enough to explain the failure; the submission's when its own processes
-hold it or it asked for more than the device has; the problem's only when the problem's own code failed on a device
-otherwise empty. Where nothing can be measured the answer is "unknown": neither the problem nor the competitor is
-charged, and the platform tries once more.
+named for organisers) only when they hold a meaningful amount (`meaningful`) and enough to explain the failure; the
+submission's when its own processes hold it or it asked for more than the device has; the problem's only when the
+problem's own code failed on a device otherwise empty. What the child says (that it ran out, how much it asked) is
+its own to write: it never moves the verdict towards the device or "unknown". Where the driver does not say who held
+what, the parent apportions the device's use before and after it ends the child (`apportion`); where nothing can be
+measured the answer is "unknown": neither the problem nor the competitor is charged, and the platform tries once more.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -26,6 +29,7 @@ OOM_UNKNOWN_FLAG = "oom-unknown"  # status "error": out of memory, the device un
 UNKNOWN_PREFIX = "the device ran out of memory and whose fault it was is unknown"  # its error starts so
 BUSY_PREFIX = "the device ran out of memory while other processes held"  # how its error (the attempt's reason) starts
 _SIZE = r"([0-9.]+) ?([KMGT]i?B)"
+MEANINGFUL_BYTES = 1 << 30  # others holding less than max(this, 5 % of the device) explain no failure
 _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -216,6 +220,35 @@ def device_wide(free: int, total: int, run_pid: int | None = None) -> Memory:
     return Memory("torch", total, os.getpid() if run_pid is None else run_pid, [], [], total - free, False)
 
 
+def used(devices: list[str]) -> int | None:
+    """Bytes in use on `devices` (all when empty) as a whole, from the driver's tool; None where none answers."""
+    if smi := shutil.which("nvidia-smi"):
+        with contextlib.suppress(OSError, ValueError, subprocess.TimeoutExpired):
+            rows = [[f.strip() for f in line.split(",")] for line in _run(
+                [smi, "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"]).splitlines() if line.strip()]
+            mine = [int(row[1]) << 20 for row in rows if len(row) == 2 and (not devices or row[0] in devices)]
+            if mine:
+                return sum(mine)
+    if smi := shutil.which("rocm-smi"):
+        with contextlib.suppress(OSError, ValueError, KeyError, AttributeError, subprocess.TimeoutExpired):
+            cards = json.loads(_run([smi, "--showmeminfo", "vram", "--json"]) or "{}")
+            mine = [int(info["VRAM Total Used Memory (B)"]) for name, info in cards.items() if name.startswith("card")
+                    and (not devices or name.removeprefix("card") in devices)]
+            if mine:
+                return sum(mine)
+    return None
+
+
+def apportion(memory: Memory, before: int, after: int, parent: int) -> Memory:
+    """Per-process figures from device-wide ones, for a device whose driver does not say who holds what: `before`
+    and `after` the bytes in use while the run's child lived and once it was ended, `parent` the run's parent's own.
+    What the child's end freed was its share; what is left, less the parent's, other processes'."""
+    child, others = max(0, before - after), max(0, after - parent)
+    own = [Holder(memory.run_pid, "the run's parent", parent, "?"), Holder(-1, "the run's child", child, "?")]
+    return Memory(f"{memory.source}, device-wide before and after the run's child ended", memory.total,
+                  memory.run_pid, own, [Holder(0, "unnamed", others, "?")] if others else [])
+
+
 @dataclasses.dataclass(frozen=True)
 class Blame:
     who: str  # "device" (others held it: infrastructure), "submission", "problem" or "unknown"
@@ -223,46 +256,56 @@ class Blame:
     memory: Memory | None = None
 
 
-def _explains(held: int, asked: int | None, room: int) -> bool:
-    """`held` bytes caused the failure: without them the request fitted in `room` (what the device left the asker),
-    with them it did not; a request of unknown size, when they held at least half of that room."""
-    if held <= 0:
+def meaningful(total: int) -> int:
+    """The least memory other processes must hold to be blamed for a failure: max(1 GiB, 5 % of the device). Less
+    (a monitoring tool's context, a stray allocation) explains no out-of-memory error: a submission that allocates
+    until it runs out always finds the last MiB taken by someone."""
+    return max(MEANINGFUL_BYTES, total // 20)
+
+
+def _explains(held: int, asked: int | None, room: int, floor: int) -> bool:
+    """`held` bytes (at least `floor`) caused the failure: they held at least half of `room` (what the device left
+    the asker), and where the request's size is known, without them it fitted and with them it did not."""
+    if held < max(floor, 1):
         return False
-    if asked is None:
-        return 2 * held >= room
-    return room - held < asked <= room
+    return 2 * held >= room and (asked is None or room - held < asked <= room)
 
 
 def blame(memory: Memory | None, asked: int | None, where: str) -> Blame:
     """Whose fault the out-of-memory error of `where` ("submission": the child; "problem": the parent's problem
-    code) is, from the memory measured at the failure and the bytes asked (None when unknown)."""
+    code) is, from the memory measured at the failure. `asked`: the bytes the failed request asked for, where known;
+    the child's figure is its own to write, so it only ever narrows the case against others (a request larger than
+    the device, or one that others' memory does not explain), never makes one: others are blamed from the measured
+    memory alone."""
     if memory is None:
         return Blame("unknown", "nothing could measure the device's memory")
     said = f"{mib(memory.total)} on the device, the run held {mib(memory.held())}, other processes " \
            f"{mib(memory.foreign())}" + (f", asked {mib(asked)}" if asked is not None else "")
     if asked is not None and asked > memory.total:
         return Blame(where, f"asked for more than the device has ({said})", memory)
-    if not memory.per_process:
-        return Blame("unknown", f"the driver did not say which process held what ({said})", memory)
+    floor = meaningful(memory.total)
     foreign, child, parent = memory.foreign(), memory.held(child=True), memory.held(child=False)
-    if where == "submission":
-        if _explains(foreign, asked, memory.total - parent - child):
+    culprit = where
+    if not memory.per_process:  # nobody's share is sure: whoever held the device, the run's child included
+        if _explains(foreign + child + memory.unplaced, asked, memory.total - parent, floor):
+            return Blame("unknown", f"the driver did not say which process held what ({said})", memory)
+    elif where == "submission":
+        if _explains(foreign, asked, memory.total - parent - child, floor):
             return Blame("device", f"other processes held enough to explain it ({said})", memory)
-        culprit = "submission"
     else:
-        both = foreign + child
-        if _explains(both, asked, memory.total - parent):
-            who = "device" if foreign >= child else "submission"
+        if _explains(foreign + child, asked, memory.total - parent, floor):
+            who = "device" if foreign >= child and foreign >= floor else "submission"
             return Blame(who, f"{'other processes' if who == 'device' else 'the submission'} held enough to "
                          f"explain it ({said})", memory)
         culprit = "problem"
-    if _explains(memory.unplaced, asked, memory.total - memory.held()):
+    if memory.per_process and _explains(memory.unplaced, asked, memory.total - memory.held(), floor):
         return Blame("unknown", f"processes this host cannot place held enough to explain it ({said})", memory)
     return Blame(culprit, f"{said}; no other process held enough to explain it", memory)
 
 
 def busy_message(found: list[Holder], said: str) -> str:
-    listed = "; ".join(f"pid {h.pid} ({h.user}, {mib(h.memory)} on device {h.device})" for h in found[:8])
+    listed = "; ".join(f"pid {h.pid} ({h.user}, {mib(h.memory)} on device {h.device})" if h.pid > 0 else
+                       f"processes the driver does not name ({mib(h.memory)})" for h in found[:8])
     total = sum(h.memory for h in found)
     return (f"{BUSY_PREFIX} {mib(total)} of it: {listed}. Not the "
             f"submission's fault nor the problem's; retried on a device with room. ({said.strip()[-300:]})")

@@ -46,6 +46,7 @@ FREEZE_WAIT_S = 0.5
 PLAUSIBILITY_TRIES = 2  # timings of a case whose wall time the samples do not explain before it is a verdict
 CUDA_EVENT_RESOLUTION_NS = 500  # cudaEventElapsedTime's resolution, "around 0.5 microseconds" (CUDA runtime API)
 PERF_COUNTER_RESOLUTION_NS = time.get_clock_info("perf_counter").resolution * 1e9
+OOM_SETTLE_TRIES, OOM_SETTLE_S = 20, 0.1  # reads of the device's use after the child's end, until it settles
 STOPPED_STATES = (b"T", b"t", b"Z", b"X", b"x", b"D")  # /proc states that run no user code (D: until it stops)
 
 
@@ -184,8 +185,7 @@ class ChildSession:
                 raise Stop("hacked", message)
             prefix = {"import": "the submission could not be imported", "kernel": "custom_kernel raised",
                       "output": "invalid output"}.get(kind, "the submission failed")
-            if kind in ("import", "kernel") and header.get("oom") is True:  # measured while the child lives
-                judged = device.blame(self.measure(), device.figures(message).asked, "submission")
+            if kind in ("import", "kernel") and header.get("oom") is True and (judged := self.judge_oom(message)):
                 if judged.who != "submission":
                     raise OutOfMemory(judged, message)
                 prefix += f" (out of device memory: {judged.why})"
@@ -201,8 +201,52 @@ class ChildSession:
     def measure(self) -> device.Memory | None:
         """The run's devices' memory now, per process from the driver's tool, else torch's device-wide figures."""
         if (memory := device.measure(list(self.job.gpus))) is None and torch.cuda.is_available():
-            return device.device_wide(*torch.cuda.mem_get_info())
+            with contextlib.suppress(RuntimeError):
+                return device.device_wide(*torch.cuda.mem_get_info())
         return memory
+
+    def judge_oom(self, message: str) -> device.Blame | None:
+        """Whose fault the child's out-of-memory error is, from memory measured here; None on a node whose parent
+        has no CUDA device, where no real one can happen (the child's claim, its own to make, is then ignored).
+        The size torch's message gives is the child's to write too: it only narrows the case against others."""
+        if not torch.cuda.is_available():
+            return None
+        return device.blame(self.memory_at_oom(), device.figures(message).asked, "submission")
+
+    def memory_at_oom(self) -> device.Memory | None:
+        """The run's devices' memory at an out-of-memory error, measured while the child lives. Where the driver
+        does not say who held what (torch's device-wide figures, a container's pids this host cannot place), the
+        device-wide use before and after the child is ended: what its end freed was its share (device.apportion)."""
+        memory = self.measure()
+        if memory is None or (memory.per_process and not memory.unplaced) or (before := self.used(memory)) is None:
+            return memory
+        self.kill()
+        self.waiter.join(5)
+        after = None
+        for _ in range(OOM_SETTLE_TRIES):  # the driver frees a dead process's memory shortly after it is reaped
+            previous, after = after, self.used(memory)
+            if after is None or after == previous:
+                break
+            time.sleep(OOM_SETTLE_S)
+        if after is None or self.waiter.is_alive():
+            return memory
+        return device.apportion(memory, before, after, self.parent_use())
+
+    def used(self, memory: device.Memory) -> int | None:
+        """Bytes in use on the run's devices as a whole now, from the source `memory` came from."""
+        if memory.source != "torch":
+            return device.used(list(self.job.gpus))
+        with contextlib.suppress(RuntimeError):
+            free, total = torch.cuda.mem_get_info()
+            return total - free
+        return None
+
+    @staticmethod
+    def parent_use() -> int:
+        """What this process's torch holds on its devices (its CUDA context aside)."""
+        if not torch.cuda.is_available():
+            return 0
+        return sum(torch.cuda.memory_reserved(i) for i in range(torch.cuda.device_count()))
 
     def output(self, rid: int, deadline: float, max_bytes: int) -> Any:
         """The parent's own copy of the output of call `rid`, taken the moment it is announced."""
@@ -485,21 +529,24 @@ class KernelbotRun:
         (`child.Yardstick`: the same clock, the same L2 flush), each call prepared as a submission's call is: fresh
         inputs generated, lent (copied into a reused shared buffer of a pool the child never sees) just before it,
         started on a thread just woken; its output copied out into a pool and checked, and alive until the next call
-        returns. So both sides meet the same state of caches and allocator, and a busy host slows both alike."""
+        returns; each sample charged what the device stayed busy past the baseline (stats.charge_late), as the
+        submission's are. So both sides meet the same state of caches and allocator, and a busy host slows both
+        alike."""
         assert self.problem is not None and self.session is not None
-        samples, out = [], None
+        samples, lates, out = [], [], None
         with self.session.tree.frozen():
             for j in range(calls):
                 data = self.problem.generate(case, derive_seed(seed, "reference", j, 0))
                 views = self.lent_to_self(data)
                 time.sleep(WAKE_S)
                 child_module.thread_times()  # what the child does right before its clock starts
-                out, ns, _ = self.yardstick(self.problem.reference, views)
+                out, ns, late = self.yardstick(self.problem.reference, views)
                 samples.append(ns)
+                lates.append(late)
                 self.pooled(self.reference_out, out, contiguous=True)  # as the child hands its output back
                 self.problem.check(data, out)  # as the parent checks a submission's output
         del out
-        return samples
+        return stats.charge_late(samples, lates, self.late_baseline)  # as the submission's samples are
 
     def lent_to_self(self, data: Any) -> Any:
         """`data` as the child would see it: views over buffers of the parent's own pool, just copied in."""
@@ -699,7 +746,7 @@ class KernelbotRun:
         except ProblemError as exc:  # its out-of-memory error is judged now, the child (and its memory) still here
             if device.oom_raised(exc.cause) and self.session is not None:
                 said = device.exception_text(exc.cause)
-                exc.blame = device.blame(self.session.measure(), device.figures(said).asked, "problem")
+                exc.blame = device.blame(self.session.memory_at_oom(), device.figures(said).asked, "problem")
             raise
         finally:
             with self.clock("teardown"):

@@ -24,8 +24,9 @@ whole tree is killed and the outcome says "memory limit exceeded" (`memory_excee
 Processes: the whole tree may hold `processes` tasks (threads count) through the run's pids cgroup (cgroups.py);
 the first fork it refuses kills the tree at once ("process limit exceeded", `processes_exceeded`), so a fork bomb
 ends in well under a second and its processes never count against another run: RLIMIT_NPROC, which counts all the
-processes of a uid on the host (shared by every run of that uid), is then left at this process's own. Without a pids
-controller RLIMIT_NPROC is the bound.
+processes of a uid on the host (shared by every run of that uid), is then left at this process's own, where the tree
+cannot leave its group (bubblewrap, or a dropped uid: a tree that kept this process's uid could write itself into
+another group's cgroup.procs). Otherwise, and without a pids controller, RLIMIT_NPROC is the bound too.
 
 Disk: the files in the workdir together may take `disk_bytes` (FSIZE bounds each file): their size is measured every
 DISK_POLL_S and the tree killed past it ("disk limit exceeded", `disk_exceeded`); a run can overshoot by what it
@@ -242,8 +243,9 @@ def _outermost(paths) -> list[str]:
 
 
 def _rlimits(limits: Limits, data_not_as: bool, pids_cgroup: bool = False) -> list[tuple[int, int, int, str]]:
-    """(resource, soft, hard, prlimit option); pids_cgroup: the tree's processes are bounded by its own group, not
-    by the uid's count that other runs share."""
+    """(resource, soft, hard, prlimit option); pids_cgroup: the tree's processes are bounded by its own group, which
+    they cannot leave (bubblewrap's cgroup namespace, or a uid other than this process's that cannot write the
+    cgroup files), not by the uid's count that other runs share."""
     mem = (resource.RLIMIT_DATA, "--data") if data_not_as else (resource.RLIMIT_AS, "--as")
     cpu = int(limits.cpu_seconds)
     nproc = resource.getrlimit(resource.RLIMIT_NPROC)[1] if pids_cgroup else limits.processes
@@ -319,12 +321,18 @@ class Sandbox:
             "memory": {"cgroup": self.cgroup.version, "tree_limit_bytes": self.tree_memory} if self.cgroup else
             {"cgroup": None, "tree_limit_bytes": None, "per_process_only": self.cgroup_error},
             "processes": {"limit": self.limits.processes,
-                          "bound_by": "pids cgroup" if self.cgroup and self.cgroup.pids else "RLIMIT_NPROC (per uid)"},
+                          "bound_by": ("pids cgroup" if self._confined() else "pids cgroup and RLIMIT_NPROC (per uid)")
+                          if self.cgroup and self.cgroup.pids else "RLIMIT_NPROC (per uid)"},
             "disk_limit_bytes": self.limits.disk_bytes or None,
             "devices": self._device_nodes() if bw else [],
             "mode": self.mode,
             **({"fallback_reason": self.fallback_reason} if not bw else {}),
         }
+
+    def _confined(self) -> bool:
+        """The tree cannot move itself to another cgroup: bubblewrap hides the cgroup files, or the uid it runs as is
+        not this process's (which owns them). Without either its pids cgroup is no bound: RLIMIT_NPROC stays."""
+        return self.bwrap is not None or self.uid is not None
 
     def _data_not_as(self) -> bool:
         return bool(self.devices)
@@ -432,7 +440,7 @@ class Sandbox:
         self.prepare_workdir()
         data_fds: list[int] = []
         group = self.cgroup.create(self.tree_memory, self.limits.processes) if self.cgroup else None
-        limits = _rlimits(self.limits, self._data_not_as(), bool(group and group.pids_path))
+        limits = _rlimits(self.limits, self._data_not_as(), bool(group and group.pids_path) and self._confined())
         procs_fds = group.open_procs() if group else []
         try:
             cmd = self._bwrap_argv(argv, data_fds) if self.bwrap else list(argv)

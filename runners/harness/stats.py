@@ -239,6 +239,12 @@ def implausible(
     return None
 
 
+def charge_late(samples_ns: Sequence[int], late_ns: Sequence[int], baseline_ns: float) -> list[int]:
+    """Each sample with what its call's device stayed busy past the baseline (child.Yardstick's `late`) added: the
+    one rule for the submission's samples and the reference's, so identical code scores 1x."""
+    return [int(s + max(0.0, late - baseline_ns)) for s, late in zip(samples_ns, late_ns, strict=True)]
+
+
 def outside_stream(samples_ns: Sequence[int], late_ns: Sequence[int], baseline_ns: float,
                    allowance_ns: float) -> tuple[list[int], str | None]:
     """(the samples charged, a reason to refuse the batch or None). `late_ns`: per call, how long the device stayed
@@ -246,7 +252,7 @@ def outside_stream(samples_ns: Sequence[int], late_ns: Sequence[int], baseline_n
     stream (a synchronize's round trip). What is beyond the baseline is work the call left on other streams (or host
     noise, which the batch minima shed) and is charged to the call. A batch in which every call was later than
     `allowance_ns` is refused: its figures would say when the launches returned, not when the work was done."""
-    charged = [int(s + max(0.0, late - baseline_ns)) for s, late in zip(samples_ns, late_ns, strict=True)]
+    charged = charge_late(samples_ns, late_ns, baseline_ns)
     if late_ns and min(late_ns) > allowance_ns:
         return charged, (f"work outside the timed stream: the device stayed busy {median(late_ns) / 1e3:.1f} µs "
                          f"after each call's end mark (allowed {allowance_ns / 1e3:.1f} µs); join every stream the "

@@ -17,8 +17,9 @@ pytestmark = pytest.mark.slow
 CHEAT_FILES = sorted(CHEATS.glob("*.py"))
 _box = sandbox.describe()
 ISOLATED = bool(_box.get("pid_namespace")) and _box.get("uid") != 0
-# The whole tree of every corpus run may use 2 GiB (a run on a real node gets that node's share).
-CORPUS_LIMITS = {"tree_memory_bytes": 2 << 30}
+# The whole tree of every corpus run may use 2 GiB (a run on a real node gets that node's share) and 256 tasks (a
+# job may set its own limit below the default 4096).
+CORPUS_LIMITS = {"tree_memory_bytes": 2 << 30, "processes": 256}  # 256: the fork bomb (400 at most) meets it
 
 
 def header(path: Path, key: str, default: str | None = None) -> str:

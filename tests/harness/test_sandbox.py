@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -388,6 +389,36 @@ def test_a_fork_bomb_does_not_take_the_processes_of_a_run_beside_it(tmp_path: Pa
     assert sb.describe()["backend"] == backend
     assert honest.returncode == 0 and honest.stdout == "100 children ran\n", honest
     assert o.processes_exceeded and o.elapsed < 20 and not o.timed_out
+
+
+@pytest.mark.skipif(sb.describe()["processes"]["bound_by"] != "pids cgroup", reason="needs a pids cgroup")
+@pytest.mark.parametrize("uid", [None, sb.NOBODY], ids=["kept", "dropped"])
+def test_without_bubblewrap_a_tree_that_keeps_this_uid_keeps_its_rlimit_nproc(tmp_path: Path, monkeypatch, uid):
+    """Without bubblewrap a tree that keeps this process's uid could write itself into another cgroup's cgroup.procs
+    and leave its pids cgroup: RLIMIT_NPROC stays at its process limit. A dropped uid cannot write the cgroup files:
+    its own group bounds it (RLIMIT_NPROC, shared with every run of that uid, at this process's)."""
+    monkeypatch.setenv("KERNELBOT_SANDBOX", "auto")
+    monkeypatch.setattr(sb, "_bwrap_path", lambda: None)
+    open_dir = Path(tempfile.mkdtemp(prefix="nproc-"))  # a uid dropped needs the run directory's parent open to it
+    open_dir.chmod(0o755)
+    monkeypatch.chdir(open_dir)
+    (open_dir / "run").mkdir()
+    box = Sandbox(str(open_dir / "run"), Limits(wall_seconds=30, processes=300), uid=uid)
+    if uid is not None and box.uid is None:
+        pytest.skip("the interpreter or the run directory is closed to other users here: the uid is kept")
+    o = box.start([PY, "-c", "import resource; print(*resource.getrlimit(resource.RLIMIT_NPROC))"]).wait()
+    assert o.returncode == 0, o
+    kept = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+    assert o.stdout.split() == (["300", "300"] if uid is None else [str(kept)] * 2)
+    assert box.describe()["processes"]["bound_by"] == ("pids cgroup and RLIMIT_NPROC (per uid)" if uid is None else
+                                                       "pids cgroup")
+    shutil.rmtree(open_dir)
+
+
+def test_the_default_process_limit_leaves_room_for_honest_code_on_many_cores():
+    """Threads count: torch's, OpenMP's and triton's pools on a 200-core node, compile workers included, stay far
+    below it; a fork bomb reaches it within seconds all the same (bench/fork_bomb.py)."""
+    assert contract.DEFAULT_LIMITS["processes"] >= 4096 and Limits().processes == contract.DEFAULT_LIMITS["processes"]
 
 
 @needs_bwrap

@@ -161,6 +161,7 @@ def test_reference_calls_are_prepared_as_the_submissions_are(monkeypatch):
     run.problem = SimpleNamespace(generate=generate, reference=reference,
                                   check=lambda data, out: checked.append(torch.equal(out, data[0] * 2)))
     run.session = SimpleNamespace(tree=SimpleNamespace(frozen=contextlib.nullcontext))
+    run.late_baseline = 0.0
     samples = run.time_reference({"n": 4}, seed=7, calls=3)
     assert len(samples) == 3 and all(isinstance(ns, int) for ns in samples)
     assert checked == [True, True, True]
@@ -168,3 +169,59 @@ def test_reference_calls_are_prepared_as_the_submissions_are(monkeypatch):
     for (given, at), made in zip(seen, generated, strict=True):
         assert torch.equal(given, made) and at in pool_ptrs and at != made.untyped_storage().data_ptr()  # lent
     assert len({float(t[0]) for t in generated}) == 3  # fresh inputs per call
+
+
+def partly_side_stream(device, ms):
+    """Identical code on both sides that leaves part of its work on a side stream (less than the refusal's threshold
+    in some calls, say): each call is charged what the device stayed busy after its end mark."""
+    def kernel(data):
+        device.launch(ms * 0.2)
+        device.launch(ms * 0.8, stream="side")
+    return kernel
+
+
+def test_the_reference_is_charged_its_late_work_as_the_submission_is():
+    """The same code timed as the submission (the child's samples, charged by stats.outside_stream) and as the
+    reference (the parent's time_reference) gives the same figures: the late charge applies to both sides."""
+    torch = pytest.importorskip("torch")
+    import contextlib
+
+    device = FakeDevice()
+    yardstick = child.Yardstick(fake_torch(device))
+    baseline, allowed = allowance(yardstick)
+    kernel = partly_side_stream(device, 0.5)
+    timed = [yardstick(kernel, None) for _ in range(4)]
+    submission, _ = stats.outside_stream([t[1] for t in timed], [t[2] for t in timed], baseline, allowed)
+
+    run = kernelbot.KernelbotRun.__new__(kernelbot.KernelbotRun)
+    run.yardstick, run.late_baseline = yardstick, baseline
+    run.reference_pool, run.reference_out = child.Pool(torch, first_id=1 << 40), child.Pool(torch, first_id=1 << 41)
+    run.problem = SimpleNamespace(generate=lambda case, seed: (torch.ones(4),), reference=kernel,
+                                  check=lambda data, out: (True, ""))
+    run.session = SimpleNamespace(tree=SimpleNamespace(frozen=contextlib.nullcontext))
+    reference = run.time_reference({"n": 4}, seed=7, calls=4)
+    assert min(s - t[1] for s, t in zip(submission, timed, strict=True)) > 100_000  # charged its late work
+    assert all(abs(r - s) < 1_000 for r, s in zip(reference, submission, strict=True)), (reference, submission)
+
+
+@pytest.mark.parametrize("swap", ["sync", "elapsed", "event", "call", "instance", "flush"])
+def test_the_child_reports_a_swapped_yardstick(monkeypatch, swap):
+    """The child's tamper check watches the Yardstick's captured references and its class's call as it watches the
+    clocks: a submission that reaches into the child's module and swaps one times itself."""
+    pytest.importorskip("torch")
+    import socket
+
+    ours, theirs = socket.socketpair()
+    runner = child.Runner(ours)
+    assert runner.tampering() is None
+    stick = runner.yardstick
+    if swap == "call":
+        monkeypatch.setattr(child.Yardstick, "__call__", lambda self, fn, data: (fn(data), 1, 0))
+    elif swap == "instance":
+        runner.yardstick = child.Yardstick(runner.torch)
+    else:
+        setattr(stick, swap, lambda *a, **k: None)
+    name = {"call": "Yardstick.__call__", "instance": "yardstick"}.get(swap, f"yardstick.{swap}")
+    assert runner.tampering() == f"the submission replaced {name}"
+    ours.close()
+    theirs.close()

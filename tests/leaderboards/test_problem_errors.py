@@ -254,7 +254,8 @@ def test_a_busy_device_is_the_runners_failure_retried_with_the_holders_on_record
 
 
 def test_an_out_of_memory_error_nobody_could_measure_is_tried_once_more_and_charged_to_no_one(leaderboard, settings):
-    """Issue 41: where nothing measured the device, an out-of-memory error is the harness's "oom-unknown" result:
+    """Issue 41: where nothing measured a GPU node's device (on a node without CUDA the harness makes the child's
+    out-of-memory error a plain fail), an out-of-memory error is the harness's "oom-unknown" result:
     retried once (not up to RUN_MAX_ATTEMPTS), then the run ends in ERROR: never the competitor's fail, never a
     problem error."""
     from runners.harness.device import Blame
