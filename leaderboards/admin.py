@@ -83,6 +83,11 @@ class NoInternalBoardsMixin:
             kwargs.setdefault("queryset", Leaderboard.objects.filter(internal=False))
         return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
+    def formfield_for_manytomany(self, db_field, request, **kwargs):
+        if db_field.related_model is Leaderboard:
+            kwargs.setdefault("queryset", Leaderboard.objects.filter(internal=False))
+        return super().formfield_for_manytomany(db_field, request, **kwargs)
+
 
 class HidesInternalMixin:
     """Lists without the pool health check's rows (its board, problem, user), which organisers never act on; their

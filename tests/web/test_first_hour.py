@@ -61,8 +61,9 @@ def test_organiser_first_hour_and_competitor_views(browser, platform, tmp_path):
     admin.wait_for_selector(".start-here")
     no_sideways_scroll(admin, "the admin index")
 
-    # a GPU type, then a pool with its device on the pool's own page: this machine has no L4, so the pool (it runs
-    # here) refuses the claim and says why; the organiser attaches the machine's CPU instead
+    # a GPU type, then a pool with its device on the pool's own page: this machine already serves the local pool,
+    # and one machine serves one pool (two would hand a device two runs at once), so the pool refuses it and says
+    # why; the organiser names the lab's own machine instead
     admin.goto(f"{base}/admin/runners/gputype/add/")
     admin.fill("input[name=name]", "L4")
     admin.click("input[name=_save]")
@@ -73,13 +74,14 @@ def test_organiser_first_hour_and_competitor_views(browser, platform, tmp_path):
     admin.fill("input[name='devices-0-index']", "0")
     admin.click("input[name=_save]")
     refusal = admin.inner_text(".errorlist")
-    assert "Refused:" in refusal and "L4" in refusal, refusal
+    assert "Refused:" in refusal and "localhost already belongs to pool local" in refusal, refusal
     assert not GpuPool.objects.filter(name="lab").exists()
+    admin.fill("input[name='devices-0-hostname']", "lab-1")
     admin.select_option("select[name='devices-0-gpu_type']", label="CPU")
     admin.click("input[name=_save]")
     admin.wait_for_selector(".messagelist .success")
     pool = GpuPool.objects.get(name="lab")
-    assert Gpu.objects.filter(node__pool=pool, node__hostname="localhost", gpu_type__name="CPU", index=0).exists()
+    assert Gpu.objects.filter(node__pool=pool, node__hostname="lab-1", gpu_type__name="CPU", index=0).exists()
     admin.goto(f"{base}/admin/runners/gpupool/{pool.pk}/change/")
     admin.wait_for_selector("input[name='devices-0-hostname']")
     shot(admin, "admin-pool")
