@@ -158,7 +158,8 @@ def sync_queue(monkeypatch):
     monkeypatch.setattr(tasks, "dispatch_run", dispatch_and_drain)
 
 
-RUNNER_KEY = "test-runner-key-0123456789abcdef"
+# as tests/settings.py: each xdist worker its own installation
+RUNNER_KEY = "test-runner-key-0123456789abcdef" + (f"@{w}" if (w := os.environ.get("PYTEST_XDIST_WORKER")) else "")
 
 
 @dataclass(frozen=True)

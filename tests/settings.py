@@ -12,6 +12,11 @@ os.environ.setdefault("KERNELBOT_POOL_CHECK_INTERVAL", "0")
 os.environ.setdefault("KERNELBOT_INSTANCE", f"test-{os.getpid()}")
 # node agents (tests/agents.py) and remote agents authenticate with it
 os.environ.setdefault("KERNELBOT_RUNNER_KEY", "test-runner-key-0123456789abcdef")
+if worker := os.environ.get("PYTEST_XDIST_WORKER"):
+    # each xdist worker (its own test database) is an installation of its own on this machine: the node token, and
+    # with it the installation key in its reservations' tags and cgroups, differs, so the agents of one worker never
+    # take another's reservation processes for leftovers of theirs (the processes it starts inherit the same key)
+    os.environ["KERNELBOT_RUNNER_KEY"] = os.environ["KERNELBOT_RUNNER_KEY"].partition("@")[0] + f"@{worker}"
 # a node agent stays live this long after it was last heard of (tests that need it to lapse set it)
 os.environ.setdefault("KERNELBOT_AGENT_DEADLINE", "3600")
 

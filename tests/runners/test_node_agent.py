@@ -33,7 +33,7 @@ from taskspec.loader import load_task
 
 from .. import factories
 from ..agents import drain, in_process_agent, machine_probe, start_agent
-from ..conftest import REPO, reap_group
+from ..conftest import REPO, RUNNER_KEY, reap_group
 from ..factories import UserFactory
 
 CODE = (REPO / "problems" / "demo" / "vectoradd_py" / "solutions" / "correct.py").read_bytes()
@@ -50,7 +50,7 @@ def dispatch_all() -> None:
 
 
 def node_call(route: str, body: dict, token: str | None = None):
-    token = token if token is not None else node_token("test-runner-key-0123456789abcdef", body.get("pool", ""),
+    token = token if token is not None else node_token(RUNNER_KEY, body.get("pool", ""),
                                                        body.get("hostname", ""))
     return Client().post(f"/api/runner/v1/nodes/{route}", json.dumps(body), content_type="application/json",
                          headers={"Authorization": f"Bearer {token}"})
