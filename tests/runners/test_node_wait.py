@@ -266,9 +266,9 @@ def test_a_woken_ask_that_cannot_claim_hands_the_wake_on_while_the_run_waits(lea
 
 
 @pytest.mark.django_db
-def test_the_pools_cached_reading_is_stale_once_a_wake_up_came(leaderboard, cpu_pool):
+def test_the_pools_cached_reading_is_stale_once_a_wake_up_came(leaderboard, cpu_pool, monkeypatch):
     """An ask told to ask again (a wake-up came while it looked) must not be answered from the reading before it."""
-    runner_api._pools.clear()
+    monkeypatch.setattr(runner_api, "_pools", {})
     assert runner_api._pool_state(cpu_pool.pk, False)[0] is False
     submit(leaderboard)
     dispatch_all()
@@ -277,12 +277,12 @@ def test_the_pools_cached_reading_is_stale_once_a_wake_up_came(leaderboard, cpu_
 
 
 @pytest.mark.django_db
-def test_the_cached_device_types_give_way_to_what_a_claim_reads_and_still_expire(leaderboard, cpu_pool):
+def test_the_cached_device_types_give_way_to_what_a_claim_reads_and_still_expire(leaderboard, cpu_pool, monkeypatch):
     node = cpu_pool.nodes.get()
     submit(leaderboard)
     dispatch_all()
     read = time.monotonic() - 50
-    runner_api._types[node.pk] = (read, {0: 999999})  # stale: device 0 was re-registered as another type
+    monkeypatch.setitem(runner_api._types, node.pk, (read, {0: 999999}))  # stale: device 0 is another type now
     answer = runner_api.node_answer(node_auth(), {"pool": "local", "hostname": "localhost", "free": [0]})[0]
     assert len(answer["claims"]) == 1
     assert runner_api._types[node.pk] == (read, {0: cpu_pool.cpu.pk})  # the fresh type, the old reading's time
@@ -337,3 +337,28 @@ def test_the_agent_samples_its_devices_at_most_every_15_seconds_and_sends_only_n
     agent.sampled -= node_module.SAMPLE_S  # 15 s on
     agent.poll()
     assert len(taken) == 2 and "samples" in bodies[-1]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_wait_woken_as_its_client_leaves_hands_the_wake_on(cpu_pool, settings):
+    settings.NODE_WAIT = 20
+    key = f"pool:{cpu_pool.pk}:{cpu_pool.cpu.pk}"
+
+    async def scenario():
+        scope, raw = wait_scope(json.dumps({"pool": "local", "hostname": "localhost", "free": [0], "wait": 20}
+                                           ).encode())
+        comm = ApplicationCommunicator(SyncWorkerASGIHandler(), scope)
+        await comm.send_input({"type": "http.request", "body": raw, "more_body": False})
+        await asyncio.sleep(1.0)  # it waits, the oldest waiter for the key
+        other = wakeups.Waiter([key])
+        wakeups.waiters.add(other)
+        wakeups.waiters.hand_on(key, 2)  # woken by a dispatched run ...
+        await comm.send_input({"type": "http.disconnect"})  # ... as its client goes
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(other.event.wait(), 3)
+        wakeups.waiters.remove(other)
+        await comm.wait(5)
+        return other
+
+    other = asyncio.run(scenario())
+    assert other.event.is_set() and other.baton == (key, 0)
