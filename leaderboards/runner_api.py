@@ -262,10 +262,9 @@ def node_answer(authorization: str, body: dict, *, woken: tuple[str, int] | None
     reservations, the wake-up keys (runners.wakeups) to wait on when it got no claim, the node and the devices'
     samples it sent. `woken`: the pool wake that woke this ask, handed on when it claims nothing while a run of that
     type still waits. `batched`: the caller records the heartbeat and the samples (runners.wakeups batches them).
-    `fresh=False`: whether a run waits for the pool and
-    which of its nodes reservations hold devices of may be this process's reading of up to POOL_TTL ago (an ask that
-    was woken reads them anew; one that missed a wake-up that way waits at most a heartbeat). An idle node's ask then
-    costs one query."""
+    `fresh=False`: whether a run waits for the pool and which of its nodes reservations hold devices of may be this
+    process's reading of up to POOL_TTL ago, taken since its last wake-up (an ask that was woken reads them anew;
+    one that missed a wake-up that way waits at most a heartbeat). An idle node's ask then costs one query."""
     pool, hostname, node = _node_auth(authorization, body)
     free = _free(body)
     if node is None:
