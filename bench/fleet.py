@@ -14,6 +14,8 @@ The agents speak the node agent's exact wire protocol (`runners/harness/node.py`
 process (`--clients` processes of asyncio + aiohttp): Bearer HMAC(runner key, "node:fleet:HOST"), `free` listing
 the node's free devices; a tree whose agent waits (`nodes/wait`, `{"wait": 15}`, asked again at once when the
 answer says `again`, else after the poll interval) is driven that way, an older one polls `nodes/poll` every 0.5 s.
+Where the tree's agent samples its devices, each ask carries 8 devices' `samples` when the agent would have taken
+new ones (every 15 s, as nvidia-smi is run: `node.SAMPLE_S`), varying as a busy GPU's figures do.
 Claimed runs keep their devices (never run). Phases, each on the same server:
 
 1. no fleet: `--seconds` of API reads (GET /api/v1/leaderboards and /api/v1/health, one after the other, 20 a
@@ -52,6 +54,8 @@ REDIS_DB = os.environ.get("BENCH_REDIS_DB", "3")
 KEY = "fleet-bench-runner-key-0123456789abcdef"
 POOL = "fleet"
 DEVICES = 8
+READ_TIMEOUT_S = 60  # a user read unanswered this long counts as 60 s (aiohttp's 5-minute default ended the run)
+SAMPLE_S = 15.0  # runners.harness.node.SAMPLE_S: how often a real agent runs nvidia-smi
 USER_READS = ("/api/v1/leaderboards", "/api/v1/health")
 
 SETUP = """
@@ -141,23 +145,24 @@ async def user_reads(base: str, seconds: float) -> list[float]:
     import aiohttp
 
     took = []
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=READ_TIMEOUT_S)) as session:
         end = time.monotonic() + seconds
         i = 0
         while time.monotonic() < end:
             started = time.monotonic()
-            async with session.get(base + USER_READS[i % len(USER_READS)]) as response:
-                await response.read()
-                assert response.status == 200, response.status
+            with contextlib.suppress(TimeoutError):  # unanswered: counted as the time it was given
+                async with session.get(base + USER_READS[i % len(USER_READS)]) as response:
+                    await response.read()
+                    assert response.status == 200, response.status
             took.append(1000 * (time.monotonic() - started))
             i += 1
             await asyncio.sleep(max(0.0, 0.05 - (time.monotonic() - started)))
     return took
 
 
-# --- the agents (a subprocess each: `fleet.py --agents BASE FIRST COUNT MODE`) --------------------------------------
+# --- the agents (a subprocess each: `fleet.py --agents BASE FIRST COUNT MODE SAMPLES`) --------------------------------
 
-async def agents(base: str, first: int, count: int, mode: str) -> None:
+async def agents(base: str, first: int, count: int, mode: str, sampling: bool) -> None:
     import aiohttp
 
     stop = asyncio.Event()
@@ -171,8 +176,14 @@ async def agents(base: str, first: int, count: int, mode: str) -> None:
         headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
         free = list(range(DEVICES))
         await asyncio.sleep(random.uniform(0, 15 if mode == "wait" else 0.5))
+        sampled = -SAMPLE_S
         while not stop.is_set():
             body = {"pool": POOL, "hostname": hostname, "free": free}
+            if sampling and time.monotonic() - sampled >= SAMPLE_S:
+                sampled = time.monotonic()
+                body["samples"] = [{"index": d, "utilization": round(random.random(), 2),
+                                    "memory_used": random.randrange(80 << 10) << 20, "memory_total": 80 << 30}
+                                   for d in range(DEVICES)]
             route = "poll" if mode == "poll" else "wait"
             if mode == "wait":
                 body["wait"] = 15
@@ -210,6 +221,7 @@ async def agents(base: str, first: int, count: int, mode: str) -> None:
 def measure(tree: Path, label: str, args) -> dict:
     env = env_for(tree, f"fleet-bench-{label}")
     mode = "wait" if "nodes/wait" in (tree / "leaderboards" / "runner_api.py").read_text() else "poll"
+    sampling = "gpu_samples" in (tree / "runners" / "harness" / "node.py").read_text()
     say(f"{label}: preparing {args.nodes} nodes ({mode} agents)")
     prepare(tree, env, args.nodes)
     proc, base = start_server(tree, env)
@@ -220,8 +232,9 @@ def measure(tree: Path, label: str, args) -> dict:
         per = -(-args.nodes // args.clients)
         for c in range(args.clients):
             count = min(per, args.nodes - c * per)
-            fleet.append(subprocess.Popen([sys.executable, __file__, "--agents", base, str(c * per), str(count), mode],
-                                          stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": ""}))
+            fleet.append(subprocess.Popen([sys.executable, __file__, "--agents", base, str(c * per), str(count), mode,
+                                           str(int(sampling))], stdout=subprocess.PIPE, text=True,
+                                          env={**os.environ, "PYTHONPATH": ""}))
         time.sleep(16 if mode == "wait" else 5)  # the first asks are spread over one heartbeat
         cores = len(os.sched_getaffinity(0))
         cpu0, wall0 = cpu_seconds(proc.pid), time.monotonic()
@@ -247,7 +260,11 @@ def measure(tree: Path, label: str, args) -> dict:
             agent_proc.send_signal(signal.SIGTERM)
         outputs = [agent_proc.communicate(timeout=60)[0] for agent_proc in fleet]
         os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # a worker stuck behind a backlog of polls (the previous release)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
     claims, errors, messages = {}, 0, []
     for line in "".join(outputs).splitlines():
         event = json.loads(line)
@@ -280,8 +297,8 @@ def say(message: str) -> None:
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--agents":
-        base, first, count, mode = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-        asyncio.run(agents(base, first, count, mode))
+        base, first, count, mode, sampling = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
+        asyncio.run(agents(base, first, count, mode, sampling == "1"))
         return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=1000)

@@ -2,9 +2,11 @@
 
 Every figure is read from the database at scrape time (a custom collector, a registry per scrape), so any web
 worker answers the same whatever served the requests before: queue depth per pool and GPU type, runs by status,
-run phase durations (histograms over finished runs), nodes by service state, devices' utilisation and memory as
-their agents sampled them, reservations active and waiting, submissions accepted and refused (counted into the
-database by `leaderboards.actions.counts_refusals`).
+run phase durations (runs finished in the last WINDOW, by bucket), nodes by service state, devices' utilisation and
+memory as their agents sampled them, reservations active and waiting, submissions stored and refused (counted into
+the database by `leaderboards.actions.counts_refusals`). What is read from current rows and can go down (a
+submission deleted, a run requeued, a run's finish leaving the window) is a gauge, never a counter, which
+Prometheus would read as reset.
 
 Closed unless `Authorization: Bearer $KERNELBOT_METRICS_TOKEN` or a staff session: 401 without either, 403 for a
 wrong token or a signed-in non-staff user.
@@ -18,9 +20,10 @@ from datetime import timedelta
 from django.conf import settings
 from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, Sum
 from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from leaderboards.models import REFUSED_TALLY, Run, RunAttempt, RunStatus, Submission, Tally
 from runners.models import Node, NodeService, agents_live_since
@@ -30,6 +33,7 @@ BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 PHASES = {"queued": ("queued_at", "dispatched_at"), "dispatched": ("dispatched_at", "started_at"),
           "running": ("started_at", "finished_at")}  # run phase → its start and end fields
 WAITING = (RunStatus.QUEUED, RunStatus.DISPATCHED)
+WINDOW = timedelta(hours=1)  # the phase figures cover runs finished this recently (a scan of the run table)
 
 
 class FleetCollector:
@@ -49,8 +53,8 @@ class FleetCollector:
                                 .values_list("pool__name", "status").annotate(n=Count("pk"))):
             reservations.add_metric([pool, status], n)
         yield reservations
-        yield CounterMetricFamily("kernelbot_submissions_accepted", "Submissions accepted.",
-                                  value=Submission.objects.count())
+        yield GaugeMetricFamily("kernelbot_submissions_stored", "Submissions accepted and stored now (deleting "
+                                "one lowers it).", value=Submission.objects.count())
         refused = CounterMetricFamily("kernelbot_submissions_refused", "Submissions refused, by HTTP status.",
                                       labels=["status"])
         for name, count in Tally.objects.filter(name__startswith=REFUSED_TALLY).values_list("name", "count"):
@@ -75,20 +79,31 @@ class FleetCollector:
 
     @staticmethod
     def phases():
-        histogram = HistogramMetricFamily("kernelbot_run_phase_seconds",
-                                          "How long finished runs spent in each phase: queued (to dispatch), "
-                                          "dispatched (to start), running (to finish).", labels=["phase"])
+        """The phases of runs finished within WINDOW as gauges shaped like a histogram (`_bucket{le}`, `_count`,
+        `_sum`: histogram_quantile reads them): recomputed from the rows at each scrape, they go down as runs
+        leave the window or are requeued."""
+        what = (f"runs finished in the last {WINDOW.total_seconds() / 3600:g} h by how long they spent in each "
+                "phase: queued (to dispatch), dispatched (to start), running (to finish)")
+        name = "kernelbot_recent_run_phase_seconds"
+        buckets = GaugeMetricFamily(f"{name}_bucket", f"Of the {what}: those that took at most le seconds.",
+                                    labels=["phase", "le"])
+        counts = GaugeMetricFamily(f"{name}_count", f"The {what}: how many.", labels=["phase"])
+        sums = GaugeMetricFamily(f"{name}_sum", f"The {what}: seconds in all.", labels=["phase"])
+        since = timezone.now() - WINDOW
         for phase, (start, end) in PHASES.items():
             duration = ExpressionWrapper(F(end) - F(start), output_field=DurationField())
-            runs = Run.objects.filter(**{f"{start}__isnull": False, "finished_at__isnull": False,
+            runs = Run.objects.filter(**{f"{start}__isnull": False, "finished_at__gte": since,
                                          f"{end}__isnull": False}).annotate(d=duration)
             figures = runs.aggregate(count=Count("pk"), total=Sum("d"), **{
                 f"le{i}": Count("pk", filter=Q(d__lte=timedelta(seconds=b))) for i, b in enumerate(BUCKETS)})
             total = figures["total"]
             seconds = total.total_seconds() if isinstance(total, timedelta) else (total or 0) / 1e6
-            buckets = [(str(float(b)), figures[f"le{i}"]) for i, b in enumerate(BUCKETS)]
-            histogram.add_metric([phase], buckets + [("+Inf", figures["count"])], seconds)
-        yield histogram
+            for i, b in enumerate(BUCKETS):
+                buckets.add_metric([phase, str(float(b))], figures[f"le{i}"])
+            buckets.add_metric([phase, "+Inf"], figures["count"])
+            counts.add_metric([phase], figures["count"])
+            sums.add_metric([phase], seconds)
+        yield from (buckets, counts, sums)
 
     @staticmethod
     def nodes():

@@ -326,11 +326,12 @@ RUN_HEARTBEAT_DEADLINE = int(os.environ.get("KERNELBOT_HEARTBEAT_DEADLINE", "10"
 # A node agent (`python -m runners.harness.node`) waits for work in `nodes/wait`, held open by the web server up to
 # NODE_WAIT seconds (its heartbeat) and ended early by a wake-up (runners.wakeups), and beats each run it holds every
 # heartbeat deadline / 4; a node not heard of for AGENT_DEADLINE seconds has no live agent: it gets no run and its
-# pool's health check says so.
+# pool's health check says so (25: a killed agent's node is out of service within 30 s, its last ask's write being
+# batched for up to a second; a wait is held at most 0.6 x AGENT_DEADLINE).
 # GET /metrics (kernelbot/metrics.py) answers this Bearer token, or a staff session
 METRICS_TOKEN = os.environ.get("KERNELBOT_METRICS_TOKEN", "")
 NODE_WAIT = float(os.environ.get("KERNELBOT_NODE_WAIT", "15"))
-AGENT_DEADLINE = int(os.environ.get("KERNELBOT_AGENT_DEADLINE", "30"))
+AGENT_DEADLINE = int(os.environ.get("KERNELBOT_AGENT_DEADLINE", "25"))
 # `manage.py workers` (the cluster supervisor): it reaps overdue runs every REAP_INTERVAL seconds; it re-sends the
 # queued runs' messages, then restarts the cluster, when runs have waited STALL seconds while no worker started a
 # task; on SIGTERM it gives the cluster STOP_GRACE seconds before killing it.

@@ -12,6 +12,7 @@ import hmac
 import io
 import json
 import logging
+import math
 import re
 import tarfile
 import time
@@ -224,16 +225,27 @@ def _free(body: dict) -> list[int]:
 
 
 def _samples(body: dict) -> list[dict] | None:
-    """The agent's samples of its devices (nvidia-smi), kept for /metrics; None when it sent none."""
+    """The agent's samples of its devices (nvidia-smi), kept for /metrics; None when it sent none. Finite,
+    non-negative numbers: a utilisation (a fraction, 0..1 or a little over) and bytes (below 2**60)."""
     samples = body.get("samples")
     if samples is None:
         return None
-    fields = {"index": int, "utilization": float, "memory_used": int, "memory_total": int}
-    if not isinstance(samples, list) or len(samples) > 256 or not all(
-            isinstance(s, dict) and all(isinstance(s.get(k), (int, float)) and not isinstance(s.get(k), bool)
-                                        for k in fields) for s in samples):
-        raise Refused(400, '"samples" must be a list of {"index", "utilization", "memory_used", "memory_total"}')
-    return [{k: kind(s[k]) for k, kind in fields.items()} for s in samples]
+    limits = {"index": (int, 1023), "utilization": (float, 10.0), "memory_used": (int, 1 << 60),
+              "memory_total": (int, 1 << 60)}
+
+    def number(value, kind, most):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+                isinstance(value, float) and not math.isfinite(value)) or not 0 <= value <= most:
+            raise ValueError
+        return kind(value)
+
+    try:
+        if not isinstance(samples, list) or len(samples) > 256 or not all(isinstance(s, dict) for s in samples):
+            raise ValueError
+        return [{k: number(s.get(k), kind, most) for k, (kind, most) in limits.items()} for s in samples]
+    except ValueError:
+        raise Refused(400, '"samples" must be a list of {"index", "utilization", "memory_used", "memory_total"}: '
+                           'finite, non-negative numbers (an index below 1024, bytes below 2**60)') from None
 
 
 def _reservations(node_id: int) -> dict:
@@ -245,49 +257,52 @@ def _reservations(node_id: int) -> dict:
 
 
 def node_answer(authorization: str, body: dict, *, woken: tuple[str, int] | None = None,
-                batched: bool = False, fresh: bool = True) -> tuple[dict, list[str], Node | None]:
+                batched: bool = False, fresh: bool = True) -> tuple[dict, list[str], Node, list[dict] | None]:
     """One ask for work by a node's agent (also its heartbeat): its claims (`lifecycle.do_claim_runs`) and its
-    reservations, the wake-up keys (runners.wakeups) to wait on when it got no claim, and the node. `woken`: the pool
-    wake that woke this ask, handed on when it claims nothing while a run of that type still waits. `batched`: the
-    caller records the heartbeat (runners.wakeups batches them). `fresh=False`: whether a run waits for the pool and
-    which of its nodes reservations hold devices of may be this process's reading of up to POOL_TTL ago (an ask that
-    was woken reads them anew; one that missed a wake-up that way waits at most a heartbeat). An idle node's ask then
-    costs one query."""
+    reservations, the wake-up keys (runners.wakeups) to wait on when it got no claim, the node and the devices'
+    samples it sent. `woken`: the pool wake that woke this ask, handed on when it claims nothing while a run of that
+    type still waits. `batched`: the caller records the heartbeat and the samples (runners.wakeups batches them).
+    `fresh=False`: whether a run waits for the pool and which of its nodes reservations hold devices of may be this
+    process's reading of up to POOL_TTL ago, taken since its last wake-up (an ask that was woken reads them anew;
+    one that missed a wake-up that way waits at most a heartbeat). An idle node's ask then costs one query."""
     pool, hostname, node = _node_auth(authorization, body)
     free = _free(body)
     if node is None:
         raise Refused(404, f"{hostname} is not registered in pool {pool.name}: register first")
-    if (samples := _samples(body)) is not None:
+    if (samples := _samples(body)) is not None and not batched:
         Node.objects.filter(pk=node.pk).update(samples=samples)
     claims: list[dict] = []
     waits, reserved = _pool_state(pool.pk, fresh)
     if lifecycle.do_node_heartbeat(node, free, record=not batched) and waits:
         gpus = lifecycle.free_gpus(node, free)
-        _types[node.pk] = (time.monotonic(), {g.index: g.gpu_type_id for g in gpus} | _node_types(node)[1])
+        when, cached = _node_types(node)
+        _types[node.pk] = (when, cached | {g.index: g.gpu_type_id for g in gpus})  # what was just read wins
         claims = lifecycle.claim_on(node, gpus)
-        if woken is not None and not claims and lifecycle.claimable(pool.pk, [int(woken[0].rsplit(":", 1)[1])]):
-            transaction.on_commit(lambda: wakeups.waiters.loop.call_soon_threadsafe(wakeups.waiters.hand_on, *woken))
+    if woken is not None and not claims and lifecycle.claimable(pool.pk, [int(woken[0].rsplit(":", 1)[1])]):
+        transaction.on_commit(lambda: wakeups.waiters.pass_on(woken))  # such a run still waits: the next one looks
     types = _node_types(node)[1]
     wait_on = [f"node:{node.pk}"] + [
         f"pool:{pool.pk}:{t}" for t in sorted({types[i] for i in free if i in types})]
     news = _reservations(node.pk) if node.pk in reserved else NONE
-    return {"claims": claims, **news}, wait_on, node
+    return {"claims": claims, **news}, wait_on, node, samples
 
 
-_pools: dict[int, tuple[float, bool, set[int]]] = {}  # pool → (when read, a run waits, nodes a reservation holds)
+# pool → (when read, wake-ups seen then, a run waits, nodes a reservation holds)
+_pools: dict[int, tuple[float, int, bool, set[int]]] = {}
 POOL_TTL = 1.0
 NONE = {"reserved": [], "reservations": [], "keys": []}
 
 
 def _pool_state(pool_id: int, fresh: bool) -> tuple[bool, set[int]]:
     """Whether a run waits, dispatched to the pool, for a node agent, and the pool's nodes that reservations hold
-    devices of: read anew when `fresh` or older than POOL_TTL (two queries a second per process at most)."""
-    hit = _pools.get(pool_id)
-    if fresh or hit is None or time.monotonic() - hit[0] > POOL_TTL:
+    devices of: read anew when `fresh`, older than POOL_TTL or older than this process's last wake-up (a reading
+    from before a run was dispatched must not send the agent that re-asks for it back to wait)."""
+    hit, seq = _pools.get(pool_id), wakeups.waiters.seq
+    if fresh or hit is None or hit[1] != seq or time.monotonic() - hit[0] > POOL_TTL:
         held = DeviceHold.objects.held().filter(kind=HoldKind.RESERVATION, pool_id=pool_id)
-        hit = _pools[pool_id] = (time.monotonic(), lifecycle.claimable(pool_id),
+        hit = _pools[pool_id] = (time.monotonic(), seq, lifecycle.claimable(pool_id),
                                  set(held.values_list("node_id", flat=True)))
-    return hit[1], hit[2]
+    return hit[2], hit[3]
 
 
 _types: dict[int, tuple[float, dict[int, int]]] = {}  # node → (when read, its enabled devices' GPU types by index)
@@ -316,9 +331,10 @@ def node_poll(request: HttpRequest) -> HttpResponse:
 
 
 def _answer_sync(authorization: str, raw: bytes, woken: tuple[str, int] | None, fresh: bool
-                 ) -> tuple[int, dict, list[str], int]:
+                 ) -> tuple[int, dict, list[str], int, list[dict] | None]:
     """`node_answer` as a request of its own on the sync thread (its connection kept between asks, as between a
-    sync worker's requests; one that broke is closed), a lost database connection a 503. Also the node's id."""
+    sync worker's requests; one that broke is closed), a lost database connection a 503, anything unexpected a
+    logged 500 in JSON. Also the node's id and the samples its agent sent."""
     try:
         try:
             body = json.loads(raw or b"null")
@@ -326,14 +342,17 @@ def _answer_sync(authorization: str, raw: bytes, woken: tuple[str, int] | None, 
             raise Refused(400, f"the body is not JSON: {exc}") from exc
         if not isinstance(body, dict):
             raise Refused(400, "the body must be a JSON object")
-        answer, wait_on, node = node_answer(authorization, body, woken=woken, batched=True, fresh=fresh)
-        return 200, answer, wait_on, node.pk
+        answer, wait_on, node, samples = node_answer(authorization, body, woken=woken, batched=True, fresh=fresh)
+        return 200, answer, wait_on, node.pk, samples
     except Refused as exc:
-        return exc.status, {"detail": exc.detail}, [], 0
+        return exc.status, {"detail": exc.detail}, [], 0, None
     except DatabaseError as exc:
         log.warning("nodes/wait: database error %r", exc)
         dbhealth.close_broken_connections()
-        return 503, {"detail": dbhealth.MESSAGE}, [], 0
+        return 503, {"detail": dbhealth.MESSAGE}, [], 0, None
+    except Exception:
+        log.exception("nodes/wait: the ask failed")
+        return 500, {"detail": "internal error: the ask for work failed (logged)"}, [], 0, None
 
 
 async def node_wait(scope, receive, send) -> None:
@@ -360,14 +379,14 @@ async def node_wait(scope, receive, send) -> None:
         wait = float((json.loads(raw or b"{}") or {}).get("wait", 0)) if raw.strip().startswith(b"{") else 0.0
     except (ValueError, TypeError, AttributeError, RecursionError):
         wait = 0.0
-    wait = max(0.0, min(wait, settings.NODE_WAIT, settings.AGENT_DEADLINE / 2))
+    wait = max(0.0, min(wait, settings.NODE_WAIT, settings.AGENT_DEADLINE * 0.6))
     run = sync_to_async(_answer_sync, thread_sensitive=True)
     if wait:
         await wakeups.waiters.ready()
     seen = wakeups.waiters.seq
-    status, answer, wait_on, node_id = await run(authorization, raw, None, False)
+    status, answer, wait_on, node_id, samples = await run(authorization, raw, None, False)
     if node_id:
-        wakeups.waiters.beat(node_id)
+        wakeups.waiters.beat(node_id, samples)
     if status != 200 or answer["claims"] or not wait or wakeups.waiters.seq != seen:
         # news (claims, or a wake-up while it looked): a waiting agent asks again at once
         return await _send_json(send, status, {**answer, "again": bool(wait)} if status == 200 else answer)
@@ -388,9 +407,13 @@ async def node_wait(scope, receive, send) -> None:
         watch.cancel()
         woke.cancel()
     if disconnected.is_set():
+        if waiter.baton is not None:  # woken for a run it will never claim: the next waiter looks
+            wakeups.waiters.hand_on(*waiter.baton)
         return
     if waiter.event.is_set():
-        status, answer, _, _ = await run(authorization, raw, waiter.baton, True)
+        status, answer, _, _, _ = await run(authorization, raw, waiter.baton, True)
+        if status != 200 and waiter.baton is not None:
+            wakeups.waiters.hand_on(*waiter.baton)
     await _send_json(send, status, {**answer, "again": True} if status == 200 else answer)
 
 

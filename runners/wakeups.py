@@ -81,8 +81,13 @@ def publish(keys: Iterable[str]) -> None:
         redis_clients.mark_away(name, exc)
 
 
-def mark_seen(node_ids: list[int]) -> None:
-    Node.objects.filter(pk__in=node_ids).update(agent_seen_at=timezone.now())
+def mark_seen(seen: dict[int, list[dict] | None]) -> None:
+    """The nodes' agents asked now: one UPDATE of their agent_seen_at, one more for the devices' samples that came
+    with the asks (`bulk_update`: one query)."""
+    Node.objects.filter(pk__in=sorted(seen)).update(agent_seen_at=timezone.now())
+    sampled = [Node(pk=pk, samples=samples) for pk, samples in sorted(seen.items()) if samples is not None]
+    if sampled:
+        Node.objects.bulk_update(sampled, ["samples"])
 
 
 class Waiter:
@@ -99,7 +104,7 @@ class Waiters:
         self.listener: asyncio.Task | None = None
         self.listening = asyncio.Event()
         self.seq = 0  # messages seen: a wait that saw one arrive while it looked for work looks again
-        self.seen: set[int] = set()  # nodes whose agent asked since the last write of their agent_seen_at
+        self.seen: dict[int, list[dict] | None] = {}  # node → samples its agent sent, since the last write
         self.writer: asyncio.Task | None = None
 
     async def ready(self) -> None:
@@ -112,21 +117,22 @@ class Waiters:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.listening.wait(), settings.REDIS_CONNECT_TIMEOUT)
 
-    def beat(self, node_id: int) -> None:
-        """The node's agent asked: its agent_seen_at is written with the others' within SEEN_EVERY (one UPDATE a
-        second per web process, not one per ask)."""
-        self.seen.add(node_id)
+    def beat(self, node_id: int, samples: list[dict] | None = None) -> None:
+        """The node's agent asked (with its devices' `samples`, if it took new ones): its agent_seen_at and samples
+        are written with the others' within SEEN_EVERY (a query or two a second per web process, not one per ask)."""
+        if samples is not None or node_id not in self.seen:
+            self.seen[node_id] = samples
         if self.writer is None or self.writer.done():
             self.writer = asyncio.get_running_loop().create_task(self.write_seen())
 
     async def write_seen(self) -> None:
         while self.seen:
             await asyncio.sleep(SEEN_EVERY)
-            ids, self.seen = self.seen, set()
+            seen, self.seen = self.seen, {}
             try:
-                await sync_to_async(mark_seen, thread_sensitive=True)(sorted(ids))
+                await sync_to_async(mark_seen, thread_sensitive=True)(seen)
             except Exception as exc:  # the next ask writes it again, well within the agent deadline
-                log.warning("node wake-ups: could not record %d agents as seen: %r", len(ids), exc)
+                log.warning("node wake-ups: could not record %d agents as seen: %r", len(seen), exc)
 
     def add(self, waiter: Waiter) -> None:
         for key in waiter.keys:
@@ -168,6 +174,12 @@ class Waiters:
                 for waiter in list(self.by_key.get(key, ())):
                     self._wake(waiter)
 
+    def pass_on(self, baton: tuple[str, int]) -> None:
+        """`hand_on` from any thread (a woken ask that claimed nothing while such a run still waits)."""
+        if self.loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed
+                self.loop.call_soon_threadsafe(self.hand_on, *baton)
+
     def hand_on(self, key: str, hops: int) -> None:
         """Wake the oldest waiter for `key`, which passes the wake on (`hops` - 1 more times at most) when it
         claims nothing while such a run still waits."""
@@ -176,13 +188,14 @@ class Waiters:
             self._wake(next(iter(group)), (key, hops - 1))
 
     async def listen(self) -> None:
-        """Feed this process's waiters from Redis pub/sub, or from the wake file without Redis."""
+        """Feed this process's waiters from Redis pub/sub, or from the wake file without Redis (checked for the life
+        of the loop: a waiter added after a slow look must not find it stopped)."""
         if not settings.REDIS_URL:
             self.listening.set()
             path, seen = wake_file(), None
             with contextlib.suppress(OSError):
                 seen = os.stat(path).st_mtime_ns
-            while self.by_key or seen is None:
+            while True:
                 await asyncio.sleep(FILE_CHECK_S)
                 try:
                     mtime = os.stat(path).st_mtime_ns
@@ -191,7 +204,6 @@ class Waiters:
                 if seen is not None and mtime != seen:
                     self.dispatch(["all"])
                 seen = mtime
-            return
         import redis.asyncio as aioredis
 
         while True:

@@ -60,6 +60,7 @@ NODE_TOKEN_ENV = "KERNELBOT_NODE_TOKEN"
 POLL_S = 0.5
 WAIT_S = 15.0  # the longest a wait for work is held open: the node's heartbeat
 SWEEP_S = 2.0  # how often the devices nothing holds are checked for leftover processes
+SAMPLE_S = 15.0  # how often the devices' utilisation and memory are sampled (nvidia-smi) for the platform's /metrics
 KEY_LINE = re.compile(r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh\.com|"
                       r"sk-ecdsa-sha2-nistp256@openssh\.com) [A-Za-z0-9+/]+={0,2}")
 KEY_MARK = re.compile(r" kernelbot-node-agent-reservation-\d+$")
@@ -239,6 +240,7 @@ class NodeAgent:
         self.workroot = workroot or Path(tempfile.gettempdir())
         self.warm = warm or spares
         self.sweep_s, self.swept = SWEEP_S, -SWEEP_S
+        self.sampled = -SAMPLE_S
         root = str(Path(__file__).resolve().parents[2])
         self.spares = Spares(python, root, self.workroot) if spares else None
         if self.warm:
@@ -285,9 +287,11 @@ class NodeAgent:
     def poll(self, wait: float = 0) -> list[dict]:
         """Ask for work for the free devices (this is also the node's heartbeat), waiting up to `wait` seconds for
         some (`nodes/wait`); start each claimed run, then sweep the devices nothing holds."""
-        body = {"free": self.free()}
-        if (samples := gpu_samples()) is not None:
-            body["samples"] = samples  # the platform's /metrics shows them
+        body: dict = {"free": self.free()}
+        if time.monotonic() - self.sampled >= SAMPLE_S:  # nvidia-smi at most every SAMPLE_S, sent when new
+            self.sampled = time.monotonic()
+            if (samples := gpu_samples()) is not None:
+                body["samples"] = samples  # the platform's /metrics shows them
         answer = None
         if wait:
             try:

@@ -16,7 +16,11 @@ from asgiref.testing import ApplicationCommunicator
 from django.db import connection
 
 from kernelbot.handlers import SyncWorkerASGIHandler
+from leaderboards import runner_api
 from leaderboards.models import Run, RunAttempt, RunStatus
+from leaderboards.runner_api import node_answer
+from runners import wakeups
+from runners.harness import node as node_module
 from runners.harness.node import NodeAgent, node_token
 from runners.models import Gpu, Node
 
@@ -212,3 +216,149 @@ def test_an_agent_polls_a_platform_older_than_nodes_wait():
     agent.poll(agent.wait_s)
     agent.poll(agent.wait_s)
     assert asked == ["wait", "poll", "poll"] and agent.wait_s == 0
+
+
+def node_auth() -> str:
+    return f"Bearer {node_token(RUNNER_KEY, 'local', 'localhost')}"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_samples_sent_with_a_wait_are_written_with_the_batched_heartbeat_not_by_the_ask(cpu_pool, settings):
+    settings.NODE_WAIT = 20
+    node = cpu_pool.nodes.get()
+    sample = {"index": 0, "utilization": 0.25, "memory_used": 1 << 30, "memory_total": 80 << 30}
+
+    async def scenario():
+        status, answer, _ = await ask({"pool": "local", "hostname": "localhost", "free": [0], "samples": [sample]})
+        assert status == 200, answer
+        right_after = await sync_to_async(lambda: Node.objects.get(pk=node.pk).samples)()
+        await asyncio.sleep(wakeups.SEEN_EVERY + 1)
+        return right_after, await sync_to_async(lambda: Node.objects.get(pk=node.pk).samples)()
+
+    right_after, later = asyncio.run(scenario())
+    assert right_after != [sample]  # no UPDATE of its own per ask
+    assert later == [sample]  # with the agents' seen-write a second on
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_woken_ask_that_cannot_claim_hands_the_wake_on_while_the_run_waits(leaderboard, cpu_pool):
+    """A woken node that claims nothing (here: disabled meanwhile) passes the wake to the next waiter, whatever
+    kept it from claiming; the run is not left to the heartbeats."""
+    submission = submit(leaderboard)
+    dispatch_all()
+    Node.objects.filter(hostname="localhost").update(enabled=False)
+    key = f"pool:{cpu_pool.pk}:{cpu_pool.cpu.pk}"
+
+    async def scenario():
+        await wakeups.waiters.ready()
+        other = wakeups.Waiter([key])
+        wakeups.waiters.add(other)
+        body = {"pool": "local", "hostname": "localhost", "free": [0]}
+        answer = await sync_to_async(node_answer)(node_auth(), body, woken=(key, 1))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(other.event.wait(), 3)
+        wakeups.waiters.remove(other)
+        return answer[0], other
+
+    answer, other = asyncio.run(scenario())
+    assert answer["claims"] == [] and submission.runs.get().status == RunStatus.DISPATCHED
+    assert other.event.is_set() and other.baton == (key, 0)
+
+
+@pytest.mark.django_db
+def test_the_pools_cached_reading_is_stale_once_a_wake_up_came(leaderboard, cpu_pool, monkeypatch):
+    """An ask told to ask again (a wake-up came while it looked) must not be answered from the reading before it."""
+    monkeypatch.setattr(runner_api, "_pools", {})
+    assert runner_api._pool_state(cpu_pool.pk, False)[0] is False
+    submit(leaderboard)
+    dispatch_all()
+    wakeups.waiters.seq += 1  # what the dispatch's wake-up does in this process
+    assert runner_api._pool_state(cpu_pool.pk, False)[0] is True
+
+
+@pytest.mark.django_db
+def test_the_cached_device_types_give_way_to_what_a_claim_reads_and_still_expire(leaderboard, cpu_pool, monkeypatch):
+    node = cpu_pool.nodes.get()
+    submit(leaderboard)
+    dispatch_all()
+    read = time.monotonic() - 50
+    monkeypatch.setitem(runner_api._types, node.pk, (read, {0: 999999}))  # stale: device 0 is another type now
+    answer = runner_api.node_answer(node_auth(), {"pool": "local", "hostname": "localhost", "free": [0]})[0]
+    assert len(answer["claims"]) == 1
+    assert runner_api._types[node.pk] == (read, {0: cpu_pool.cpu.pk})  # the fresh type, the old reading's time
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_unexpected_error_in_a_wait_is_a_logged_json_500(cpu_pool, monkeypatch, caplog):
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(runner_api, "node_answer", broken)
+    status, answer, _ = asyncio.run(ask({"pool": "local", "hostname": "localhost", "free": [0], "wait": 5}))
+    assert status == 500 and "internal error" in answer["detail"]
+    assert any("a bug" in (record.exc_text or "") or record.exc_info for record in caplog.records)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_without_redis_the_wake_file_is_watched_for_a_waiter_added_after_a_slow_look(settings, tmp_path):
+    settings.REDIS_URL, settings.DATA_DIR = "", tmp_path
+
+    async def scenario():
+        await wakeups.waiters.ready()  # as a wait does before it looks
+        await asyncio.sleep(wakeups.FILE_CHECK_S * 3)  # a slow look, no one waiting meanwhile
+        waiter = wakeups.Waiter(["node:1"])
+        wakeups.waiters.add(waiter)
+        (tmp_path / "node-wake").write_text("pool:1:1")  # another process dispatched a run
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(waiter.event.wait(), wakeups.FILE_CHECK_S * 6)
+        wakeups.waiters.remove(waiter)
+        return waiter.event.is_set()
+
+    assert asyncio.run(scenario())
+
+
+def test_the_agent_samples_its_devices_at_most_every_15_seconds_and_sends_only_new_samples(monkeypatch):
+    bodies, taken = [], []
+
+    def platform(method, url, data, headers):
+        bodies.append(json.loads(data))
+        return 200, json.dumps({"claims": [], "reserved": []}).encode()
+
+    def sample():
+        taken.append(time.monotonic())
+        return [{"index": 0, "utilization": 0.1, "memory_used": 1, "memory_total": 2}]
+
+    monkeypatch.setattr(node_module, "gpu_samples", sample)
+    agent = NodeAgent("http://p", "local", "h", "t", transport=platform, warm=False)
+    agent.devices = [0]
+    for _ in range(3):
+        agent.poll()
+    assert len(taken) == 1 and ["samples" in body for body in bodies] == [True, False, False]
+    agent.sampled -= node_module.SAMPLE_S  # 15 s on
+    agent.poll()
+    assert len(taken) == 2 and "samples" in bodies[-1]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_wait_woken_as_its_client_leaves_hands_the_wake_on(cpu_pool, settings):
+    settings.NODE_WAIT = 20
+    key = f"pool:{cpu_pool.pk}:{cpu_pool.cpu.pk}"
+
+    async def scenario():
+        scope, raw = wait_scope(json.dumps({"pool": "local", "hostname": "localhost", "free": [0], "wait": 20}
+                                           ).encode())
+        comm = ApplicationCommunicator(SyncWorkerASGIHandler(), scope)
+        await comm.send_input({"type": "http.request", "body": raw, "more_body": False})
+        await asyncio.sleep(1.0)  # it waits, the oldest waiter for the key
+        other = wakeups.Waiter([key])
+        wakeups.waiters.add(other)
+        wakeups.waiters.hand_on(key, 2)  # woken by a dispatched run ...
+        await comm.send_input({"type": "http.disconnect"})  # ... as its client goes
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(other.event.wait(), 3)
+        wakeups.waiters.remove(other)
+        await comm.wait(5)
+        return other
+
+    other = asyncio.run(scenario())
+    assert other.event.is_set() and other.baton == (key, 0)
