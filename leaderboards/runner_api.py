@@ -257,11 +257,11 @@ def _reservations(node_id: int) -> dict:
 
 
 def node_answer(authorization: str, body: dict, *, woken: tuple[str, int] | None = None,
-                batched: bool = False, fresh: bool = True) -> tuple[dict, list[str], Node, list[dict] | None]:
+                batched: bool = False, fresh: bool = True) -> tuple[dict, list[str], Node]:
     """One ask for work by a node's agent (also its heartbeat): its claims (`lifecycle.do_claim_runs`) and its
-    reservations, the wake-up keys (runners.wakeups) to wait on when it got no claim, the node and the devices'
-    samples it sent. `woken`: the pool wake that woke this ask, handed on when it claims nothing while a run of that
-    type still waits. `batched`: the caller records the heartbeat and the samples (runners.wakeups batches them).
+    reservations, the wake-up keys (runners.wakeups) to wait on when it got no claim, and the node. `woken`: the
+    pool wake that woke this ask, handed on when it claims nothing while a run of that type still waits. `batched`:
+    the caller records the heartbeat (runners.wakeups batches them).
     `fresh=False`: whether a run waits for the pool and which of its nodes reservations hold devices of may be this
     process's reading of up to POOL_TTL ago, taken since its last wake-up (an ask that was woken reads them anew;
     one that missed a wake-up that way waits at most a heartbeat). An idle node's ask then costs one query."""
@@ -269,7 +269,7 @@ def node_answer(authorization: str, body: dict, *, woken: tuple[str, int] | None
     free = _free(body)
     if node is None:
         raise Refused(404, f"{hostname} is not registered in pool {pool.name}: register first")
-    if (samples := _samples(body)) is not None and not batched:
+    if (samples := _samples(body)) is not None:  # the agent samples every 15 s at most: one UPDATE then
         Node.objects.filter(pk=node.pk).update(samples=samples)
     claims: list[dict] = []
     waits, reserved = _pool_state(pool.pk, fresh)
@@ -284,7 +284,7 @@ def node_answer(authorization: str, body: dict, *, woken: tuple[str, int] | None
     wait_on = [f"node:{node.pk}"] + [
         f"pool:{pool.pk}:{t}" for t in sorted({types[i] for i in free if i in types})]
     news = _reservations(node.pk) if node.pk in reserved else NONE
-    return {"claims": claims, **news}, wait_on, node, samples
+    return {"claims": claims, **news}, wait_on, node
 
 
 # pool → (when read, wake-ups seen then, a run waits, nodes a reservation holds)
@@ -331,10 +331,10 @@ def node_poll(request: HttpRequest) -> HttpResponse:
 
 
 def _answer_sync(authorization: str, raw: bytes, woken: tuple[str, int] | None, fresh: bool
-                 ) -> tuple[int, dict, list[str], int, list[dict] | None]:
+                 ) -> tuple[int, dict, list[str], int]:
     """`node_answer` as a request of its own on the sync thread (its connection kept between asks, as between a
     sync worker's requests; one that broke is closed), a lost database connection a 503, anything unexpected a
-    logged 500 in JSON. Also the node's id and the samples its agent sent."""
+    logged 500 in JSON. Also the node's id."""
     try:
         try:
             body = json.loads(raw or b"null")
@@ -342,17 +342,17 @@ def _answer_sync(authorization: str, raw: bytes, woken: tuple[str, int] | None, 
             raise Refused(400, f"the body is not JSON: {exc}") from exc
         if not isinstance(body, dict):
             raise Refused(400, "the body must be a JSON object")
-        answer, wait_on, node, samples = node_answer(authorization, body, woken=woken, batched=True, fresh=fresh)
-        return 200, answer, wait_on, node.pk, samples
+        answer, wait_on, node = node_answer(authorization, body, woken=woken, batched=True, fresh=fresh)
+        return 200, answer, wait_on, node.pk
     except Refused as exc:
-        return exc.status, {"detail": exc.detail}, [], 0, None
+        return exc.status, {"detail": exc.detail}, [], 0
     except DatabaseError as exc:
         log.warning("nodes/wait: database error %r", exc)
         dbhealth.close_broken_connections()
-        return 503, {"detail": dbhealth.MESSAGE}, [], 0, None
+        return 503, {"detail": dbhealth.MESSAGE}, [], 0
     except Exception:
         log.exception("nodes/wait: the ask failed")
-        return 500, {"detail": "internal error: the ask for work failed (logged)"}, [], 0, None
+        return 500, {"detail": "internal error: the ask for work failed (logged)"}, [], 0
 
 
 async def node_wait(scope, receive, send) -> None:
@@ -384,9 +384,9 @@ async def node_wait(scope, receive, send) -> None:
     if wait:
         await wakeups.waiters.ready()
     seen = wakeups.waiters.seq
-    status, answer, wait_on, node_id, samples = await run(authorization, raw, None, False)
+    status, answer, wait_on, node_id = await run(authorization, raw, None, False)
     if node_id:
-        wakeups.waiters.beat(node_id, samples)
+        wakeups.waiters.beat(node_id)
     if status != 200 or answer["claims"] or not wait or wakeups.waiters.seq != seen:
         # news (claims, or a wake-up while it looked): a waiting agent asks again at once
         return await _send_json(send, status, {**answer, "again": bool(wait)} if status == 200 else answer)
@@ -411,7 +411,7 @@ async def node_wait(scope, receive, send) -> None:
             wakeups.waiters.hand_on(*waiter.baton)
         return
     if waiter.event.is_set():
-        status, answer, _, _, _ = await run(authorization, raw, waiter.baton, True)
+        status, answer, _, _ = await run(authorization, raw, waiter.baton, True)
         if status != 200 and waiter.baton is not None:
             wakeups.waiters.hand_on(*waiter.baton)
     await _send_json(send, status, {**answer, "again": True} if status == 200 else answer)

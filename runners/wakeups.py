@@ -81,13 +81,8 @@ def publish(keys: Iterable[str]) -> None:
         redis_clients.mark_away(name, exc)
 
 
-def mark_seen(seen: dict[int, list[dict] | None]) -> None:
-    """The nodes' agents asked now: one UPDATE of their agent_seen_at, one more for the devices' samples that came
-    with the asks (`bulk_update`: one query)."""
-    Node.objects.filter(pk__in=sorted(seen)).update(agent_seen_at=timezone.now())
-    sampled = [Node(pk=pk, samples=samples) for pk, samples in sorted(seen.items()) if samples is not None]
-    if sampled:
-        Node.objects.bulk_update(sampled, ["samples"])
+def mark_seen(node_ids: list[int]) -> None:
+    Node.objects.filter(pk__in=node_ids).update(agent_seen_at=timezone.now())
 
 
 class Waiter:
@@ -104,7 +99,7 @@ class Waiters:
         self.listener: asyncio.Task | None = None
         self.listening = asyncio.Event()
         self.seq = 0  # messages seen: a wait that saw one arrive while it looked for work looks again
-        self.seen: dict[int, list[dict] | None] = {}  # node → samples its agent sent, since the last write
+        self.seen: set[int] = set()  # nodes whose agent asked since the last write of their agent_seen_at
         self.writer: asyncio.Task | None = None
 
     async def ready(self) -> None:
@@ -117,22 +112,21 @@ class Waiters:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.listening.wait(), settings.REDIS_CONNECT_TIMEOUT)
 
-    def beat(self, node_id: int, samples: list[dict] | None = None) -> None:
-        """The node's agent asked (with its devices' `samples`, if it took new ones): its agent_seen_at and samples
-        are written with the others' within SEEN_EVERY (a query or two a second per web process, not one per ask)."""
-        if samples is not None or node_id not in self.seen:
-            self.seen[node_id] = samples
+    def beat(self, node_id: int) -> None:
+        """The node's agent asked: its agent_seen_at is written with the others' within SEEN_EVERY (one UPDATE a
+        second per web process, not one per ask)."""
+        self.seen.add(node_id)
         if self.writer is None or self.writer.done():
             self.writer = asyncio.get_running_loop().create_task(self.write_seen())
 
     async def write_seen(self) -> None:
         while self.seen:
             await asyncio.sleep(SEEN_EVERY)
-            seen, self.seen = self.seen, {}
+            ids, self.seen = self.seen, set()
             try:
-                await sync_to_async(mark_seen, thread_sensitive=True)(seen)
+                await sync_to_async(mark_seen, thread_sensitive=True)(sorted(ids))
             except Exception as exc:  # the next ask writes it again, well within the agent deadline
-                log.warning("node wake-ups: could not record %d agents as seen: %r", len(seen), exc)
+                log.warning("node wake-ups: could not record %d agents as seen: %r", len(ids), exc)
 
     def add(self, waiter: Waiter) -> None:
         for key in waiter.keys:
