@@ -35,6 +35,7 @@ _CLOCKS = {name: getattr(time, name) for name in ("perf_counter", "perf_counter_
 import contextlib  # noqa: E402
 import ctypes  # noqa: E402
 import fcntl  # noqa: E402
+import functools  # noqa: E402
 import importlib  # noqa: E402
 import json  # noqa: E402
 import mmap  # noqa: E402
@@ -44,6 +45,7 @@ import socket  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
 import traceback  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 
 L2_FLUSH_BYTES = 256 << 20
 MAX_MESSAGE = 160 << 10  # under the default socket buffer, so one message always fits
@@ -570,14 +572,19 @@ def _out_of_memory() -> bool:
     return False
 
 
+def synchronize_all(synchronize: Callable[[int], object], devices: range) -> None:
+    for index in devices:
+        synchronize(index)
+
+
 class Yardstick:
     """The one clock both sides are timed by: the child times the submission with it, the trusted parent the
     reference, each on inputs lent to it the same way just before the call (a shared buffer of a pool that is
     reused call after call). Returns (output, ns, late ns). On a GPU: events on the stream the call runs on, after
-    the same L2 flush; `late` is how much later than the end mark the device as a whole went idle (a device-wide
-    synchronize, then a third mark): a host round trip for a call whose work is all on its stream, the hidden
-    work's duration for one that leaves work on another stream. On the CPU: the host clock, `late` 0.
-    References to the clock functions are taken here, before the submission is imported."""
+    the same L2 flush; `late` is how much later than the end mark the devices as a whole went idle (a synchronize of
+    every device the process can see, then a third mark): a host round trip for a call whose work is all on its
+    stream, the hidden work's duration for one that leaves work on another stream or device. On the CPU: the host
+    clock, `late` 0. References to the clock functions are taken here, before the submission is imported."""
 
     def __init__(self, torch, cuda: bool | None = None):
         self.torch = torch
@@ -585,7 +592,10 @@ class Yardstick:
         self.flush = None
         if self.cuda:
             cuda = torch.cuda
-            self.event, self.elapsed, self.sync = cuda.Event, cuda.Event.elapsed_time, cuda.synchronize
+            self.event, self.elapsed = cuda.Event, cuda.Event.elapsed_time
+            # every device of the run (all this process can see), not the current one only: work a call leaves on
+            # another device is late work too
+            self.sync = functools.partial(synchronize_all, cuda.synchronize, range(cuda.device_count()))
 
     def warm(self) -> None:
         """The L2 flush buffer (and with it the device context)."""
@@ -605,7 +615,7 @@ class Yardstick:
         start.record()
         out = fn(data)
         end.record()
-        self.sync()  # every stream of the device
+        self.sync()  # every stream of every device
         idle.record()
         idle.synchronize()
         ns = int(self.elapsed(start, end) * 1e6)
@@ -641,8 +651,8 @@ class Runner:
         self.cuda = torch.cuda.is_available()
         self.seconds = {"torch_import": (_perf_ns() - started) / 1e9}  # reported to the parent: informational
         torch.ones(1 << 16).sum()  # spin up torch's own thread pools before anything is measured
-        self.sync = torch.cuda.synchronize if self.cuda else None
         self.yardstick = Yardstick(torch)
+        self.sync = self.yardstick.sync if self.cuda else None  # every device, as the timed calls' end
         self.watched = self.references()
         self.main_tid = threading.get_native_id()
         self.inputs = Imports(torch, writable=True)

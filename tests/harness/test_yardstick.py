@@ -15,12 +15,14 @@ LAUNCH_MS, ROUND_TRIP_MS, FLUSH_MS = 0.004, 0.012, 0.08
 
 class FakeDevice:
     """Times in ms. Host calls advance the host clock; work queued on a stream starts when both the stream is free
-    and the host has launched it."""
+    and the host has launched it. `count` devices share the host: a stream named "gpu<i>:..." is on device i, any
+    other on device 0 (the current one)."""
 
-    def __init__(self):
+    def __init__(self, count: int = 1):
         self.host = 0.0
         self.streams = {"current": 0.0}
         self.current = "current"
+        self.count = count
 
     def launch(self, ms: float, stream: str | None = None) -> None:
         stream = stream or self.current
@@ -31,8 +33,12 @@ class FakeDevice:
         """The current stream waits for `other` (an event recorded there, waited on here)."""
         self.streams[self.current] = max(self.streams[self.current], self.streams[other])
 
-    def synchronize(self) -> None:
-        self.host = max(self.host, *self.streams.values()) + ROUND_TRIP_MS
+    def synchronize(self, device: int | None = None) -> None:
+        """torch.cuda.synchronize(device): the streams of that device (the current one, 0, when None) only."""
+        index = device or 0
+        on = [t for name, t in self.streams.items() if (int(name[3:].split(":")[0]) if name.startswith("gpu") else 0)
+              == index]
+        self.host = max([self.host, *on]) + ROUND_TRIP_MS
 
 
 def fake_torch(device: FakeDevice) -> SimpleNamespace:
@@ -51,7 +57,8 @@ def fake_torch(device: FakeDevice) -> SimpleNamespace:
             return end.at - self.at
 
     flush = SimpleNamespace(zero_=lambda: device.launch(FLUSH_MS))
-    cuda = SimpleNamespace(Event=Event, synchronize=device.synchronize, is_available=lambda: True)
+    cuda = SimpleNamespace(Event=Event, synchronize=device.synchronize, is_available=lambda: True,
+                           device_count=lambda: device.count)
     return SimpleNamespace(cuda=cuda, int8="int8", empty=lambda *a, **k: flush)
 
 
@@ -115,6 +122,43 @@ def test_a_side_stream_call_among_honest_ones_is_charged_its_work():
     charged, problem = stats.outside_stream([t[1] for t in timed], [t[2] for t in timed], *allowed)
     assert problem is None  # not every call: no verdict from one batch ...
     assert min(charged) / 1e6 > 0.4  # ... but even its fastest call is charged its work (past the flush)
+
+
+def other_device(device, ms):
+    """Returns as soon as its work is queued on a second device: a synchronize of the current device does not wait."""
+    return lambda data: device.launch(ms, stream="gpu1:0")
+
+
+def joined_devices(device, ms):
+    """Honest multi-device: half the work on the second device, the current stream waiting for it before returning."""
+    def kernel(data):
+        device.launch(ms / 2, stream="gpu1:0")
+        device.launch(ms / 2)
+        device.join("gpu1:0")
+    return kernel
+
+
+def test_work_left_on_another_device_is_refused_and_charged():
+    """The end sync covers every device the process can see (the run's devices), not the current one only."""
+    device = FakeDevice(count=2)
+    yardstick = child.Yardstick(fake_torch(device))
+    allowed = allowance(yardstick)
+    timed = [yardstick(other_device(device, 0.5), None) for _ in range(8)]
+    samples, lates = [t[1] for t in timed], [t[2] for t in timed]
+    assert all(ns / 1e6 < 0.05 for ns in samples)  # the end mark alone: the launch
+    assert all(late / 1e6 > 0.4 for late in lates)  # the device idle mark waits for the second device's work
+    charged, problem = stats.outside_stream(samples, lates, *allowed)
+    assert problem and problem.startswith("work outside the timed stream")
+    assert all(c / 1e6 > 0.4 for c in charged)
+
+
+def test_work_joined_from_another_device_passes():
+    device = FakeDevice(count=2)
+    yardstick = child.Yardstick(fake_torch(device))
+    allowed = allowance(yardstick)
+    timed = [yardstick(joined_devices(device, 0.5), None) for _ in range(8)]
+    assert all(abs(t[1] / 1e6 - 0.25) < 0.02 for t in timed)
+    assert stats.outside_stream([t[1] for t in timed], [t[2] for t in timed], *allowed)[1] is None
 
 
 def test_cpu_yardstick_has_no_late_work():
