@@ -123,11 +123,13 @@ def run(job: Job, emitter: Emitter) -> Result:
     failed = run_stages(job, emitter, result, [sys.executable, job.main], derive_seed(job.seed, "popcorn", 0, 0),
                         lambda phase: Sandbox(job.workdir, phase_limits(job, phase), devices=devices,
                                               uid=job.sandbox_uid))
-    if failed is None:
-        return result
+    if failed is None or failed.verdict != "crash":
+        return result if failed is None else result.fail(failed.verdict, failed.error)
     # eval.py and the submission share the sandboxed process: nothing trusted says the failure was out of memory
-    # (its output and stderr are the submission's to write). It is the device's when other processes held at least
-    # half of it at the end of the stage (the stage's own memory is gone with its process by then).
+    # (its output and stderr are the submission's to write). Only a stage that crashed (no result, or a nonzero exit:
+    # the way a torch out-of-memory error ends the process) can be the device's fault, never a wrong answer eval.py
+    # reported: the device's when other processes held at least half of it at the end of the stage (the stage's own
+    # memory is gone with its process by then).
     memory = device.measure(list(job.gpus))
     if memory is not None and memory.per_process and (judged := device.blame(memory, None, "submission")).who == \
             "device":

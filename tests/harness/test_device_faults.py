@@ -347,3 +347,19 @@ def test_an_oom_under_the_popcorn_protocol_beside_a_small_holder_stays_the_submi
     result, _ = run_harness(job_for(popcorn_workdir(tmp_path, submission), "test", protocol="popcorn"))
     assert result["status"] == "ok" and result["verdict"] in ("crash", "fail")
     assert device.DEVICE_BUSY_FLAG not in result["flags"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("submission", "held", "status", "verdict"), [
+    ("wrong", 70000, "ok", "fail"), (KERNEL_OOM, 70000, "error", "fail"), (KERNEL_OOM, 1, "ok", "crash")],
+    ids=["wrong-answer-big-holder", "crash-big-holder", "crash-small-holder"])
+def test_under_the_popcorn_protocol_only_a_crash_can_be_the_devices_fault(tmp_path, smi, submission, held, status,
+                                                                          verdict):
+    """A wrong answer eval.py reports (`check: fail`) stays the competitor's whoever holds the device; a stage that
+    crashed (no result, nonzero exit: how a torch out-of-memory error ends the process) is the device's only when
+    measured memory says others held enough."""
+    smi(others=[(os.getpid(), held)])
+    code = (SUBMISSIONS / "wrong.py").read_text() if submission == "wrong" else submission
+    result, _ = run_harness(job_for(popcorn_workdir(tmp_path, code), "test", protocol="popcorn"))
+    assert (result["status"], result["verdict"]) == (status, verdict), result["error"]
+    assert (device.DEVICE_BUSY_FLAG in result["flags"]) == (status == "error")
