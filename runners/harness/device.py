@@ -3,7 +3,8 @@
 Whether an error is out of memory comes from its type as torch raised it (`torch.OutOfMemoryError`, alias
 `torch.cuda.OutOfMemoryError`), never from words a submission can print. Who is to blame comes from the device's
 memory measured by the trusted parent at the moment of failure, before the child is killed (`measure`: nvidia-smi,
-else rocm-smi, per process where the driver says): the run's own processes, other processes and their sizes, and the
+else amd-smi, else rocm-smi, per process where the driver says; never on a MIG slice, whose processes' memory the
+driver does not give): the run's own processes, other processes and their sizes, and the
 request (`blame`). Others' memory is the cause (the device is busy: an infrastructure failure, retried, the holders
 named for organisers) only when they hold a meaningful amount (`meaningful`) and enough to explain the failure; the
 submission's when its own processes hold it or it asked for more than the device has; the problem's only when the
@@ -176,11 +177,62 @@ def _nvidia(smi: str, devices: list[str], run_pid: int) -> Memory | None:
     mine = {bus: row for bus, row in gpus.items() if not devices or row[0] in devices}
     if not mine or not all(row[2].isdigit() for row in mine.values()):
         return None  # no device, or a MIG slice / container whose total the driver does not give
+    indices = {row[0] for row in mine.values()}
+    if any(len(row) == 2 and row[0] in indices and row[1].lower() == "enabled" for row in query(
+            "gpu=index,mig.mode.current")):  # a separate query: drivers without MIG reject the field
+        return None  # a MIG slice: the driver gives no process's memory, and the totals are the whole GPU's
     found = []
     for row in query("compute-apps=pid,used_memory,gpu_bus_id"):
         if len(row) == 3 and row[2].lower() in mine and row[0].isdigit():
-            found.append((int(row[0]), int(row[1]) << 20 if row[1].isdigit() else 0, mine[row[2].lower()][0]))
+            if not row[1].isdigit():
+                return None  # "[N/A]", "[Not Supported]": who held what is not known, so none of it is claimed
+            found.append((int(row[0]), int(row[1]) << 20, mine[row[2].lower()][0]))
     return _split(run_pid, found, sum(int(row[2]) << 20 for row in mine.values()), "nvidia-smi")
+
+
+def _amount(value: object) -> int | None:
+    """One of amd-smi's figures in bytes: {"value": 12, "unit": "MB"} (its MB are MiB) or a plain number of bytes."""
+    number, unit = (value.get("value"), str(value.get("unit", "B"))) if isinstance(value, dict) else (value, "B")
+    scale = 1 if unit.upper() == "B" else _UNITS.get(unit[:1].upper())
+    if isinstance(number, bool) or not isinstance(number, (int, float)) or scale is None:
+        return None
+    return int(number * scale)
+
+
+def _amd_gpus(smi: str, *args: str) -> list[dict]:
+    """amd-smi's per-device JSON: a list of {"gpu": index, ...}, or {"gpu_data": [...]} (ROCm 7)."""
+    doc = json.loads(_run([smi, *args, "--json"]) or "[]")
+    rows = doc.get("gpu_data", [doc] if "gpu" in doc else []) if isinstance(doc, dict) else doc
+    return [row for row in rows if isinstance(row, dict) and str(row.get("gpu", "")).isdigit()]
+
+
+def _amd_totals(smi: str, devices: list[str], key: str) -> dict[str, int]:
+    """amd-smi metric --mem-usage: {"gpu": 0, "mem_usage": {"total_vram": {"value": 196592, "unit": "MB"},
+    "used_vram": {...}, ...}} per device; `key` of the run's devices, in bytes."""
+    found = {str(row["gpu"]): _amount((row.get("mem_usage") or {}).get(key))
+             for row in _amd_gpus(smi, "metric", "--mem-usage")}
+    return {index: n for index, n in found.items() if n is not None and (not devices or index in devices)}
+
+
+def _amd(smi: str, devices: list[str], run_pid: int) -> Memory | None:
+    """amd-smi (ROCm 6+): totals from `metric --mem-usage`, processes from `process`: {"gpu": 0, "process_list":
+    [{"process_info": {"pid": n, "memory_usage": {"vram_mem": {"value": bytes, "unit": "B"}, ...}, ...}}]} (the
+    entry itself the process on newer tools, "No running processes detected" where none)."""
+    mine = _amd_totals(smi, devices, "total_vram")
+    if not mine:
+        return None
+    found = []
+    for row in _amd_gpus(smi, "process"):
+        index = str(row["gpu"])
+        for entry in (row.get("process_list") or []) if index in mine else []:
+            info = entry.get("process_info", entry) if isinstance(entry, dict) else entry
+            if not isinstance(info, dict):
+                continue  # no process on this device
+            pid, used = info.get("pid"), _amount((info.get("memory_usage") or {}).get("vram_mem"))
+            if not isinstance(pid, int) or used is None:
+                return None  # a process whose memory the tool does not give: nobody's share is claimed
+            found.append((pid, used, index))
+    return _split(run_pid, found, sum(mine.values()), "amd-smi")
 
 
 def _rocm(smi: str, devices: list[str], run_pid: int) -> Memory | None:
@@ -205,7 +257,7 @@ def _rocm(smi: str, devices: list[str], run_pid: int) -> Memory | None:
 def measure(devices: list[str], run_pid: int | None = None) -> Memory | None:
     """The memory of `devices` (host indices; all when empty) now, from the driver's tool; None where none answers."""
     run_pid = os.getpid() if run_pid is None else run_pid
-    for name, read in (("nvidia-smi", _nvidia), ("rocm-smi", _rocm)):
+    for name, read in (("nvidia-smi", _nvidia), ("amd-smi", _amd), ("rocm-smi", _rocm)):
         if tool := shutil.which(name):
             try:
                 if memory := read(tool, devices, run_pid):
@@ -229,6 +281,10 @@ def used(devices: list[str]) -> int | None:
             mine = [int(row[1]) << 20 for row in rows if len(row) == 2 and (not devices or row[0] in devices)]
             if mine:
                 return sum(mine)
+    if smi := shutil.which("amd-smi"):
+        with contextlib.suppress(OSError, ValueError, AttributeError, subprocess.TimeoutExpired):
+            if mine := _amd_totals(smi, devices, "used_vram"):
+                return sum(mine.values())
     if smi := shutil.which("rocm-smi"):
         with contextlib.suppress(OSError, ValueError, KeyError, AttributeError, subprocess.TimeoutExpired):
             cards = json.loads(_run([smi, "--showmeminfo", "vram", "--json"]) or "{}")

@@ -9,6 +9,7 @@ where the parent has no CUDA device its claim is ignored (a plain fail). The err
 raises, injected on CPU; the device's memory comes from a stand-in nvidia-smi (or rocm-smi) on PATH, or a stand-in
 for torch's device-wide figures in the parent."""
 
+import json
 import os
 import stat
 import sys
@@ -42,7 +43,7 @@ SMI = """#!{python}
 import os, sys
 BUS = "00000000:01:00.0"
 if sys.argv[1].startswith("--query-gpu="):
-    fields = {{"index": "0", "pci.bus_id": BUS, "memory.total": "{total}"}}
+    fields = {{"index": "0", "pci.bus_id": BUS, "memory.total": "{total}", "mig.mode.current": "{mig}"}}
     print(", ".join(fields[name] for name in sys.argv[1].split("=", 1)[1].split(",")))
 elif sys.argv[1].startswith("--query-compute-apps="):
     rows = {others!r}
@@ -64,11 +65,11 @@ elif sys.argv[1].startswith("--query-compute-apps="):
 @pytest.fixture
 def smi(tmp_path, monkeypatch):
     """Install a stand-in nvidia-smi on PATH: smi(others=[(pid, MiB)], child=MiB, total=MiB)."""
-    def install(others=(), child=0, total=TOTAL_MIB):
+    def install(others=(), child=0, total=TOTAL_MIB, mig="[N/A]"):
         bin_dir = tmp_path / "bin"
         bin_dir.mkdir(exist_ok=True)
         tool = bin_dir / "nvidia-smi"
-        tool.write_text(SMI.format(python=sys.executable, total=total, others=list(others), child=child))
+        tool.write_text(SMI.format(python=sys.executable, total=total, others=list(others), child=child, mig=mig))
         tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
         monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     return install
@@ -90,10 +91,11 @@ def small_holder(smi):
 
 @pytest.fixture
 def no_tool(monkeypatch):
-    """No nvidia-smi nor rocm-smi to be found (this machine has none; a stray one on PATH would not be asked)."""
+    """No nvidia-smi, amd-smi nor rocm-smi to be found (this machine has none; a stray one on PATH would not be
+    asked)."""
     monkeypatch.setenv("PATH", os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
                                                if not any(os.path.exists(os.path.join(p, t))
-                                                          for t in ("nvidia-smi", "rocm-smi"))))
+                                                          for t in ("nvidia-smi", "amd-smi", "rocm-smi"))))
 
 
 def test_torchs_message_gives_the_figures():
@@ -257,6 +259,77 @@ def test_rocm_smi_is_asked_where_nvidia_smi_is_missing(tmp_path, monkeypatch, no
     assert memory is not None and (memory.source, memory.total) == ("rocm-smi", 64 << 30)
     assert [(h.pid, h.memory) for h in memory.others] == [(os.getpid(), 40 << 30)]
     assert device.blame(memory, 30 << 30, "submission").who == "device"
+
+
+@pytest.mark.parametrize(("mig", "used"), [("Enabled", 70000), ("Enabled", "[N/A]"), ("[N/A]", "[N/A]"),
+                                         ("Disabled", "[Not Supported]")])
+def test_a_mig_slice_or_unknown_process_memory_claims_no_process_figures(smi, mig, used):
+    """On a MIG slice nvidia-smi gives no process's memory (and the whole GPU's totals): nothing per process is
+    claimed, so the parent falls back to torch's figures for its slice (apportioned) or "unknown"."""
+    smi(others=[(os.getpid(), used)], mig=mig)
+    assert device.measure([], run_pid=1) is None
+
+
+def test_on_a_mig_slice_the_parent_apportions_torchs_figures(monkeypatch, smi):
+    smi(others=[(os.getpid(), "[N/A]")], mig="Enabled")
+    measure = device.measure
+    session, child = session_on(monkeypatch, device_used=(78_000, 70_000))
+    monkeypatch.setattr(device, "measure", measure)
+    judged = session.judge_oom(MESSAGE)
+    assert child.killed and judged.memory.source.startswith("torch") and judged.who == "device"
+
+
+AMD = """#!/bin/sh
+case "$*" in
+  *metric*) echo '{metric}' ;;
+  *process*) echo '{process}' ;;
+esac
+"""
+
+
+def amd_smi(tmp_path, monkeypatch, *, total_mb, used_mb, processes, wrapped=False, nested=True):
+    """A stand-in amd-smi on PATH: one device; `processes` (pid, bytes) on it."""
+    entries = [{"process_info": p} if nested else p for p in (
+        {"name": "python3", "pid": pid, "memory_usage": {"gtt_mem": {"value": 0, "unit": "B"},
+                                                         "vram_mem": {"value": used, "unit": "B"}}}
+        for pid, used in processes)] or [{"process_info": "No running processes detected"}]
+    metric = [{"gpu": 0, "mem_usage": {"total_vram": {"value": total_mb, "unit": "MB"},
+                                       "used_vram": {"value": used_mb, "unit": "MB"}}}]
+    process = [{"gpu": 0, "process_list": entries}]
+    if wrapped:
+        metric, process = {"gpu_data": metric}, {"gpu_data": process}
+    bin_dir = tmp_path / "amd"
+    bin_dir.mkdir(exist_ok=True)
+    tool = bin_dir / "amd-smi"
+    tool.write_text(AMD.format(metric=json.dumps(metric), process=json.dumps(process)))
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
+@pytest.mark.parametrize(("wrapped", "nested"), [(False, True), (True, False)], ids=["rocm6", "rocm7"])
+def test_amd_smi_is_asked_before_rocm_smi(tmp_path, monkeypatch, no_tool, wrapped, nested):
+    rocm = tmp_path / "rocm"
+    rocm.mkdir()
+    (rocm / "rocm-smi").write_text(ROCM.format(total=32 << 30, pid=1, used=1))
+    (rocm / "rocm-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{rocm}{os.pathsep}{os.environ['PATH']}")
+    amd_smi(tmp_path, monkeypatch, total_mb=65536, used_mb=41000, processes=[(os.getpid(), 40 << 30)],
+            wrapped=wrapped, nested=nested)
+    memory = device.measure([], run_pid=1)
+    assert memory is not None and (memory.source, memory.total, memory.per_process) == ("amd-smi", 64 << 30, True)
+    assert [(h.pid, h.memory, h.device) for h in memory.others] == [(os.getpid(), 40 << 30, "0")]
+    assert device.blame(memory, 30 << 30, "submission").who == "device"
+    assert device.used([]) == 41000 << 20 and device.used(["1"]) is None
+    mine = device.measure([])  # this process is the run
+    assert mine is not None and mine.others == [] and mine.held() == 40 << 30
+
+
+def test_amd_smi_without_processes_or_figures(tmp_path, monkeypatch, no_tool):
+    amd_smi(tmp_path, monkeypatch, total_mb=65536, used_mb=10, processes=[])
+    memory = device.measure([], run_pid=1)
+    assert memory is not None and memory.others == [] and memory.own == []
+    amd_smi(tmp_path, monkeypatch, total_mb=65536, used_mb=10, processes=[(os.getpid(), "N/A")])
+    assert device.measure([], run_pid=1) is None  # a process whose memory is not given: no share claimed
 
 
 def workdir_with(tmp_path, submission: str | None = None, reference_patch: str = ""):
