@@ -586,9 +586,10 @@ class Yardstick:
     stream, the hidden work's duration for one that leaves work on another stream or device. On the CPU: the host
     clock, `late` 0. References to the clock functions are taken here, before the submission is imported."""
 
-    def __init__(self, torch, cuda: bool | None = None):
+    def __init__(self, torch, cuda: bool | None = None, clock: Callable[[], int] = _perf_ns):
         self.torch = torch
         self.cuda = torch.cuda.is_available() if cuda is None else cuda
+        self.clock = clock  # the host clock in ns (a test's fake one drives the timing loop deterministically)
         self.flush = None
         if self.cuda:
             cuda = torch.cuda
@@ -605,9 +606,9 @@ class Yardstick:
 
     def __call__(self, fn, data):
         if not self.cuda:
-            t0 = _perf_ns()
+            t0 = self.clock()
             out = fn(data)
-            return out, _perf_ns() - t0, 0
+            return out, self.clock() - t0, 0
         self.warm()
         start, end, idle = (self.event(enable_timing=True) for _ in range(3))
         self.sync()
@@ -678,7 +679,8 @@ class Runner:
         stick = self.yardstick
         return {**{f"time.{k}": getattr(time, k) for k in _CLOCKS}, "torch.cuda.synchronize": torch.cuda.synchronize,
                 "torch.cuda.Event": torch.cuda.Event, "Yardstick.__call__": Yardstick.__call__, "yardstick": stick,
-                **{f"yardstick.{k}": getattr(stick, k, None) for k in ("sync", "elapsed", "event", "flush", "cuda")}}
+                **{f"yardstick.{k}": getattr(stick, k, None)
+                   for k in ("sync", "elapsed", "event", "flush", "cuda", "clock")}}
 
     def tampering(self) -> str | None:
         current = self.references()

@@ -530,8 +530,8 @@ class KernelbotRun:
         inputs generated, lent (copied into a reused shared buffer of a pool the child never sees) just before it,
         started on a thread just woken; its output copied out into a pool and checked, and alive until the next call
         returns; each sample charged what the device stayed busy past the baseline (stats.charge_late), as the
-        submission's are. So both sides meet the same state of caches and allocator, and a busy host slows both
-        alike."""
+        submission's are. So both sides meet the same state of caches and allocator, and load on the host that
+        lasts longer than a batch slows both alike (tests/harness/test_host_load.py)."""
         assert self.problem is not None and self.session is not None
         samples, lates, out = [], [], None
         with self.session.tree.frozen():

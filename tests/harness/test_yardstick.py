@@ -248,7 +248,7 @@ def test_the_reference_is_charged_its_late_work_as_the_submission_is():
     assert all(abs(r - s) < 1_000 for r, s in zip(reference, submission, strict=True)), (reference, submission)
 
 
-@pytest.mark.parametrize("swap", ["sync", "elapsed", "event", "call", "instance", "flush"])
+@pytest.mark.parametrize("swap", ["sync", "elapsed", "event", "call", "instance", "flush", "clock"])
 def test_the_child_reports_a_swapped_yardstick(monkeypatch, swap):
     """The child's tamper check watches the Yardstick's captured references and its class's call as it watches the
     clocks: a submission that reaches into the child's module and swaps one times itself."""
