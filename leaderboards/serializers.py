@@ -96,11 +96,12 @@ def problem_error_detail(run: Run) -> dict[str, Any] | None:
 # the run's own timestamps; the rest from its result (kernelbot-protocol runs: runners/harness/kernelbot.py).
 PHASES = (("harness_start", ("parent_start", "child_start", "child_ready")), ("device_context", ("device_context",)),
           ("problem", ("problem_load", "calibrate")), ("import", ("submission_import",)), ("profile", ("profile",)),
-          ("tests", ("tests",)), ("benchmarks", ("benchmark",)), ("ranked", ("ranked",)), ("teardown", ("teardown",)))
+          ("tests", ("tests",)), ("reference", ("reference_start",)), ("benchmarks", ("benchmark",)),
+          ("ranked", ("ranked",)), ("teardown", ("teardown",)))
 PHASE_NAMES = {"queue": "queued", "dispatch": "dispatch", "harness_start": "harness start",
                "device_context": "device context", "problem": "problem setup", "import": "import",
-               "profile": "profile", "tests": "tests", "benchmarks": "benchmarks", "ranked": "ranked",
-               "teardown": "teardown"}
+               "profile": "profile", "tests": "tests", "reference": "reference start", "benchmarks": "benchmarks",
+               "ranked": "ranked", "teardown": "teardown"}
 
 
 def phase_seconds(run: Run, result: dict[str, Any]) -> dict[str, float]:

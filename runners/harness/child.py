@@ -677,7 +677,8 @@ class Runner:
         import torch
 
         stick = self.yardstick
-        return {**{f"time.{k}": getattr(time, k) for k in _CLOCKS}, "torch.cuda.synchronize": torch.cuda.synchronize,
+        return {**{f"time.{k}": getattr(time, k) for k in _CLOCKS}, "_perf_ns": globals().get("_perf_ns"),
+                "torch.cuda.synchronize": torch.cuda.synchronize,
                 "torch.cuda.Event": torch.cuda.Event, "Yardstick.__call__": Yardstick.__call__, "yardstick": stick,
                 **{f"yardstick.{k}": getattr(stick, k, None)
                    for k in ("sync", "elapsed", "event", "flush", "cuda", "clock")}}

@@ -267,6 +267,14 @@ def measure(devices: list[str], run_pid: int | None = None) -> Memory | None:
     return None
 
 
+def as_parents(memory: Memory, root: int) -> Memory:
+    """`memory` with what `root` (a trusted child of the run's parent: the reference's) and its descendants hold
+    counted as the parent's own, not as the sandboxed child's."""
+    own = [dataclasses.replace(h, pid=memory.run_pid) if h.pid == root or descends_from(h.pid, root) else h
+           for h in memory.own]
+    return dataclasses.replace(memory, own=own)
+
+
 def device_wide(free: int, total: int, run_pid: int | None = None) -> Memory:
     """torch.cuda.mem_get_info's figures where no tool answers: the total, nobody's share."""
     return Memory("torch", total, os.getpid() if run_pid is None else run_pid, [], [], total - free, False)
@@ -295,12 +303,13 @@ def used(devices: list[str]) -> int | None:
     return None
 
 
-def apportion(memory: Memory, before: int, after: int, parent: int) -> Memory:
+def apportion(memory: Memory, before: int, after: int, parent: int, ended: int = 0) -> Memory:
     """Per-process figures from device-wide ones, for a device whose driver does not say who holds what: `before`
-    and `after` the bytes in use while the run's child lived and once it was ended, `parent` the run's parent's own.
-    What the child's end freed was its share; what is left, less the parent's, other processes'."""
+    and `after` the bytes in use while the run's child lived and once it was ended, `parent` the run's parent's own,
+    `ended` what the run's trusted processes ended before `before` was read held (the reference's child: the
+    parent's side). What the child's end freed was its share; what is left, less the parent's, other processes'."""
     child, others = max(0, before - after), max(0, after - parent)
-    own = [Holder(memory.run_pid, "the run's parent", parent, "?"), Holder(-1, "the run's child", child, "?")]
+    own = [Holder(memory.run_pid, "the run's parent", parent + ended, "?"), Holder(-1, "the run's child", child, "?")]
     return Memory(f"{memory.source}, device-wide before and after the run's child ended", memory.total,
                   memory.run_pid, own, [Holder(0, "unnamed", others, "?")] if others else [])
 

@@ -18,6 +18,7 @@ import signal
 import socket
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -38,7 +39,6 @@ MAX_OUTPUT_BUFFERS = 1024
 PROFILE_CALLS = 5
 CALIBRATION_ROUNDS = 5
 LATE_CALIBRATION_CALLS = 20
-WAKE_S = 50e-6
 LATE_SLACK, LATE_SLACK_NS = 2, 10_000  # how late a device may idle after a call's end mark (see calibrate_late)
 BATCH_S = 0.03  # target duration of one side of an interleaved batch: short against the host's speed drifting
 BATCH_CALLS = (4, 10)  # calls per batch, at least and at most
@@ -70,8 +70,11 @@ class ChildSession:
     """One sandboxed child process and the socket to it. Every read has a deadline; tensors travel in shared
     buffers (child.py), never as bytes on the socket."""
 
-    def __init__(self, job: Job, *, spare: bool = False):
-        """spare: started ahead of its job (its wall-time limit starts with `adopt`)."""
+    reference: ReferenceSession | None = None  # the run's reference child: what it holds is the run's own
+
+    def __init__(self, job: Job, *, spare: bool = False, reference: bool = False):
+        """spare: started ahead of its job (its wall-time limit starts with `adopt`). reference: the problem's own
+        reference child (`ReferenceSession`), sandboxed alike but out of the submission's reach."""
         self.job, self.prestarted = job, spare
         script = os.path.join(job.workdir, CHILD_SCRIPT)
         shutil.copyfile(child_module.__file__, script)
@@ -81,6 +84,8 @@ class ChildSession:
         argv = [sys.executable, CHILD_SCRIPT, str(theirs.fileno())]
         self.sandbox = Sandbox(job.workdir, job.sandbox_limits(), devices=list(job.gpus) if job.gpus else None,
                                uid=job.sandbox_uid)
+        if reference and not self.sandbox.bwrap:  # no pid namespace: the submission's uid could signal or trace it
+            self.sandbox.uid = None
         self.description = self.sandbox.describe()
         try:
             self.proc = self.sandbox.start(argv, env=env, pass_fds=(theirs.fileno(),), clock=not spare)
@@ -203,6 +208,8 @@ class ChildSession:
         if (memory := device.measure(list(self.job.gpus))) is None and torch.cuda.is_available():
             with contextlib.suppress(RuntimeError):
                 return device.device_wide(*torch.cuda.mem_get_info())
+        if memory is not None and self.reference is not None:
+            memory = device.as_parents(memory, self.reference.proc.pid)
         return memory
 
     def judge_oom(self, message: str) -> device.Blame | None:
@@ -220,6 +227,17 @@ class ChildSession:
         memory = self.measure()
         if memory is None or (memory.per_process and not memory.unplaced) or (before := self.used(memory)) is None:
             return memory
+        reference = 0  # the reference child's share: the run's own, its child ended first
+        if self.reference is not None:
+            if (ended := self.reference.ended(memory)) is None:
+                return memory
+            reference, before = max(0, before - ended), ended
+        if (after := self.ended(memory)) is None:
+            return memory
+        return device.apportion(memory, before, after, self.parent_use(), reference)
+
+    def ended(self, memory: device.Memory) -> int | None:
+        """Kill the child and wait for the device's use to settle; that use (None: unknown)."""
         self.kill()
         self.waiter.join(5)
         after = None
@@ -228,9 +246,7 @@ class ChildSession:
             if after is None or after == previous:
                 break
             time.sleep(OOM_SETTLE_S)
-        if after is None or self.waiter.is_alive():
-            return memory
-        return device.apportion(memory, before, after, self.parent_use())
+        return None if self.waiter.is_alive() else after
 
     def used(self, memory: device.Memory) -> int | None:
         """Bytes in use on the run's devices as a whole now, from the source `memory` came from."""
@@ -258,6 +274,61 @@ class ChildSession:
         if not tensors_only(out):
             raise Stop("fail", "invalid output: custom_kernel must return a plain torch.Tensor or a tuple of them")
         return out
+
+
+class ReferenceSession(ChildSession):
+    """The problem's reference in a child of its own, started, fed, timed and read exactly as the submission's child
+    is (the same child.py, sandbox, lent buffers and Yardstick), so that what happens around a call (the parent
+    generating and checking between calls, a process woken to run it) is alike on both sides: a copy of the reference
+    then scores 1.00x. It runs only the problem's files (a directory of its own, where submission.py is
+    `from reference import ref_kernel as custom_kernel`), the submission's tree is frozen while it is timed, and the
+    submission cannot reach it (another pid namespace; without bubblewrap, this process's uid). What goes wrong in it
+    is the problem's (ProblemError), never the submission's."""
+
+    KERNEL = "from reference import ref_kernel as custom_kernel\n"
+
+    def __init__(self, job: Job):
+        self.workdir = tempfile.mkdtemp(prefix="kernelbot-reference-")
+        try:
+            for name in os.listdir(job.workdir):
+                path = os.path.join(job.workdir, name)
+                if name not in ("submission.py", CHILD_SCRIPT) and os.path.isfile(path) and not os.path.islink(path):
+                    shutil.copyfile(path, os.path.join(self.workdir, name))
+            with open(os.path.join(self.workdir, "submission.py"), "w") as f:
+                f.write(self.KERNEL)
+            super().__init__(dataclasses.replace(job, workdir=self.workdir), reference=True)
+        except BaseException:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            raise
+
+    @contextlib.contextmanager
+    def failing_as_problem(self, what: str):
+        """A Stop of this child (it crashed, broke the protocol) is the problem's error; a timeout stays the phase's."""
+        try:
+            yield
+        except Stop as stop:
+            if stop.verdict == "timeout":
+                raise
+            outcome = self.close(grace_s=1.0) if stop.verdict == "crash" else None
+            said = stop.message or (f"its process ended ({outcome.reason or f'exit code {outcome.returncode}'}): "
+                                    f"{tail(outcome.stderr)}" if outcome else stop.verdict)
+            raise ProblemError(what, RuntimeError(said)) from None
+
+    def expect(self, op: str, rid: int | None, deadline: float) -> dict[str, Any]:
+        header = self.recv(deadline)
+        if header["op"] == "error":  # a trusted process: its word on an out-of-memory error is the driver's
+            message = str(header.get("message", ""))[:4000]
+            cause = torch.OutOfMemoryError(message) if header.get("oom") is True else RuntimeError(message)
+            raise ProblemError(f"the reference ({header.get('kind')})", cause)
+        if header["op"] != op or header.get("id") != rid:
+            raise Stop("hacked", f"protocol violation: expected {op!r} for call {rid}, got {header['op']!r}")
+        return header
+
+    def close(self, grace_s: float = 5.0) -> Outcome:
+        try:
+            return super().close(grace_s)
+        finally:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 def tensors_only(out: Any) -> bool:
@@ -415,9 +486,8 @@ class KernelbotRun:
         self.thread_ns = 0  # the most CPU the child's other threads used during one batch of timed calls
         self.seconds: dict[str, float] = {}  # where the run's time went (result "seconds"), phase by phase
         self.lent_s = 0.0  # of which copying inputs into the lent buffers (result "seconds_of", with the problem's)
-        self.yardstick = child_module.Yardstick(torch)  # the clock of both sides (the child has its own instance)
-        self.reference_pool = child_module.Pool(torch, first_id=1 << 40)  # the reference's inputs: never lent
-        self.reference_out = child_module.Pool(torch, first_id=1 << 41)  # and its outputs, copied out as the child's
+        self.yardstick = child_module.Yardstick(torch)  # the parent's: calibrate_late's empty calls
+        self.reference: ReferenceSession | None = None  # the reference's own child (timed modes)
         self.late_baseline, self.late_allowance = 0.0, math.inf  # ns (calibrate_late); without a GPU `late` is 0
 
     @contextlib.contextmanager
@@ -450,19 +520,25 @@ class KernelbotRun:
         rid = self.session.send("call", tree, self.deadline)
         return self.session.output(rid, self.deadline, self._output_cap(data))
 
-    def timed_call(self, data: Any) -> tuple[int, int, Any, int]:
-        """(reported ns, watched wall ns, output, reported late ns: see child.Yardstick). The wall covers sending the
-        call to holding a copy of the output."""
-        assert self.session is not None
-        tree = self.lend(data)
+    def timed_call(self, data: Any, session: ChildSession | None = None) -> tuple[int, int, Any, int]:
+        """(reported ns, watched wall ns, output, reported late ns: see child.Yardstick) of a call by the submission's
+        child, or the same way by `session` (the reference's). The wall covers sending the call to holding a copy of
+        the output."""
+        theirs = session is not None and session is not self.session
+        session = session or self.session
+        assert session is not None
+        started = time.perf_counter()
+        tree = session.lend(data)
+        self.lent_s += time.perf_counter() - started
         cap = self._output_cap(data)
-        waited = self.run_queue_waits()
+        waited = 0 if theirs else self.run_queue_waits()
         t0 = time.perf_counter_ns()
-        rid = self.session.send("time", tree, self.deadline)
-        header = self.session.expect("sample", rid, self.deadline)
-        out = self.session.output(rid, self.deadline, cap)
+        rid = session.send("time", tree, self.deadline)
+        header = session.expect("sample", rid, self.deadline)
+        out = session.output(rid, self.deadline, cap)
         wall = time.perf_counter_ns() - t0
-        self.waited += self.run_queue_waits() - waited
+        if not theirs:
+            self.waited += self.run_queue_waits() - waited
         ns, late = header.get("ns"), header.get("late", 0)
         if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (ns, late)):
             raise Stop("hacked", "protocol violation: a sample that is not a non-negative integer")
@@ -524,46 +600,24 @@ class KernelbotRun:
             self.emit.progress("test", i + 1, len(tests))
 
     def time_reference(self, case: Case, seed: int, calls: int) -> list[int]:
-        """The yardstick: the problem's reference timed here, in the trusted parent, while the sandbox is frozen (the
-        submission never runs in this process and nothing of it runs meanwhile), by the child's own timing routine
-        (`child.Yardstick`: the same clock, the same L2 flush), each call prepared as a submission's call is: fresh
-        inputs generated, lent (copied into a reused shared buffer of a pool the child never sees) just before it,
-        started on a thread just woken; its output copied out into a pool and checked, and alive until the next call
-        returns; each sample charged what the device stayed busy past the baseline (stats.charge_late), as the
-        submission's are. So both sides meet the same state of caches and allocator, and load on the host that
-        lasts longer than a batch slows both alike (tests/harness/test_host_load.py)."""
-        assert self.problem is not None and self.session is not None
-        samples, lates, out = [], [], None
-        with self.session.tree.frozen():
+        """The yardstick: the problem's reference timed in its own child (ReferenceSession) exactly as the
+        submission's calls are (`timed_call`: fresh inputs generated here and lent just before each call, the
+        child's Yardstick, its output copied back and checked here), while the submission's sandbox is frozen
+        (nothing of it runs meanwhile); each sample charged what the device stayed busy past the baseline
+        (stats.charge_late), as the submission's are. Timed in this process instead, it ran up to 30 % faster than
+        the same code in the child (bench/RESULTS.md, A/A): this process's core had just generated and checked, the
+        child's had not. Load on the host that lasts longer than a batch slows both alike
+        (tests/harness/test_host_load.py)."""
+        assert self.problem is not None and self.session is not None and self.reference is not None
+        samples, lates = [], []
+        with self.session.tree.frozen(), self.reference.failing_as_problem("the reference's timed call"):
             for j in range(calls):
                 data = self.problem.generate(case, derive_seed(seed, "reference", j, 0))
-                views = self.lent_to_self(data)
-                time.sleep(WAKE_S)
-                child_module.thread_times()  # what the child does right before its clock starts
-                out, ns, late = self.yardstick(self.problem.reference, views)
+                ns, _, out, late = self.timed_call(data, self.reference)
                 samples.append(ns)
                 lates.append(late)
-                self.pooled(self.reference_out, out, contiguous=True)  # as the child hands its output back
                 self.problem.check(data, out)  # as the parent checks a submission's output
-        del out
         return stats.charge_late(samples, lates, self.late_baseline)  # as the submission's samples are
-
-    def lent_to_self(self, data: Any) -> Any:
-        """`data` as the child would see it: views over buffers of the parent's own pool, just copied in."""
-        pool = self.reference_pool
-        tree = self.pooled(pool, data)
-        return child_module.decode(torch, tree, {b.id: b for slots in pool.slots.values() for b in slots.values()})
-
-    @staticmethod
-    def pooled(pool: child_module.Pool, data: Any, contiguous: bool = False) -> Any:
-        """`data` copied into `pool`'s buffers (child.encode); nothing is sent, so no descriptor is kept."""
-        tree = child_module.encode(torch, data, pool, contiguous=contiguous)
-        for buf in pool.new:
-            os.close(buf.fd)
-            buf.fd = -1
-        pool.new.clear()
-        pool.dropped.clear()
-        return tree
 
     def calibrate_late(self) -> None:
         """On a GPU: how late after a call's end mark the device goes idle when all its work is on the call's
@@ -614,6 +668,16 @@ class KernelbotRun:
             ))
             self.emit.progress(phase, i + 1, len(cases))
         return results
+
+    def start_reference(self) -> None:
+        """The reference's own child, started when the first timed phase begins (not beside the tests, whose phase
+        limit it would eat on a small machine), under that phase's limit."""
+        assert self.session is not None
+        self.start_phase("benchmark")
+        self.reference = self.session.reference = ReferenceSession(self.job)
+        with self.reference.failing_as_problem("the reference's process"):
+            self.reference.send("import", None, self.deadline, flags=backend_flags())
+            self.reference.expect("hello", None, self.deadline)
 
     def time_case(self, phase: str, i: int, case: Case, calls: int, counter: list[int]) -> Timing:
         """One timing of a case: batches of `calls` of the submission's timed calls alternating with the reference's,
@@ -726,6 +790,8 @@ class KernelbotRun:
                 with self.clock("tests"):
                     self.run_tests()
             if job.mode in ("benchmark", "leaderboard") and result.verdict == "pass":
+                with self.clock("reference_start"):
+                    self.start_reference()
                 with self.clock("benchmark"):
                     result.benchmarks = self.run_timed("benchmark", job.benchmarks)
             if job.mode == "leaderboard" and result.verdict == "pass":
@@ -752,6 +818,8 @@ class KernelbotRun:
             with self.clock("teardown"):
                 if self.problem is not None:
                     self.problem.close()
+                if self.reference is not None:
+                    self.reference.close(grace_s=1.0)
                 if self.session is not None:
                     outcome = self.session.close()
             if self.session is not None:

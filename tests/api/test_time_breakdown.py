@@ -20,9 +20,10 @@ from .conftest import Popcorn
 from .test_privacy import bearer
 
 HARNESS = {"parent_start": 0.25, "child_start": 0.5, "device_context": 0.5, "problem_load": 0.2, "child_ready": 0.5,
-           "calibrate": 0.1, "submission_import": 0.05, "tests": 1.0, "benchmark": 2.0, "ranked": 3.0, "teardown": 0.1}
+           "calibrate": 0.1, "submission_import": 0.05, "tests": 1.0, "reference_start": 1.5, "benchmark": 2.0,
+           "ranked": 3.0, "teardown": 0.1}
 HARNESS_PHASES = {"harness_start": 1.25, "device_context": 0.5, "problem": 0.3, "import": 0.05, "tests": 1.0,
-                  "benchmarks": 2.0, "ranked": 3.0, "teardown": 0.1}
+                  "reference": 1.5, "benchmarks": 2.0, "ranked": 3.0, "teardown": 0.1}
 
 
 @pytest.fixture
@@ -45,7 +46,7 @@ def test_api_v1_gives_each_run_its_dispatch_time_and_seconds_by_phase(client, fi
     assert public["dispatched_at"] and secret["dispatched_at"]
     assert public["seconds"] == {"queue": 2.0, "dispatch": 0.5, **HARNESS_PHASES}
     assert list(public["seconds"]) == ["queue", "dispatch", "harness_start", "device_context", "problem", "import",
-                                       "tests", "benchmarks", "ranked", "teardown"]
+                                       "tests", "reference", "benchmarks", "ranked", "teardown"]
     assert secret["seconds"] == {"queue": 2.0, "dispatch": 0.5}  # its timings are staff's
 
 
@@ -63,6 +64,7 @@ def test_the_submission_page_shows_the_breakdown_in_one_line(client, finished):
     client.force_login(finished.user)
     page = client.get(f"/s/{finished.pk}/").content.decode()
     assert ("Where the time went: queued 2.0 s · dispatch 0.5 s · harness start 1.2 s · device context 0.5 s · "
-            "problem setup 0.3 s · import 50 ms · tests 1.0 s · benchmarks 2.0 s · ranked 3.0 s · teardown 0.1 s"
+            "problem setup 0.3 s · import 50 ms · tests 1.0 s · reference start 1.5 s · benchmarks 2.0 s · "
+            "ranked 3.0 s · teardown 0.1 s"
             ) in page
     assert "Where the time went: queued 2.0 s · dispatch 0.5 s</p>" in page  # the secret run's

@@ -436,3 +436,30 @@ def test_under_the_popcorn_protocol_only_a_crash_can_be_the_devices_fault(tmp_pa
     result, _ = run_harness(job_for(popcorn_workdir(tmp_path, code), "test", protocol="popcorn"))
     assert (result["status"], result["verdict"]) == (status, verdict), result["error"]
     assert (device.DEVICE_BUSY_FLAG in result["flags"]) == (status == "error")
+
+
+def test_the_reference_childs_memory_counts_as_the_parents():
+    """The reference's own child (kernelbot.ReferenceSession) is the run's trusted side: what it holds is never the
+    submission's."""
+    gib = 1 << 30
+    memory = device.Memory("nvidia-smi", 80 * gib, 100, own=[device.Holder(100, "root", gib, "0"),
+                                                            device.Holder(200, "nobody", 2 * gib, "0"),
+                                                            device.Holder(300, "root", 4 * gib, "0")], others=[])
+    assert memory.held(child=True) == 6 * gib
+    seen = device.as_parents(memory, 300)
+    assert (seen.held(child=False), seen.held(child=True), seen.held()) == (5 * gib, 2 * gib, 7 * gib)
+
+
+def test_apportioning_ends_the_reference_child_first(monkeypatch):
+    """Where the driver does not say who holds what, the reference's child is ended first (its share the parent's),
+    then the submission's (its share the child's); what is left, less the parent's own, is other processes'."""
+    gib = 1 << 30
+    session = kernelbot.ChildSession.__new__(kernelbot.ChildSession)
+    ended, memory = [], device.device_wide(free=10 * gib, total=80 * gib)
+    session.measure, session.used = lambda: memory, lambda m: 70 * gib
+    session.reference = SimpleNamespace(ended=lambda m: ended.append("reference") or 66 * gib)
+    session.ended = lambda m: ended.append("child") or 60 * gib
+    monkeypatch.setattr(kernelbot.ChildSession, "parent_use", staticmethod(lambda: gib))
+    got = session.memory_at_oom()
+    assert ended == ["reference", "child"]
+    assert (got.held(child=True), got.held(child=False), got.foreign()) == (6 * gib, 5 * gib, 59 * gib)

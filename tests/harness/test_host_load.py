@@ -1,6 +1,6 @@
 """Host load slows both sides alike: the interleaved timing loop (kernelbot.KernelbotRun.run_timed) driven with a fake
 host clock whose speed drifts in steps, as load arriving and leaving would make it, no real load and no real clock.
-The submission's batches (the child's Yardstick) and the reference's (the parent's) alternate on the same clock, so
+The submission's batches (its child's Yardstick) and the reference's (its own child's) alternate on the same clock, so
 identical work scores 1.00x with an interval covering 1, and an honestly slower side still ranks slower."""
 
 from __future__ import annotations
@@ -49,14 +49,15 @@ def timed_run(torch, clock: DriftingClock, submission_factor: float) -> kernelbo
     run.problem = SimpleNamespace(generate=lambda case, seed: (torch.full((4,), float(seed % 100)),),
                                   reference=reference, check=lambda data, out: (bool((out == data[0] * 2).all()), ""))
     run.session = SimpleNamespace(tree=SimpleNamespace(frozen=contextlib.nullcontext))
+    run.reference = SimpleNamespace(failing_as_problem=lambda what: contextlib.nullcontext())
     run.overhead, run.waited, run.thread_ns, run.child_pid = {"n: 4": 1_000}, 0, 0, None
     run.late_baseline, run.late_allowance = 0.0, float("inf")
-    run.yardstick = child.Yardstick(torch, cuda=False, clock=clock)  # the parent's: the reference
-    run.reference_pool, run.reference_out = child.Pool(torch, first_id=1 << 40), child.Pool(torch, first_id=1 << 41)
-    childs = child.Yardstick(torch, cuda=False, clock=clock)  # the child's own instance: the submission
+    sticks = {id(run.session): child.Yardstick(torch, cuda=False, clock=clock),  # each child's own instance
+              id(run.reference): child.Yardstick(torch, cuda=False, clock=clock)}
 
-    def timed_call(data):
-        out, ns, late = childs(submission, data)
+    def timed_call(data, session=None):
+        session = session or run.session
+        out, ns, late = sticks[id(session)](reference if session is run.reference else submission, data)
         return ns, ns + 1_000, out, late
 
     run.call, run.timed_call, run.batch_calls = submission, timed_call, lambda call_ns: CALLS

@@ -47,3 +47,20 @@ def test_a_checker_that_chokes_on_a_bad_output_blames_the_output(tmp_path):
     assert (result["status"], result["verdict"]) == ("ok", "fail")
     assert "the checker rejected the output: ValueError: shape mismatch" in result["error"]
     assert PROBLEM_ERROR_FLAG not in result["flags"]
+
+
+@pytest.mark.parametrize(("patch", "said"), [
+    ("\nimport os, sys\n_ref = ref_kernel\ndef ref_kernel(data):\n"
+     "    if sys.argv[0].endswith('_harness_child.py'):\n        os._exit(3)\n    return _ref(data)\n",
+     "its process ended"),
+    ("\nimport sys\n_ref = ref_kernel\ndef ref_kernel(data):\n"
+     "    if sys.argv[0].endswith('_harness_child.py'):\n        raise RuntimeError('only in its own process')\n"
+     "    return _ref(data)\n", "only in its own process"),
+])
+def test_the_reference_failing_in_its_own_process_is_a_problem_error(tmp_path, patch, said):
+    """The reference is timed in a child of its own (kernelbot.ReferenceSession): its crash or error there is the
+    problem's, never a verdict against the submission, whose own child is well."""
+    result, _ = run_harness(job_for(broken(tmp_path, patch), "benchmark"))
+    assert (result["status"], result["passed"]) == ("error", False)
+    assert PROBLEM_ERROR_FLAG in result["flags"]
+    assert result["error"].startswith("the problem's own code failed: the reference") and said in result["error"]

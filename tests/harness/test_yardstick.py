@@ -4,11 +4,14 @@ with a clock per stream, events that mark a stream's timeline, a synchronize tha
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from runners.harness import child, kernelbot, stats
+from runners.harness.job import Job
 
 LAUNCH_MS, ROUND_TRIP_MS, FLUSH_MS = 0.004, 0.012, 0.08
 
@@ -169,50 +172,64 @@ def test_cpu_yardstick_has_no_late_work():
     assert stats.outside_stream([ns], [late], 0.0, math.inf) == ([ns], None)
 
 
-def test_parent_times_the_reference_with_the_childs_routine():
-    """One routine: the parent's yardstick is the child's class, lent inputs as the child's are (views over a pool's
-    shared buffers, not the generated tensors)."""
-    torch = pytest.importorskip("torch")
-    run = kernelbot.KernelbotRun.__new__(kernelbot.KernelbotRun)
-    run.yardstick, run.reference_pool = child.Yardstick(torch), child.Pool(torch, first_id=1 << 40)
-    data = (torch.arange(6.0).view(2, 3).t(), torch.ones(4))
-    seen = run.lent_to_self(data)
-    assert isinstance(run.yardstick, child.Yardstick)
-    assert all(torch.equal(a, b) and a.stride() == b.stride() for a, b in zip(seen, data, strict=True))
-    assert seen[0].untyped_storage().data_ptr() != data[0].untyped_storage().data_ptr()
-    assert not run.reference_pool.new  # nothing waits to be sent: the child never sees these buffers
-
-
-def test_reference_calls_are_prepared_as_the_submissions_are(monkeypatch):
-    """Each reference call: fresh inputs, lent to the parent's own pool just before it (the same kind of memory the
-    child's arrive in), timed by the Yardstick, its output copied out and checked as a submission's is."""
-    torch = pytest.importorskip("torch")
+def reference_run(torch, reference, generate, check, timed_call=None):
+    """A KernelbotRun whose reference child is stood in for: its timed calls run `reference` on a Yardstick."""
     import contextlib
 
-    generated, seen, checked = [], [], []
+    run = kernelbot.KernelbotRun.__new__(kernelbot.KernelbotRun)
+    run.problem = SimpleNamespace(generate=generate, reference=reference, check=check)
+    run.session = SimpleNamespace(tree=SimpleNamespace(frozen=contextlib.nullcontext))
+    run.reference = SimpleNamespace(failing_as_problem=lambda what: contextlib.nullcontext())
+    run.late_baseline, calls = 0.0, []
+
+    def default(data, session=None):
+        calls.append(session)
+        out, ns, late = child.Yardstick(torch)(reference, data)
+        return ns, ns, out, late
+
+    run.timed_call = timed_call or default
+    return run, calls
+
+
+def test_the_reference_is_timed_by_its_own_child_as_the_submission_is():
+    """Each reference call: fresh inputs generated here, sent to the reference's child through the same timed_call
+    as a submission's call (lent, the child's Yardstick, output copied back), then checked here."""
+    torch = pytest.importorskip("torch")
+    generated, checked = [], []
 
     def generate(case, seed):
         generated.append(torch.full((4,), float(seed % 1000)))
         return (generated[-1],)
 
-    def reference(data):
-        seen.append((data[0].clone(), data[0].untyped_storage().data_ptr()))  # the buffer is reused by the next call
-        return data[0] * 2
-
-    run = kernelbot.KernelbotRun.__new__(kernelbot.KernelbotRun)
-    run.yardstick = child.Yardstick(torch)
-    run.reference_pool, run.reference_out = child.Pool(torch, first_id=1 << 40), child.Pool(torch, first_id=1 << 41)
-    run.problem = SimpleNamespace(generate=generate, reference=reference,
-                                  check=lambda data, out: checked.append(torch.equal(out, data[0] * 2)))
-    run.session = SimpleNamespace(tree=SimpleNamespace(frozen=contextlib.nullcontext))
-    run.late_baseline = 0.0
+    run, calls = reference_run(torch, lambda data: data[0] * 2, generate,
+                               lambda data, out: checked.append(torch.equal(out, data[0] * 2)))
     samples = run.time_reference({"n": 4}, seed=7, calls=3)
     assert len(samples) == 3 and all(isinstance(ns, int) for ns in samples)
+    assert calls == [run.reference] * 3  # every call through the reference's session, none in this process
     assert checked == [True, True, True]
-    pool_ptrs = {b.u8.data_ptr() for slots in run.reference_pool.slots.values() for b in slots.values()}
-    for (given, at), made in zip(seen, generated, strict=True):
-        assert torch.equal(given, made) and at in pool_ptrs and at != made.untyped_storage().data_ptr()  # lent
     assert len({float(t[0]) for t in generated}) == 3  # fresh inputs per call
+
+
+def test_the_reference_child_runs_only_the_problems_files(tmp_path, monkeypatch):
+    """The reference's child gets a directory of its own: the problem's files and a submission.py that is the
+    reference; nothing of the submission's, no links out; the directory goes with the session."""
+    pytest.importorskip("torch")
+    (tmp_path / "reference.py").write_text("def ref_kernel(data):\n    return data\n")
+    (tmp_path / "utils.py").write_text("X = 1\n")
+    (tmp_path / "submission.py").write_text("import os\nos.system('touch /tmp/pwned')\n")
+    (tmp_path / kernelbot.CHILD_SCRIPT).write_text("# stale\n")
+    os.symlink("/etc/passwd", tmp_path / "link.py")
+    made = []
+    monkeypatch.setattr(kernelbot.ChildSession, "__init__", lambda self, job, **kw: made.append(
+        (job.workdir, kw, sorted(os.listdir(job.workdir)), Path(job.workdir, "submission.py").read_text())))
+    monkeypatch.setattr(kernelbot.ChildSession, "close", lambda self, grace_s=5.0: None)
+    session = kernelbot.ReferenceSession(Job(mode="benchmark", workdir=str(tmp_path)))
+    ((workdir, kwargs, files, code),) = made
+    assert workdir != str(tmp_path) and kwargs == {"reference": True}
+    assert files == ["reference.py", "submission.py", "utils.py"]
+    assert code == kernelbot.ReferenceSession.KERNEL == "from reference import ref_kernel as custom_kernel\n"
+    session.close()
+    assert not os.path.exists(workdir)
 
 
 def partly_side_stream(device, ms):
@@ -226,10 +243,9 @@ def partly_side_stream(device, ms):
 
 def test_the_reference_is_charged_its_late_work_as_the_submission_is():
     """The same code timed as the submission (the child's samples, charged by stats.outside_stream) and as the
-    reference (the parent's time_reference) gives the same figures: the late charge applies to both sides."""
+    reference (time_reference, through its child's Yardstick) gives the same figures: the late charge applies to both
+    sides."""
     torch = pytest.importorskip("torch")
-    import contextlib
-
     device = FakeDevice()
     yardstick = child.Yardstick(fake_torch(device))
     baseline, allowed = allowance(yardstick)
@@ -237,12 +253,13 @@ def test_the_reference_is_charged_its_late_work_as_the_submission_is():
     timed = [yardstick(kernel, None) for _ in range(4)]
     submission, _ = stats.outside_stream([t[1] for t in timed], [t[2] for t in timed], baseline, allowed)
 
-    run = kernelbot.KernelbotRun.__new__(kernelbot.KernelbotRun)
-    run.yardstick, run.late_baseline = yardstick, baseline
-    run.reference_pool, run.reference_out = child.Pool(torch, first_id=1 << 40), child.Pool(torch, first_id=1 << 41)
-    run.problem = SimpleNamespace(generate=lambda case, seed: (torch.ones(4),), reference=kernel,
-                                  check=lambda data, out: (True, ""))
-    run.session = SimpleNamespace(tree=SimpleNamespace(frozen=contextlib.nullcontext))
+    def timed_call(data, session=None):
+        out, ns, late = yardstick(kernel, data)
+        return ns, ns, out, late
+
+    run, _ = reference_run(torch, kernel, lambda case, seed: (torch.ones(4),), lambda data, out: (True, ""),
+                           timed_call)
+    run.late_baseline = baseline
     reference = run.time_reference({"n": 4}, seed=7, calls=4)
     assert min(s - t[1] for s, t in zip(submission, timed, strict=True)) > 100_000  # charged its late work
     assert all(abs(r - s) < 1_000 for r, s in zip(reference, submission, strict=True)), (reference, submission)
