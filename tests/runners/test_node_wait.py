@@ -363,3 +363,23 @@ def test_a_wait_woken_as_its_client_leaves_hands_the_wake_on(cpu_pool, settings)
 
     other = asyncio.run(scenario())
     assert other.event.is_set() and other.baton == (key, 0)
+
+
+def test_a_pool_wake_published_with_redis_wakes_one_waiter_not_one_more_for_its_echo(settings, redis_url):
+    settings.REDIS_URL = redis_url
+
+    async def scenario() -> list[bool]:
+        await wakeups.waiters.ready()  # subscribed: this process hears its own message back
+        first, second = wakeups.Waiter(["pool:1:1"]), wakeups.Waiter(["pool:1:1"])
+        wakeups.waiters.add(first)
+        wakeups.waiters.add(second)
+        await asyncio.to_thread(wakeups.publish, ["pool:1:1"])
+        await asyncio.sleep(0.5)  # the echo has come back by now
+        for waiter in (first, second):
+            wakeups.waiters.remove(waiter)
+        return [first.event.is_set(), second.event.is_set()]
+
+    assert asyncio.run(scenario()) == [True, False]
+    assert wakeups.received(f"{wakeups.ORIGIN} pool:1:1") == []
+    assert wakeups.received("@another pool:1:1 node:2") == ["pool:1:1", "node:2"]
+    assert wakeups.received("node:2") == ["node:2"]  # an older release's untagged message
