@@ -340,11 +340,12 @@ KNOWN_CHECK_S = 5.0  # how often the known nodes are checked against the databas
 _checker: asyncio.Task | None = None
 
 
-def _idle_answer(authorization: str, body: object) -> tuple[int, list[str]] | None:
-    """The node and the wake-up keys to wait on for an ask that needs no database: its node known (`_known`, with
-    this token), no samples, and this process's fresh reading of the pool (`_pool_state`, since its last wake-up)
-    says no run waits there and no reservation holds a device of the node. None: ask the normal way."""
-    if not isinstance(body, dict) or body.get("samples") is not None:
+def _idle_answer(authorization: str, body: object) -> tuple[int, list[str], list[dict] | None] | None:
+    """The node, the wake-up keys to wait on and its samples (valid) for an ask that needs no reading of the
+    database: its node known (`_known`, with this token) and this process's fresh reading of the pool
+    (`_pool_state`, since its last wake-up) says no run waits there and no reservation holds a device of the node.
+    None: ask the normal way."""
+    if not isinstance(body, dict):
         return None
     pool_name, hostname = body.get("pool"), body.get("hostname")
     if not isinstance(pool_name, str) or not isinstance(hostname, str):
@@ -359,11 +360,22 @@ def _idle_answer(authorization: str, body: object) -> tuple[int, list[str]] | No
             known.node_id in pool[3]) or types is None or now - types[0] > TYPES_TTL:
         return None
     try:
-        free = _free(body)
+        free, samples = _free(body), _samples(body)
     except Refused:
         return None
     return known.node_id, [f"node:{known.node_id}"] + [
-        f"pool:{known.pool_id}:{t}" for t in sorted({types[1][i] for i in free if i in types[1]})]
+        f"pool:{known.pool_id}:{t}" for t in sorted({types[1][i] for i in free if i in types[1]})], samples
+
+
+def _write_samples(node_id: int, samples: list[dict]) -> bool:
+    """A known node's new samples, written at once (one UPDATE, as `node_answer` does); False when that failed."""
+    try:
+        Node.objects.filter(pk=node_id).update(samples=samples)
+        return True
+    except DatabaseError as exc:
+        log.warning("nodes/wait: could not write samples: %r", exc)
+        dbhealth.close_broken_connections()
+        return False
 
 
 def _known_still(known: dict[tuple[str, str], Known]) -> set[tuple[str, str]]:
@@ -471,8 +483,10 @@ async def node_wait(scope, receive, send) -> None:
     if wait:
         await wakeups.waiters.ready()
     seen = wakeups.waiters.seq
-    if idle := _idle_answer(authorization, body):  # nothing new: no query, no hop to the sync thread
-        (node_id, wait_on), status, answer = idle, 200, {"claims": [], **NONE}
+    idle = _idle_answer(authorization, body)
+    if idle and (idle[2] is None or await sync_to_async(_write_samples, thread_sensitive=True)(idle[0], idle[2])):
+        # nothing new: no query (but its samples' UPDATE), no hop to the sync thread without samples
+        (node_id, wait_on, _), status, answer = idle, 200, {"claims": [], **NONE}
     else:
         status, answer, wait_on, node_id = await run(authorization, raw, None, False)
         _watch_known()

@@ -398,9 +398,10 @@ def spy_full_asks(monkeypatch) -> list[int]:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_idle_known_nodes_ask_is_answered_on_the_event_loop_and_still_marks_its_agent_live(
+def test_an_idle_known_nodes_ask_is_answered_without_reading_the_database_and_still_marks_its_agent_live(
         cpu_pool, settings, monkeypatch):
     settings.NODE_WAIT = 1.5
+    monkeypatch.setattr(runner_api, "POOL_TTL", 60.0)  # the pool's reading still fresh after the held wait
     node = cpu_pool.nodes.get()
     body = {"pool": "local", "hostname": "localhost", "free": [0]}
     full = spy_full_asks(monkeypatch)
@@ -408,15 +409,16 @@ def test_an_idle_known_nodes_ask_is_answered_on_the_event_loop_and_still_marks_i
     async def scenario():
         first = await ask(body)  # first sight: the normal way
         await sync_to_async(lambda: Node.objects.filter(pk=node.pk).update(agent_seen_at=None))()
-        return first, await ask({**body, "wait": 60}), await ask({**body, "samples": []})
+        return first, await ask({**body, "wait": 60}), await ask({**body, "samples": [sample]})
 
+    sample = {"index": 0, "utilization": 0.5, "memory_used": 1 << 30, "memory_total": 80 << 30}
     first, idle, sampled = asyncio.run(scenario())
     assert first[:2] == (200, {"claims": [], "reserved": [], "reservations": [], "keys": [], "again": False})
     assert idle[0] == 200 and idle[1] == {"claims": [], "reserved": [], "reservations": [], "keys": [], "again": True}
     assert 1.4 <= idle[2] < 5  # held as a normal wait
-    assert sampled[0] == 200 and len(full) == 2  # the first ask and the one with samples; not the idle one
+    assert sampled[0] == 200 and len(full) == 1  # the first ask only: the others had no node to read
     node.refresh_from_db()
-    assert node.agent_live()  # its heartbeat recorded all the same
+    assert node.agent_live() and node.samples == [sample]  # its heartbeat and its samples recorded all the same
 
 
 @pytest.mark.parametrize("change", ["key rotated", "node disabled", "node removed"])
