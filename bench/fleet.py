@@ -4,8 +4,9 @@
 
 For each tree (with `--baseline REF`: that git ref, exported into a temporary directory, first; then this tree),
 side by side in one invocation: database `kernelbot_fleet` on $BENCH_PG (dropped, created, migrated by the tree's
-own code, the demo loaded), a local pool `fleet` of `--nodes` nodes of 8 CPU devices each (rows written in bulk, as
-`nodes/register` would leave them; the demo's own pool disabled), and the web layout of docs/operations.md:
+own code, the demo loaded), a local pool `fleet` (the demo's own pool disabled) of `--nodes` nodes of 8 CPU devices
+each, registered over the wire as agents do (`nodes/register` with a probe report, 50 at a time, before the measured
+phases; how long it took is printed and reported as `register_s`), and the web layout of docs/operations.md:
 `granian --interface asginl --workers 2`, PostgreSQL, Redis (db $BENCH_REDIS_DB, default 3, under a deployment name
 of its own), `DB_POOL=1`. No `manage.py workers`: this process dispatches each run itself (`dispatch_run`, what a
 worker's task does), so the claim latency is the agents' alone.
@@ -62,14 +63,9 @@ SETUP = """
 import django; django.setup()
 from django.core.management import call_command
 call_command("migrate", verbosity=0); call_command("load_demo", verbosity=0)
-from django.utils import timezone
-from runners.models import Gpu, GpuPool, GpuType, Node
+from runners.models import GpuPool
 GpuPool.objects.exclude(name="{pool}").update(enabled=False)
-pool = GpuPool.objects.create(name="{pool}")
-cpu = GpuType.objects.get(name="CPU")
-now = timezone.now()
-nodes = Node.objects.bulk_create(Node(pool=pool, hostname=f"node-{{i:05d}}", agent_seen_at=now) for i in range({n}))
-Gpu.objects.bulk_create(Gpu(node=node, gpu_type=cpu, index=i) for node in nodes for i in range({devices}))
+GpuPool.objects.create(name="{pool}")
 """
 
 # run in the measured tree (PYTHONPATH): submits and dispatches a run per line read, printing when it was dispatched
@@ -99,11 +95,38 @@ def env_for(tree: Path, instance: str) -> dict[str, str]:
             "DJANGO_SETTINGS_MODULE": "kernelbot.settings", "PYTHONPATH": str(tree)}
 
 
-def prepare(tree: Path, env: dict[str, str], nodes: int) -> None:
+def prepare(tree: Path, env: dict[str, str]) -> None:
     for sql in (f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)", f"CREATE DATABASE {DB}"):
         subprocess.run(["psql", f"{PG}/postgres", "-qc", sql], check=True)
-    subprocess.run([sys.executable, "-c", SETUP.format(pool=POOL, n=nodes, devices=DEVICES)], cwd=tree, env=env,
-                   check=True)
+    subprocess.run([sys.executable, "-c", SETUP.format(pool=POOL)], cwd=tree, env=env, check=True)
+
+
+def headers_for(hostname: str) -> dict[str, str]:
+    token = hmac.new(KEY.encode(), f"node:{POOL}:{hostname}".encode(), hashlib.sha256).hexdigest()
+    return {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+
+
+async def register(base: str, nodes: int, concurrency: int = 50) -> float:
+    """Each node registered as its agent does (`NodeAgent.register`: POST nodes/register with its probe report, here
+    8 CPU devices), `concurrency` at a time; the seconds it took."""
+    import aiohttp
+
+    probe = {"devices": [{"index": d, "name": "CPU", "vendor": "cpu", "uuid": "", "memory_mib": None}
+                         for d in range(DEVICES)], "cpu": "fleet bench"}
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(session: aiohttp.ClientSession, hostname: str) -> None:
+        body = {"pool": POOL, "hostname": hostname, "probe": probe, "agent": {"version": "fleet-bench"}}
+        async with gate, session.post(f"{base}/api/runner/v1/nodes/register", data=json.dumps(body),
+                                      headers=headers_for(hostname)) as response:
+            answer = await response.json(content_type=None)
+            if response.status != 200 or answer.get("out_of_service") or len(answer.get("devices", ())) != DEVICES:
+                raise RuntimeError(f"{hostname} not registered: {response.status} {answer}")
+
+    started = time.monotonic()
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+        await asyncio.gather(*(one(session, f"node-{i:05d}") for i in range(nodes)))
+    return time.monotonic() - started
 
 
 def start_server(tree: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
@@ -172,8 +195,7 @@ async def agents(base: str, first: int, count: int, mode: str, sampling: bool) -
     async def agent(session: aiohttp.ClientSession, i: int) -> None:
         nonlocal errors
         hostname = f"node-{i:05d}"
-        token = hmac.new(KEY.encode(), f"node:{POOL}:{hostname}".encode(), hashlib.sha256).hexdigest()
-        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        headers = headers_for(hostname)
         free = list(range(DEVICES))
         await asyncio.sleep(random.uniform(0, 15 if mode == "wait" else 0.5))
         sampled = -SAMPLE_S
@@ -222,11 +244,15 @@ def measure(tree: Path, label: str, args) -> dict:
     env = env_for(tree, f"fleet-bench-{label}")
     mode = "wait" if "nodes/wait" in (tree / "leaderboards" / "runner_api.py").read_text() else "poll"
     sampling = "gpu_samples" in (tree / "runners" / "harness" / "node.py").read_text()
-    say(f"{label}: preparing {args.nodes} nodes ({mode} agents)")
-    prepare(tree, env, args.nodes)
+    if "nodes/register" not in (tree / "leaderboards" / "runner_api.py").read_text():
+        raise SystemExit(f"{label}: its runner API has no nodes/register to register the fleet's nodes with")
+    say(f"{label}: preparing ({mode} agents)")
+    prepare(tree, env)
     proc, base = start_server(tree, env)
     fleet: list[subprocess.Popen] = []
     try:
+        registered = asyncio.run(register(base, args.nodes))
+        say(f"{label}: {args.nodes} nodes registered over nodes/register in {registered:.1f} s")
         nofleet = asyncio.run(user_reads(base, args.seconds))
         say(f"{label}: no fleet: user p95 {percentile(nofleet, 0.95):.1f} ms; starting the fleet")
         per = -(-args.nodes // args.clients)
@@ -276,6 +302,7 @@ def measure(tree: Path, label: str, args) -> dict:
             messages.append(event["error"])
     latencies = [1000 * (min(claims[run]) - t) for run, t in dispatched.items() if run in claims]
     result = {"nodes": args.nodes, "protocol": mode, "web_cpu_share": round(share, 3),
+              "register_s": round(registered, 1),
               "claim_p50_ms": rnd(percentile(latencies, 0.5)), "claim_p95_ms": rnd(percentile(latencies, 0.95)),
               "claimed": len(latencies), "runs": args.runs,
               "claimed_twice": sum(len(ts) > 1 for ts in claims.values()),

@@ -8,6 +8,7 @@ from django.conf import settings
 from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler
 
+from leaderboards.popcorn.api import UPDATE_PROBLEMS_PATH, prefetch
 from leaderboards.runner_api import node_wait
 
 NODE_WAIT_PATH = "/api/runner/v1/nodes/wait"
@@ -40,6 +41,8 @@ class SyncWorkerASGIHandler(ASGIHandler):
         if scope["path"] == NODE_WAIT_PATH and scope["method"] == "POST":
             await node_wait(scope, receive, send)  # a long-poll: held on the event loop, not the sync thread
             return
+        if scope["path"] == UPDATE_PROBLEMS_PATH and scope["method"] == "POST":
+            scope, receive = await prefetch(scope, receive)  # its download off the sync thread
         try:
             await self.handle(scope, receive, send)  # no ThreadSensitiveContext: one sync thread for all
         except BodyTooLarge:  # raised by read_body, before anything was sent

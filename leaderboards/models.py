@@ -381,7 +381,9 @@ class Run(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["submission", "gpu_type", "secret"], name="run_unique")]
         # the reaper's look every few seconds for owed on_finish tasks reads only the runs that owe one
-        indexes = [models.Index(fields=["hook_due"], condition=Q(hook_due__isnull=False), name="run_hook_due")]
+        indexes = [models.Index(fields=["hook_due"], condition=Q(hook_due__isnull=False), name="run_hook_due"),
+                   # /metrics' phase histograms read the runs finished in the last hours
+                   models.Index(fields=["finished_at"], name="run_finished_at")]
         ordering = ["submission", "gpu_type", "secret"]
 
     def __str__(self) -> str:

@@ -82,13 +82,20 @@ def unpack(data: bytes, dest: Path) -> Path:
 
 
 def do_import_repository(repository: str, branch: str = "main", problem_set: str | None = None, *,
-                         force: bool = False, visibility: str | None = None) -> RepositoryImport:
+                         force: bool = False, visibility: str | None = None,
+                         downloaded: tuple[str, bytes | RepositoryError] | None = None) -> RepositoryImport:
     """Import `problems/<problem_set>.yaml` of the repository's branch, or every competition file there (`force`
     only with one set, as KernelBot). `visibility`: what the leaderboards it creates get (KernelBot's `--closed`);
-    existing ones keep theirs."""
+    existing ones keep theirs. `downloaded`: (url, its bytes or why not), fetched already (`popcorn.api.prefetch`)."""
     if force and not problem_set:
         raise RepositoryError("force needs a problem set: name the one whose leaderboards may change.")
-    data = download(archive_url(repository, branch))
+    url = archive_url(repository, branch)
+    if downloaded is not None and downloaded[0] == url:
+        if isinstance(downloaded[1], RepositoryError):
+            raise downloaded[1]
+        data = downloaded[1]
+    else:
+        data = download(url)
     result = RepositoryImport()
     with tempfile.TemporaryDirectory(prefix="kernelbot-problems-") as temp:
         problems = unpack(data, Path(temp)) / "problems"

@@ -16,6 +16,7 @@ import math
 import re
 import tarfile
 import time
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -33,7 +34,7 @@ from runners.actions import NodeRejected, do_register_agent
 from runners.backends.base import runner_key
 from runners.harness.agent import runner_token
 from runners.harness.node import node_token
-from runners.models import GpuPool, Node
+from runners.models import GpuPool, Node, NodeService
 from runners.reservations import allocator, keys
 from runners.reservations.models import DeviceHold, HoldKind
 
@@ -207,6 +208,7 @@ def node_register(request: HttpRequest, pool: GpuPool, hostname: str, body: dict
     except (KeyError, TypeError, ValueError) as exc:
         raise Refused(400, f"the probe report is malformed: {type(exc).__name__}: {exc}") from exc
     _types.pop(registration.node.pk, None)
+    _known.pop((pool.name, hostname), None)
     retried = lifecycle.do_node_restarted(registration.node)
     if registration.back_in_service:
         lifecycle.node_back_in_service(registration.node)
@@ -284,6 +286,9 @@ def node_answer(authorization: str, body: dict, *, woken: tuple[str, int] | None
     wait_on = [f"node:{node.pk}"] + [
         f"pool:{pool.pk}:{t}" for t in sorted({types[i] for i in free if i in types})]
     news = _reservations(node.pk) if node.pk in reserved else NONE
+    if batched and not claims and node.enabled and node.service == NodeService.IN_SERVICE:
+        _known[(pool.name, hostname)] = Known(authorization.partition(" ")[2].strip(), node.pk, pool.pk,
+                                              time.monotonic())
     return {"claims": claims, **news}, wait_on, node
 
 
@@ -317,6 +322,98 @@ def _node_types(node: Node) -> tuple[float, dict[int, int]]:
         hit = _types[node.pk] = (time.monotonic(), dict(node.gpus.filter(enabled=True).values_list("index",
                                                                                                   "gpu_type_id")))
     return hit
+
+
+@dataclass(frozen=True)
+class Known:
+    """A node whose agent's last full ask (`node_answer` on the sync thread) passed: authorised, enabled, in service,
+    no claim. Its later asks without news are answered on the event loop (`_idle_answer`)."""
+    token: str
+    node_id: int
+    pool_id: int
+    when: float
+
+
+_known: dict[tuple[str, str], Known] = {}  # (pool name, hostname) → what its last full ask found
+KNOWN_TTL = 60.0  # a full ask at least this often per node and process
+KNOWN_CHECK_S = 5.0  # how often the known nodes are checked against the database (refused within this)
+_checker: asyncio.Task | None = None
+
+
+def _idle_answer(authorization: str, body: object) -> tuple[int, list[str], list[dict] | None] | None:
+    """The node, the wake-up keys to wait on and its samples (valid) for an ask that needs no reading of the
+    database: its node known (`_known`, with this token) and this process's fresh reading of the pool
+    (`_pool_state`, since its last wake-up) says no run waits there and no reservation holds a device of the node.
+    None: ask the normal way."""
+    if not isinstance(body, dict):
+        return None
+    pool_name, hostname = body.get("pool"), body.get("hostname")
+    if not isinstance(pool_name, str) or not isinstance(hostname, str):
+        return None
+    known, now = _known.get((pool_name, hostname)), time.monotonic()
+    scheme, _, token = authorization.partition(" ")
+    if known is None or now - known.when > KNOWN_TTL or scheme.lower() != "bearer" or not hmac.compare_digest(
+            token.strip().encode(), known.token.encode()):
+        return None
+    pool, types = _pools.get(known.pool_id), _types.get(known.node_id)
+    if pool is None or pool[1] != wakeups.waiters.seq or now - pool[0] > POOL_TTL or pool[2] or (
+            known.node_id in pool[3]) or types is None or now - types[0] > TYPES_TTL:
+        return None
+    try:
+        free, samples = _free(body), _samples(body)
+    except Refused:
+        return None
+    return known.node_id, [f"node:{known.node_id}"] + [
+        f"pool:{known.pool_id}:{t}" for t in sorted({types[1][i] for i in free if i in types[1]})], samples
+
+
+def _write_samples(node_id: int, samples: list[dict]) -> bool:
+    """A known node's new samples, written at once (one UPDATE, as `node_answer` does); False when that failed."""
+    try:
+        Node.objects.filter(pk=node_id).update(samples=samples)
+        return True
+    except DatabaseError as exc:
+        log.warning("nodes/wait: could not write samples: %r", exc)
+        dbhealth.close_broken_connections()
+        return False
+
+
+def _known_still(known: dict[tuple[str, str], Known]) -> set[tuple[str, str]]:
+    """Which of the known nodes are still what their full ask found: the row there, its pool local and its key
+    unchanged (the token still valid), enabled and in service. One query."""
+    rows = Node.objects.filter(pk__in=[k.node_id for k in known.values()]).values_list(
+        "pk", "enabled", "service", "pool_id", "pool__name", "hostname", "pool__backend", "pool__settings")
+    keys_of: dict[int, str] = {}
+    found = {}
+    for pk, enabled, service, pool_id, pool_name, hostname, backend, pool_settings in rows:
+        pool = GpuPool(pk=pool_id, name=pool_name, backend=backend, settings=pool_settings)
+        key = keys_of.setdefault(pool_id, runner_key(pool) if pool.is_local else "")
+        if enabled and service == NodeService.IN_SERVICE and key:
+            found[pk] = (pool_name, hostname, node_token(key, pool_name, hostname))
+    return {name for name, k in known.items() if found.get(k.node_id) == (*name, k.token)}
+
+
+async def _check_known() -> None:
+    """Every KNOWN_CHECK_S while nodes are known: forget those no longer valid (and those past KNOWN_TTL), so a
+    removed, disabled or refused node, or a rotated key, goes the normal way (and is refused) within that."""
+    while _known:
+        await asyncio.sleep(KNOWN_CHECK_S)
+        now = time.monotonic()
+        snapshot = {name: k for name, k in _known.items() if now - k.when <= KNOWN_TTL}
+        try:
+            still = await sync_to_async(_known_still, thread_sensitive=True)(snapshot) if snapshot else set()
+        except Exception as exc:  # unchecked: forget them all (their next asks go the normal way)
+            log.warning("nodes/wait: could not check the known nodes: %r", exc)
+            still = set()
+        for name, k in list(_known.items()):
+            if _known.get(name) is k and (name not in still if name in snapshot else now - k.when > KNOWN_TTL):
+                del _known[name]
+
+
+def _watch_known() -> None:
+    global _checker
+    if _known and (_checker is None or _checker.done()):
+        _checker = asyncio.get_running_loop().create_task(_check_known())
 
 
 @csrf_exempt
@@ -375,8 +472,10 @@ async def node_wait(scope, receive, send) -> None:
         if not message.get("more_body"):
             break
     raw = b"".join(chunks)
+    body: object = None
     try:
-        wait = float((json.loads(raw or b"{}") or {}).get("wait", 0)) if raw.strip().startswith(b"{") else 0.0
+        body = json.loads(raw) if raw.strip().startswith(b"{") else None
+        wait = float(body.get("wait", 0))
     except (ValueError, TypeError, AttributeError, RecursionError):
         wait = 0.0
     wait = max(0.0, min(wait, settings.NODE_WAIT, settings.AGENT_DEADLINE * 0.6))
@@ -384,7 +483,13 @@ async def node_wait(scope, receive, send) -> None:
     if wait:
         await wakeups.waiters.ready()
     seen = wakeups.waiters.seq
-    status, answer, wait_on, node_id = await run(authorization, raw, None, False)
+    idle = _idle_answer(authorization, body)
+    if idle and (idle[2] is None or await sync_to_async(_write_samples, thread_sensitive=True)(idle[0], idle[2])):
+        # nothing new: no query (but its samples' UPDATE), no hop to the sync thread without samples
+        (node_id, wait_on, _), status, answer = idle, 200, {"claims": [], **NONE}
+    else:
+        status, answer, wait_on, node_id = await run(authorization, raw, None, False)
+        _watch_known()
     if node_id:
         wakeups.waiters.beat(node_id)
     if status != 200 or answer["claims"] or not wait or wakeups.waiters.seq != seen:

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import uuid
 from collections.abc import Iterable
 
 import redis
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 FILE_CHECK_S = 0.5
 SEEN_EVERY = 1.0
 _client: redis.Redis | None = None
+ORIGIN = f"@{uuid.uuid4().hex[:12]}"  # tags this process's messages: its listener skips its own echo
 
 
 def channel() -> str:
@@ -76,9 +78,17 @@ def publish(keys: Iterable[str]) -> None:
         if _client is None:
             _client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=settings.REDIS_TIMEOUT,
                                            socket_connect_timeout=settings.REDIS_CONNECT_TIMEOUT)
-        _client.publish(channel(), message)
+        _client.publish(channel(), f"{ORIGIN} {message}")
     except redis.RedisError as exc:  # lost: every waiting agent asks again within its heartbeat interval
         redis_clients.mark_away(name, exc)
+
+
+def received(message: str) -> list[str]:
+    """The keys of a message from Redis; none for this process's own (its waiters were woken as it published)."""
+    keys = message.split()
+    if keys and keys[0].startswith("@"):
+        return [] if keys[0] == ORIGIN else keys[1:]
+    return keys  # untagged: an older release's process
 
 
 def mark_seen(node_ids: list[int]) -> None:
@@ -209,8 +219,8 @@ class Waiters:
                         self.dispatch(["all"])
                     self.listening.set()
                     async for message in pubsub.listen():
-                        if message.get("type") == "message":
-                            self.dispatch(message["data"].decode().split())
+                        if message.get("type") == "message" and (keys := received(message["data"].decode())):
+                            self.dispatch(keys)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis away: waits end at their heartbeat; subscribe again shortly

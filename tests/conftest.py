@@ -27,7 +27,7 @@ from django_q.conf import Conf
 from django_q.timeout import TimeoutHandler
 
 from kernelbot import redis_clients
-from leaderboards import tasks
+from leaderboards import runner_api, tasks
 from taskspec.loader import load_task
 
 from . import agents, factories
@@ -124,6 +124,8 @@ def _isolated_runtime(settings, tmp_path):
     cache.clear()  # the cached settings (tokens, boards, jobs switch, quotas, bans, served GPUs) start empty
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     redis_clients.forget_failures()  # no Redis is away for this process yet
+    for known in (runner_api._known, runner_api._pools, runner_api._types):  # node asks' readings: another test's rows
+        known.clear()
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -163,3 +163,14 @@ def test_bad_samples_are_refused_precisely(cpu_pool):
     assert node_call("poll", {"pool": "local", "hostname": "localhost", "free": [], "samples": [good]}
                      ).status_code == 200
     assert Node.objects.get(hostname="localhost").samples == [good]
+
+
+@pytest.mark.django_db
+def test_the_phase_histograms_read_of_recently_finished_runs_is_served_by_an_index(postgres):
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")  # an empty table: make the planner show what could serve it
+    since = timezone.now() - timedelta(hours=1)
+    plan = Run.objects.filter(started_at__isnull=False, finished_at__gte=since, finished_at__isnull=False).explain()
+    assert "run_finished_at" in plan, plan

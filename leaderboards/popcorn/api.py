@@ -5,6 +5,7 @@ Each endpoint is thin: the same actions as the site and our own /api/v1 do the w
 
 from __future__ import annotations
 
+import asyncio
 import zipfile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -25,7 +26,7 @@ from pydantic import ValidationError as PydanticValidationError
 from kernelbot.api_errors import check_offset, install_error_handlers
 from kernelbot.cli.directives import parse_directives
 from kernelbot.inputs import Bool, Int, Text
-from leaderboards import actions, dataset
+from leaderboards import actions, dataset, repository
 from leaderboards.access import actions as access
 from leaderboards.access.authority import RunView, access_leaderboard, access_submission, run_view
 from leaderboards.access.models import Invite, QuotaKind, SubmissionQuota
@@ -426,7 +427,8 @@ def _from_repository(request) -> dict[str, Any]:
                                        for e in exc.errors())) from None
     try:
         done = do_import_repository(body.repository, body.branch, body.problem_set, force=body.force,
-                                    visibility=body.visibility if body.visibility != "public" else None)
+                                    visibility=body.visibility if body.visibility != "public" else None,
+                                    downloaded=getattr(request, "scope", {}).get(PREFETCHED))
     except RepositoryError as exc:
         status = 503 if str(exc).startswith("could not download") else 400
         raise HttpError(status, f"{exc}" + (" This server may have no internet access: put the problems under "
@@ -435,6 +437,46 @@ def _from_repository(request) -> dict[str, Any]:
     return {"status": "ok", "created": done.created, "updated": done.updated,
             "skipped": [{"name": n, "reason": "unchanged"} for n in done.unchanged],
             "errors": [{"name": e.split(":", 1)[0], "error": e.split(":", 1)[-1].strip()} for e in done.errors]}
+
+
+UPDATE_PROBLEMS_PATH = "/popcorn/admin/update-problems"
+PREFETCHED = "kernelbot.repository_archive"  # the scope's key for what `prefetch` downloaded
+
+
+async def prefetch(scope: dict, receive):
+    """popcorn-cli's `admin update-problems` (JSON, a valid admin token) downloads the repository's zip here, on a
+    thread of its own (repository.download: TIMEOUT, MAX_BYTES), before the request goes to the process's one sync
+    thread, which would otherwise wait for the whole download and every other request of the process behind it.
+    The CLI prints the synchronous answer, so the import itself still answers the request (`_from_repository`).
+    Returns the scope (with the download under PREFETCHED) and a `receive` that replays the body read."""
+    headers = dict(scope.get("headers", ()))
+    scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+    if (not headers.get(b"content-type", b"").startswith(b"application/json") or scheme.lower() != "bearer"
+            or not access.admin_token_matches(token.strip())):
+        return scope, receive
+    read: list[dict] = []
+    size = 0
+    while not read or (read[-1]["type"] == "http.request" and read[-1].get("more_body")):
+        read.append(await receive())
+        size += len(read[-1].get("body", b""))
+        if size > 65536:  # not the CLI's: Django reads (and refuses) it
+            break
+
+    async def replay():
+        return read.pop(0) if read else await receive()
+
+    if size > 65536:
+        return scope, replay
+    try:
+        body = UpdateProblemsIn.model_validate_json(b"".join(m.get("body", b"") for m in read) or b"{}")
+        url = repository.archive_url(body.repository, body.branch)
+    except (PydanticValidationError, RepositoryError):  # the view says why
+        return scope, replay
+    try:
+        fetched: bytes | RepositoryError = await asyncio.to_thread(repository.download, url)
+    except RepositoryError as exc:
+        fetched = exc
+    return {**scope, PREFETCHED: (url, fetched)}, replay
 
 
 @admin.post("/update-problems")

@@ -217,3 +217,56 @@ def test_admin_get_submission_holds_every_run_whole_and_the_author_never_sees_th
     own = popcorn.get(f"user/submissions/{ranked.pk}")
     assert own.status_code == 200 and "secret case 7" not in own.content.decode()
     assert "secret-out" not in own.content.decode() and "runs_json" not in own.json()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_update_problems_downloads_off_the_sync_thread_and_still_answers_with_its_outcome(
+        admin_token, cpu_pool, problems_repository, monkeypatch):
+    """The repository's download does not hold the web process's one sync thread: a health check sent meanwhile is
+    answered before it ends, and the CLI still gets the import's outcome in the answer."""
+    import asyncio
+    import time
+
+    from asgiref.testing import ApplicationCommunicator
+
+    from kernelbot.handlers import SyncWorkerASGIHandler
+    from leaderboards import repository
+
+    fetch = repository.download
+
+    def slow(url: str) -> bytes:
+        time.sleep(2)
+        return fetch(url)
+
+    monkeypatch.setattr(repository, "download", slow)
+
+    def request(method: str, path: str, body: bytes = b"", headers: dict | None = None) -> ApplicationCommunicator:
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
+                 "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+                 "client": ("127.0.0.1", 5000), "server": ("testserver", 80),
+                 "headers": [(b"host", b"testserver"), (b"content-length", str(len(body)).encode()),
+                             *((k.lower().encode(), v.encode()) for k, v in (headers or {}).items())]}
+        return ApplicationCommunicator(SyncWorkerASGIHandler(), scope)
+
+    async def answer(comm: ApplicationCommunicator) -> tuple[int, dict]:
+        start = await comm.receive_output(30)
+        return start["status"], json.loads((await comm.receive_output(30))["body"])
+
+    async def sent(comm: ApplicationCommunicator) -> ApplicationCommunicator:
+        await comm.send_input({"type": "http.request", "body": b"", "more_body": False})
+        return comm
+
+    async def scenario():
+        body = json.dumps({"repository": "owner/problems", "branch": "main", "problem_set": "demo"}).encode()
+        await answer(await sent(request("GET", "/api/v1/health")))  # the process's first request sets it up
+        update = request("POST", "/popcorn/admin/update-problems", body,
+                         {**ADMIN, "Content-Type": "application/json"})
+        await update.send_input({"type": "http.request", "body": body, "more_body": False})
+        await asyncio.sleep(0.5)  # downloading now
+        started = time.monotonic()
+        status, _ = await answer(await sent(request("GET", "/api/v1/health")))
+        return status, time.monotonic() - started, await answer(update)
+
+    health_status, took, (status, result) = asyncio.run(scenario())
+    assert health_status == 200 and took < 1.0, took  # not behind the 2 s download
+    assert status == 200 and {"vectoradd", "softmax"} <= set(result["created"]) and result["errors"] == []

@@ -363,3 +363,88 @@ def test_a_wait_woken_as_its_client_leaves_hands_the_wake_on(cpu_pool, settings)
 
     other = asyncio.run(scenario())
     assert other.event.is_set() and other.baton == (key, 0)
+
+
+def test_a_pool_wake_published_with_redis_wakes_one_waiter_not_one_more_for_its_echo(settings, redis_url):
+    settings.REDIS_URL = redis_url
+
+    async def scenario() -> list[bool]:
+        await wakeups.waiters.ready()  # subscribed: this process hears its own message back
+        first, second = wakeups.Waiter(["pool:1:1"]), wakeups.Waiter(["pool:1:1"])
+        wakeups.waiters.add(first)
+        wakeups.waiters.add(second)
+        await asyncio.to_thread(wakeups.publish, ["pool:1:1"])
+        await asyncio.sleep(0.5)  # the echo has come back by now
+        for waiter in (first, second):
+            wakeups.waiters.remove(waiter)
+        return [first.event.is_set(), second.event.is_set()]
+
+    assert asyncio.run(scenario()) == [True, False]
+    assert wakeups.received(f"{wakeups.ORIGIN} pool:1:1") == []
+    assert wakeups.received("@another pool:1:1 node:2") == ["pool:1:1", "node:2"]
+    assert wakeups.received("node:2") == ["node:2"]  # an older release's untagged message
+
+
+def spy_full_asks(monkeypatch) -> list[int]:
+    """Counts the asks answered the normal way (on the sync thread, with the database)."""
+    calls, full = [], runner_api._answer_sync
+
+    def counted(*args):
+        calls.append(1)
+        return full(*args)
+
+    monkeypatch.setattr(runner_api, "_answer_sync", counted)
+    return calls
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_idle_known_nodes_ask_is_answered_without_reading_the_database_and_still_marks_its_agent_live(
+        cpu_pool, settings, monkeypatch):
+    settings.NODE_WAIT = 1.5
+    monkeypatch.setattr(runner_api, "POOL_TTL", 60.0)  # the pool's reading still fresh after the held wait
+    node = cpu_pool.nodes.get()
+    body = {"pool": "local", "hostname": "localhost", "free": [0]}
+    full = spy_full_asks(monkeypatch)
+
+    async def scenario():
+        first = await ask(body)  # first sight: the normal way
+        await sync_to_async(lambda: Node.objects.filter(pk=node.pk).update(agent_seen_at=None))()
+        return first, await ask({**body, "wait": 60}), await ask({**body, "samples": [sample]})
+
+    sample = {"index": 0, "utilization": 0.5, "memory_used": 1 << 30, "memory_total": 80 << 30}
+    first, idle, sampled = asyncio.run(scenario())
+    assert first[:2] == (200, {"claims": [], "reserved": [], "reservations": [], "keys": [], "again": False})
+    assert idle[0] == 200 and idle[1] == {"claims": [], "reserved": [], "reservations": [], "keys": [], "again": True}
+    assert 1.4 <= idle[2] < 5  # held as a normal wait
+    assert sampled[0] == 200 and len(full) == 1  # the first ask only: the others had no node to read
+    node.refresh_from_db()
+    assert node.agent_live() and node.samples == [sample]  # its heartbeat and its samples recorded all the same
+
+
+@pytest.mark.parametrize("change", ["key rotated", "node disabled", "node removed"])
+@pytest.mark.django_db(transaction=True)
+def test_a_known_node_goes_the_normal_way_again_within_the_check_interval_once_it_changed(
+        cpu_pool, settings, monkeypatch, change):
+    monkeypatch.setattr(runner_api, "KNOWN_CHECK_S", 0.2)
+    monkeypatch.setattr(runner_api, "POOL_TTL", 60.0)  # the pool's reading stays fresh: only the check forgets
+    body = {"pool": "local", "hostname": "localhost", "free": [0]}
+    full = spy_full_asks(monkeypatch)
+
+    def make_change():
+        if change == "key rotated":
+            settings.RUNNER_KEY = "another-runner-key-0123456789abcdef"
+        elif change == "node disabled":
+            Node.objects.filter(hostname="localhost").update(enabled=False)
+        else:
+            Node.objects.filter(hostname="localhost").delete()
+
+    async def scenario():
+        await ask(body)
+        assert (await ask(body))[0] == 200 and len(full) == 1  # known: answered on the event loop
+        await sync_to_async(make_change)()
+        await asyncio.sleep(runner_api.KNOWN_CHECK_S * 4)
+        return await ask(body)
+
+    status, answer, _ = asyncio.run(scenario())
+    assert len(full) == 2  # the normal way again
+    assert status == {"key rotated": 403, "node disabled": 200, "node removed": 404}[change], answer
