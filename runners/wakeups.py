@@ -37,7 +37,12 @@ log = logging.getLogger(__name__)
 FILE_CHECK_S = 0.5
 SEEN_EVERY = 1.0
 _client: redis.Redis | None = None
-ORIGIN = f"@{uuid.uuid4().hex[:12]}"  # tags this process's messages: its listener skips its own echo
+_ORIGIN = uuid.uuid4().hex[:12]
+
+
+def origin() -> str:
+    """Tags this process's messages: its listener skips its own echo (the pid too: a forked process is another)."""
+    return f"@{_ORIGIN}-{os.getpid()}"
 
 
 def channel() -> str:
@@ -78,7 +83,7 @@ def publish(keys: Iterable[str]) -> None:
         if _client is None:
             _client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=settings.REDIS_TIMEOUT,
                                            socket_connect_timeout=settings.REDIS_CONNECT_TIMEOUT)
-        _client.publish(channel(), f"{ORIGIN} {message}")
+        _client.publish(channel(), f"{origin()} {message}")
     except redis.RedisError as exc:  # lost: every waiting agent asks again within its heartbeat interval
         redis_clients.mark_away(name, exc)
 
@@ -87,7 +92,7 @@ def received(message: str) -> list[str]:
     """The keys of a message from Redis; none for this process's own (its waiters were woken as it published)."""
     keys = message.split()
     if keys and keys[0].startswith("@"):
-        return [] if keys[0] == ORIGIN else keys[1:]
+        return [] if keys[0] == origin() else keys[1:]
     return keys  # untagged: an older release's process
 
 

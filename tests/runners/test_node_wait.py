@@ -380,7 +380,7 @@ def test_a_pool_wake_published_with_redis_wakes_one_waiter_not_one_more_for_its_
         return [first.event.is_set(), second.event.is_set()]
 
     assert asyncio.run(scenario()) == [True, False]
-    assert wakeups.received(f"{wakeups.ORIGIN} pool:1:1") == []
+    assert wakeups.received(f"{wakeups.origin()} pool:1:1") == []
     assert wakeups.received("@another pool:1:1 node:2") == ["pool:1:1", "node:2"]
     assert wakeups.received("node:2") == ["node:2"]  # an older release's untagged message
 
