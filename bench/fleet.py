@@ -21,9 +21,11 @@ Claimed runs keep their devices (never run). Phases, each on the same server:
 
 1. no fleet: `--seconds` of API reads (GET /api/v1/leaderboards and /api/v1/health, one after the other, 20 a
    second): `user_nofleet_p95_ms`;
-2. the fleet starts (first asks spread over one heartbeat interval) and settles for that long; then for
-   `--seconds` the idle fleet alone, the web processes' CPU time counted: `web_cpu_share` = CPU seconds of granian
-   and its workers / (wall seconds x cores); then for `--seconds` the same reads again (`user_p95_ms`);
+2. the fleet starts (first asks spread over one heartbeat interval) and settles for `--settle` seconds (default
+   two heartbeats: a web process answers a node's ask without the database only once it has seen one full ask of
+   it, so the first interval is a fleet's start, not its steady state; its share is `web_cpu_share_settling`);
+   then for `--seconds` the idle fleet alone, the web processes' CPU time counted: `web_cpu_share` = CPU seconds
+   of granian and its workers / (wall seconds x cores); then for `--seconds` the same reads again (`user_p95_ms`);
 3. `--runs` runs submitted and dispatched one every 0.5 s: `claim_p50_ms`/`claim_p95_ms` from dispatch committed
    to the claiming agent's answer (one clock: this machine's).
 
@@ -261,8 +263,11 @@ def measure(tree: Path, label: str, args) -> dict:
             fleet.append(subprocess.Popen([sys.executable, __file__, "--agents", base, str(c * per), str(count), mode,
                                            str(int(sampling))], stdout=subprocess.PIPE, text=True,
                                           env={**os.environ, "PYTHONPATH": ""}))
-        time.sleep(16 if mode == "wait" else 5)  # the first asks are spread over one heartbeat
         cores = len(os.sched_getaffinity(0))
+        cpu0, wall0 = cpu_seconds(proc.pid), time.monotonic()
+        # the first asks are spread over one heartbeat; each node's first asks to each web process are full ones
+        time.sleep(args.settle if mode == "wait" else 5)
+        settling = (cpu_seconds(proc.pid) - cpu0) / ((time.monotonic() - wall0) * cores)
         cpu0, wall0 = cpu_seconds(proc.pid), time.monotonic()
         time.sleep(args.seconds)
         share = (cpu_seconds(proc.pid) - cpu0) / ((time.monotonic() - wall0) * cores)
@@ -302,6 +307,7 @@ def measure(tree: Path, label: str, args) -> dict:
             messages.append(event["error"])
     latencies = [1000 * (min(claims[run]) - t) for run, t in dispatched.items() if run in claims]
     result = {"nodes": args.nodes, "protocol": mode, "web_cpu_share": round(share, 3),
+              "web_cpu_share_settling": round(settling, 3), "settle_s": args.settle if mode == "wait" else 5,
               "register_s": round(registered, 1),
               "claim_p50_ms": rnd(percentile(latencies, 0.5)), "claim_p95_ms": rnd(percentile(latencies, 0.95)),
               "claimed": len(latencies), "runs": args.runs,
@@ -330,6 +336,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=20)
+    parser.add_argument("--settle", type=float, default=31, help="seconds from the fleet's start to the measuring")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--clients", type=int, default=2, help="agent processes")
     parser.add_argument("--baseline", metavar="REF", help="git ref of the previous release, measured first")
