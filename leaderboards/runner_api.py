@@ -367,6 +367,17 @@ def _idle_answer(authorization: str, body: object) -> tuple[int, list[str], list
         f"pool:{known.pool_id}:{t}" for t in sorted({types[1][i] for i in free if i in types[1]})], samples
 
 
+def _write_samples(node_id: int, samples: list[dict]) -> bool:
+    """A known node's new samples, written at once (one UPDATE, as `node_answer` does); False when that failed."""
+    try:
+        Node.objects.filter(pk=node_id).update(samples=samples)
+        return True
+    except DatabaseError as exc:
+        log.warning("nodes/wait: could not write samples: %r", exc)
+        dbhealth.close_broken_connections()
+        return False
+
+
 def _known_still(known: dict[tuple[str, str], Known]) -> set[tuple[str, str]]:
     """Which of the known nodes are still what their full ask found: the row there, its pool local and its key
     unchanged (the token still valid), enabled and in service. One query."""
@@ -472,14 +483,15 @@ async def node_wait(scope, receive, send) -> None:
     if wait:
         await wakeups.waiters.ready()
     seen = wakeups.waiters.seq
-    samples = None
-    if idle := _idle_answer(authorization, body):  # nothing new: no query, no hop to the sync thread
-        (node_id, wait_on, samples), status, answer = idle, 200, {"claims": [], **NONE}
+    idle = _idle_answer(authorization, body)
+    if idle and (idle[2] is None or await sync_to_async(_write_samples, thread_sensitive=True)(idle[0], idle[2])):
+        # nothing new: no query (but its samples' UPDATE), no hop to the sync thread without samples
+        (node_id, wait_on, _), status, answer = idle, 200, {"claims": [], **NONE}
     else:
         status, answer, wait_on, node_id = await run(authorization, raw, None, False)
         _watch_known()
     if node_id:
-        wakeups.waiters.beat(node_id, samples)  # its samples written with the heartbeats, within a second
+        wakeups.waiters.beat(node_id)
     if status != 200 or answer["claims"] or not wait or wakeups.waiters.seq != seen:
         # news (claims, or a wake-up while it looked): a waiting agent asks again at once
         return await _send_json(send, status, {**answer, "again": bool(wait)} if status == 200 else answer)

@@ -96,13 +96,8 @@ def received(message: str) -> list[str]:
     return keys  # untagged: an older release's process
 
 
-def mark_seen(node_ids: list[int], samples: dict[int, list[dict]] | None = None) -> None:
-    """The agents' heartbeats and their new samples, in one transaction: two UPDATEs, one commit."""
-    with transaction.atomic():
-        Node.objects.filter(pk__in=node_ids).update(agent_seen_at=timezone.now())
-        if samples:
-            Node.objects.bulk_update([Node(pk=pk, samples=value) for pk, value in sorted(samples.items())],
-                                     ["samples"])
+def mark_seen(node_ids: list[int]) -> None:
+    Node.objects.filter(pk__in=node_ids).update(agent_seen_at=timezone.now())
 
 
 class Waiter:
@@ -120,7 +115,6 @@ class Waiters:
         self.listening = asyncio.Event()
         self.seq = 0  # messages seen: a wait that saw one arrive while it looked for work looks again
         self.seen: set[int] = set()  # nodes whose agent asked since the last write of their agent_seen_at
-        self.samples: dict[int, list[dict]] = {}  # and the new samples some of them sent
         self.writer: asyncio.Task | None = None
 
     async def ready(self) -> None:
@@ -133,13 +127,10 @@ class Waiters:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.listening.wait(), settings.REDIS_CONNECT_TIMEOUT)
 
-    def beat(self, node_id: int, samples: list[dict] | None = None) -> None:
-        """The node's agent asked: its agent_seen_at (and its new samples) are written with the others' within
-        SEEN_EVERY: one transaction a second per web process, not a commit per ask on the one sync thread, which a
-        fleet's asks would saturate on a busy database and every user request would queue behind."""
+    def beat(self, node_id: int) -> None:
+        """The node's agent asked: its agent_seen_at is written with the others' within SEEN_EVERY (one UPDATE a
+        second per web process, not one per ask)."""
         self.seen.add(node_id)
-        if samples is not None:
-            self.samples[node_id] = samples
         if self.writer is None or self.writer.done():
             self.writer = asyncio.get_running_loop().create_task(self.write_seen())
 
@@ -147,9 +138,8 @@ class Waiters:
         while self.seen:
             await asyncio.sleep(SEEN_EVERY)
             ids, self.seen = self.seen, set()
-            samples, self.samples = self.samples, {}
             try:
-                await sync_to_async(mark_seen, thread_sensitive=True)(sorted(ids), samples)
+                await sync_to_async(mark_seen, thread_sensitive=True)(sorted(ids))
             except Exception as exc:  # the next ask writes it again, well within the agent deadline
                 log.warning("node wake-ups: could not record %d agents as seen: %r", len(ids), exc)
 
