@@ -280,7 +280,8 @@ class ReferenceSession(ChildSession):
     """The problem's reference in a child of its own, started, fed, timed and read exactly as the submission's child
     is (the same child.py, sandbox, lent buffers and Yardstick), so that what happens around a call (the parent
     generating and checking between calls, a process woken to run it) is alike on both sides: a copy of the reference
-    then scores 1.00x. It runs only the problem's files (a directory of its own, where submission.py is
+    then scores 1.00x. It runs only the problem's files (a copy of the run's directory but the submission and links,
+    where submission.py is
     `from reference import ref_kernel as custom_kernel`), the submission's tree is frozen while it is timed, and the
     submission cannot reach it (another pid namespace; without bubblewrap, this process's uid). What goes wrong in it
     is the problem's (ProblemError), never the submission's."""
@@ -288,17 +289,16 @@ class ReferenceSession(ChildSession):
     KERNEL = "from reference import ref_kernel as custom_kernel\n"
 
     def __init__(self, job: Job):
-        self.workdir = tempfile.mkdtemp(prefix="kernelbot-reference-")
+        self.workdir = os.path.join(tempfile.mkdtemp(prefix="kernelbot-reference-"), "work")
         try:
-            for name in os.listdir(job.workdir):
-                path = os.path.join(job.workdir, name)
-                if name not in ("submission.py", CHILD_SCRIPT) and os.path.isfile(path) and not os.path.islink(path):
-                    shutil.copyfile(path, os.path.join(self.workdir, name))
+            shutil.copytree(job.workdir, self.workdir, ignore=lambda at, names: [
+                n for n in names if os.path.islink(os.path.join(at, n)) or (
+                    at == job.workdir and n in ("submission.py", CHILD_SCRIPT))])
             with open(os.path.join(self.workdir, "submission.py"), "w") as f:
                 f.write(self.KERNEL)
             super().__init__(dataclasses.replace(job, workdir=self.workdir), reference=True)
         except BaseException:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+            shutil.rmtree(os.path.dirname(self.workdir), ignore_errors=True)
             raise
 
     @contextlib.contextmanager
@@ -328,7 +328,7 @@ class ReferenceSession(ChildSession):
         try:
             return super().close(grace_s)
         finally:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+            shutil.rmtree(os.path.dirname(self.workdir), ignore_errors=True)
 
 
 def tensors_only(out: Any) -> bool:

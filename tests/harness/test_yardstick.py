@@ -219,6 +219,8 @@ def test_the_reference_child_runs_only_the_problems_files(tmp_path, monkeypatch)
     (tmp_path / "submission.py").write_text("import os\nos.system('touch /tmp/pwned')\n")
     (tmp_path / kernelbot.CHILD_SCRIPT).write_text("# stale\n")
     os.symlink("/etc/passwd", tmp_path / "link.py")
+    (tmp_path / "helpers").mkdir()
+    (tmp_path / "helpers" / "tables.py").write_text("T = 2\n")
     made = []
     monkeypatch.setattr(kernelbot.ChildSession, "__init__", lambda self, job, **kw: made.append(
         (job.workdir, kw, sorted(os.listdir(job.workdir)), Path(job.workdir, "submission.py").read_text())))
@@ -226,10 +228,11 @@ def test_the_reference_child_runs_only_the_problems_files(tmp_path, monkeypatch)
     session = kernelbot.ReferenceSession(Job(mode="benchmark", workdir=str(tmp_path)))
     ((workdir, kwargs, files, code),) = made
     assert workdir != str(tmp_path) and kwargs == {"reference": True}
-    assert files == ["reference.py", "submission.py", "utils.py"]
+    assert files == ["helpers", "reference.py", "submission.py", "utils.py"]  # the problem's modules, a package too
+    assert Path(workdir, "helpers", "tables.py").read_text() == "T = 2\n"
     assert code == kernelbot.ReferenceSession.KERNEL == "from reference import ref_kernel as custom_kernel\n"
     session.close()
-    assert not os.path.exists(workdir)
+    assert not os.path.exists(os.path.dirname(workdir))
 
 
 def partly_side_stream(device, ms):
