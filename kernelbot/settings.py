@@ -337,6 +337,7 @@ AGENT_DEADLINE = int(os.environ.get("KERNELBOT_AGENT_DEADLINE", "25"))
 # task; on SIGTERM it gives the cluster STOP_GRACE seconds before killing it.
 CLUSTER_REAP_INTERVAL = float(os.environ.get("KERNELBOT_REAP_INTERVAL", "2"))
 CLUSTER_STALL_SECONDS = float(os.environ.get("KERNELBOT_CLUSTER_STALL_SECONDS", "20"))
+CLUSTER_START_SECONDS = float(os.environ.get("KERNELBOT_CLUSTER_START_SECONDS", "120"))
 CLUSTER_STOP_GRACE = float(os.environ.get("KERNELBOT_CLUSTER_STOP_GRACE", "5"))
 # What the supervisor ticks (dotted path → seconds; the first also paces its progress check), re-sends and counts.
 CLUSTER_TICKS = {"leaderboards.lifecycle.do_reap_overdue_runs": CLUSTER_REAP_INTERVAL,

@@ -99,8 +99,10 @@ class Supervisor:
     def __init__(self, command: list[str] | None = None):
         self.command = command or [sys.executable, str(settings.BASE_DIR / "manage.py"), "qcluster"]
         self.stall = settings.CLUSTER_STALL_SECONDS
+        self.start_grace = settings.CLUSTER_START_SECONDS
         self.cluster: subprocess.Popen | None = None
         self.started_at = self.last_task = 0.0
+        self.ready_at: float | None = None  # when its first worker was spawned
         self.resent_at: float | None = None
         self.restart_at = 0.0
         self.failed_starts = 0
@@ -154,15 +156,18 @@ class Supervisor:
                                         env={**os.environ, HEARTBEATS_ENV: str(self.heartbeats)},
                                         preexec_fn=die_with_parent)
         self.started_at = time.time()
-        self.last_task, self.resent_at = 0.0, None
+        self.last_task, self.ready_at, self.resent_at = 0.0, None, None
         log.info("started the worker cluster (process group %s)", self.cluster.pid)
 
     def _check_progress(self) -> None:
         """No worker busy and none started a task for a stall period: dispatch the waiting runs here (no broker
         message). If runs were queued since a worker last started a task (their messages went to this cluster, even
-        if the reaper has dispatched them since), or messages wait in the broker, the cluster is wedged: restart it."""
+        if the reaper has dispatched them since), or messages wait in the broker, the cluster is wedged: restart it.
+        A new cluster's quiet time starts when its first worker is spawned (importing Django and forking take many
+        seconds on a busy machine), or `start_grace` seconds after its start if no worker ever is."""
         busy = self._read_heartbeats()
-        quiet_since = max(self.started_at, self.last_task, self.resent_at or 0.0)
+        up = self.ready_at if self.ready_at is not None else self.started_at + self.start_grace
+        quiet_since = max(up, self.last_task, self.resent_at or 0.0)
         if busy or time.time() - quiet_since < self.stall:
             return
         cutoff = timezone.now() - timedelta(seconds=self.stall)
@@ -202,7 +207,10 @@ class Supervisor:
                 alive = False
             if not alive:
                 path.unlink(missing_ok=True)
-            elif state == "busy":
+                continue
+            if self.ready_at is None:
+                self.ready_at = time.time()
+            if state == "busy":
                 busy += 1
         return busy
 
