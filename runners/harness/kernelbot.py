@@ -18,7 +18,6 @@ import signal
 import socket
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -29,7 +28,7 @@ import torch
 from . import child as child_module
 from . import device, stats
 from .job import Case, Job
-from .problem import Problem, ProblemError, backend_flags, derive_seed, format_spec
+from .problem import Problem, ProblemError, backend_flags, derive_seed, format_spec, scratch_dir
 from .result import CaseResult, Emitter, Result, tail
 from .sandbox import Outcome, Sandbox
 
@@ -289,7 +288,7 @@ class ReferenceSession(ChildSession):
     KERNEL = "from reference import ref_kernel as custom_kernel\n"
 
     def __init__(self, job: Job):
-        self.workdir = os.path.join(tempfile.mkdtemp(prefix="kernelbot-reference-"), "work")
+        self.workdir = os.path.join(scratch_dir("kernelbot-reference-", job.workdir), "work")
         try:
             shutil.copytree(job.workdir, self.workdir, ignore=lambda at, names: [
                 n for n in names if os.path.islink(os.path.join(at, n)) or (

@@ -102,6 +102,16 @@ def _normalise_check(result: Any) -> tuple[bool, str]:
     return bool(result), "" if result else "check_implementation returned False"
 
 
+def scratch_dir(prefix: str, workdir: str) -> str:
+    """A private directory (mode 0700) beside the run's workdir: the parent a node agent makes for each run and removes
+    after it (and sweeps at its start), so nothing is left behind even when this process is killed; in the system's
+    temporary directory where that parent is not writable (a remote runner's checkout)."""
+    try:
+        return tempfile.mkdtemp(prefix=prefix, dir=os.path.dirname(os.path.abspath(workdir)))
+    except OSError:
+        return tempfile.mkdtemp(prefix=prefix)
+
+
 class Problem:
     """The reference module, imported from a private snapshot of the working directory. Every call into the
     problem's own code raises ProblemError when that code fails, so a broken problem is never blamed on a
@@ -109,7 +119,7 @@ class Problem:
 
     def __init__(self, workdir: str):
         self.seconds = {"generate": 0.0, "check": 0.0}  # spent in the problem's own code, for the run's breakdown
-        self.snapshot = tempfile.mkdtemp(prefix="harness-problem-")
+        self.snapshot = scratch_dir("harness-problem-", workdir)
         shutil.copytree(workdir, self.snapshot, dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns(SUBMISSION, "__pycache__"))
         sys.path.insert(0, self.snapshot)

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -85,3 +86,27 @@ def test_freeze_stops_every_process_of_the_tree_and_resumes_them():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         proc.wait()
+
+
+def test_the_reference_and_problem_copies_live_beside_the_workdir_and_go_with_the_run(tmp_path, monkeypatch,
+                                                                                       in_process):
+    """The reference's child directory and the problem's snapshot are made in the run's own parent directory (a node
+    agent removes it after the run, and sweeps it when a killed agent left it), not in the system's temp dir where a
+    killed harness would leave them for good."""
+    made, mkdtemp = [], tempfile.mkdtemp
+
+    def recorded(*args, **kwargs):
+        made.append(mkdtemp(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr("tempfile.mkdtemp", recorded)
+    run_root = tmp_path / "kernelbot-run-x"
+    run_root.mkdir()
+    workdir = make_workdir(run_root, SUBMISSIONS / "fast.py")
+    result = kernelbot.run(parse_job(job_for(workdir, "benchmark")), Emitter(io.StringIO()))
+
+    assert result.verdict == "pass", result.error
+    for prefix in ("harness-problem-", "kernelbot-reference-"):
+        assert any(os.path.basename(path).startswith(prefix) for path in made), made
+    assert all(os.path.dirname(path) == str(run_root) for path in made), made
+    assert sorted(p.name for p in run_root.iterdir()) == ["work"]  # both removed when the run ended
