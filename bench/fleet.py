@@ -7,9 +7,10 @@ side by side in one invocation: database `kernelbot_fleet` on $BENCH_PG (dropped
 own code, the demo loaded), a local pool `fleet` (the demo's own pool disabled) of `--nodes` nodes of 8 CPU devices
 each, registered over the wire as agents do (`nodes/register` with a probe report, 50 at a time, before the measured
 phases; how long it took is printed and reported as `register_s`), and the web layout of docs/operations.md:
-`granian --interface asginl --workers 2`, PostgreSQL, Redis (db $BENCH_REDIS_DB, default 3, under a deployment name
-of its own), `DB_POOL=1`. No `manage.py workers`: this process dispatches each run itself (`dispatch_run`, what a
-worker's task does), so the claim latency is the agents' alone.
+the tree's own deploy/systemd/kernelbot-web.service command (granian, 2 workers, its flags), PostgreSQL, Redis
+(db $BENCH_REDIS_DB, default 3, under a deployment name of its own), `DB_POOL=1`. No `manage.py workers`: this
+process dispatches each run itself (`dispatch_run`, what a worker's task does), so the claim latency is the agents'
+alone.
 
 The agents speak the node agent's exact wire protocol (`runners/harness/node.py` of the tree measured), many per
 process (`--clients` processes of asyncio + aiohttp): Bearer HMAC(runner key, "node:fleet:HOST"), `free` listing
@@ -42,6 +43,7 @@ import hmac
 import json
 import os
 import random
+import shlex
 import signal
 import socket
 import subprocess
@@ -131,13 +133,23 @@ async def register(base: str, nodes: int, concurrency: int = 50) -> float:
     return time.monotonic() - started
 
 
+def web_command(tree: Path, port: int) -> list[str]:
+    """The tree's own production web server: the ExecStart of its deploy/systemd/kernelbot-web.service (its granian
+    flags), on this interpreter and a free port, logging warnings only."""
+    for line in (tree / "deploy" / "systemd" / "kernelbot-web.service").read_text().splitlines():
+        if line.startswith("ExecStart="):
+            argv = shlex.split(line.removeprefix("ExecStart="))
+            argv[0] = sys.executable
+            argv[argv.index("--port") + 1] = str(port)
+            return [*argv[:-1], "--log-level", "warning", argv[-1]]
+    raise SystemExit(f"{tree}: no ExecStart in deploy/systemd/kernelbot-web.service")
+
+
 def start_server(tree: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "granian", "--interface", "asginl", "--host", "127.0.0.1",
-                             "--port", str(port), "--workers", "2", "--respawn-failed-workers", "--log-level",
-                             "warning", "kernelbot.asgi:application"], cwd=tree, env=env, start_new_session=True)
+    proc = subprocess.Popen(web_command(tree, port), cwd=tree, env=env, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

@@ -1,10 +1,12 @@
-"""The production layout's web server for tests that need real HTTP: granian with two workers (a failed one respawned)
-and production settings (DEBUG off, no TLS proxy) on the test database, as docs/operations.md runs it."""
+"""The production layout's web server for tests that need real HTTP: deploy/systemd/kernelbot-web.service's command
+(granian, its flags; two workers unless told) with production settings (DEBUG off, no TLS proxy) on the test
+database, as docs/operations.md runs it."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -28,6 +30,18 @@ def production_env(tmp_path: Path, **extra: str) -> dict[str, str]:
         "KERNELBOT_RUNS_DIR": str(tmp_path / "runs"), "LOG_LEVEL": "WARNING", **extra}
 
 
+WEB_UNIT = REPO / "deploy" / "systemd" / "kernelbot-web.service"
+
+
+def web_command(port: int, workers: int) -> list[str]:
+    """The web unit's ExecStart on this interpreter, `port` and `workers`."""
+    line = next(line for line in WEB_UNIT.read_text().splitlines() if line.startswith("ExecStart="))
+    argv = shlex.split(line.removeprefix("ExecStart="))
+    argv[0] = sys.executable
+    argv[argv.index("--port") + 1], argv[argv.index("--workers") + 1] = str(port), str(workers)
+    return argv
+
+
 class Server(str):
     """The server's base URL; `pid`: granian's main process (its workers are its children)."""
 
@@ -41,10 +55,7 @@ def granian(env: dict[str, str], log: Path, workers: int = 2) -> Iterator[Server
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with log.open("wb") as out:
-        server = subprocess.Popen([sys.executable, "-m", "granian", "--interface", "asginl", "--host", "127.0.0.1",
-                                   "--port", str(port), "--workers", str(workers), "--respawn-failed-workers",
-                                   "kernelbot.asgi:application"],
-                                  cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+        server = subprocess.Popen(web_command(port, workers), cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = Server(f"http://127.0.0.1:{port}")
     url.pid = server.pid
     try:

@@ -76,8 +76,8 @@ class Command(BaseCommand):
             # granian, as production runs the site (docs/operations.md): it streams request bodies to Django, which
             # spools them to disk, where daphne held each whole body in memory and stalled other clients meanwhile
             subprocess.Popen([sys.executable, "-m", "granian", "--interface", "asginl", "--host", host, "--port",
-                              str(port), "--workers", "1", "--respawn-failed-workers",
-                              "kernelbot.asgi:application"], cwd=settings.BASE_DIR),
+                              str(port), "--workers", "1", "--respawn-failed-workers", "--backlog", "4096",
+                              "--backpressure", "4096", "kernelbot.asgi:application"], cwd=settings.BASE_DIR),
         ]
         local = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
         agent = [sys.executable, "-m", "runners.harness.node", "--platform", f"http://{local}:{port}", "--pool", pool,
