@@ -34,7 +34,7 @@ from runners.actions import NodeRejected, do_register_agent
 from runners.backends.base import runner_key
 from runners.harness.agent import runner_token
 from runners.harness.node import node_token
-from runners.models import GpuPool, Node, NodeService
+from runners.models import Gpu, GpuPool, Node, NodeService
 from runners.reservations import allocator, keys
 from runners.reservations.models import DeviceHold, HoldKind
 
@@ -311,12 +311,12 @@ def _pool_state(pool_id: int, fresh: bool) -> tuple[bool, set[int]]:
 
 
 _types: dict[int, tuple[float, dict[int, int]]] = {}  # node → (when read, its enabled devices' GPU types by index)
-TYPES_TTL = 60.0
+TYPES_TTL = 600.0
 
 
 def _node_types(node: Node) -> tuple[float, dict[int, int]]:
-    """Which GPU type each enabled device of the node is, read at most once a minute per process: which wake-ups
-    its wait listens to (a registration changing them is picked up by then, or by the next claim)."""
+    """Which GPU type each enabled device of the node is, read at most every TYPES_TTL per process: which wake-ups
+    its wait listens to (kept fresh for known nodes every KNOWN_CHECK_S by `_check_known`, and by each claim)."""
     hit = _types.get(node.pk)
     if hit is None or time.monotonic() - hit[0] > TYPES_TTL:
         hit = _types[node.pk] = (time.monotonic(), dict(node.gpus.filter(enabled=True).values_list("index",
@@ -335,7 +335,7 @@ class Known:
 
 
 _known: dict[tuple[str, str], Known] = {}  # (pool name, hostname) → what its last full ask found
-KNOWN_TTL = 60.0  # a full ask at least this often per node and process
+KNOWN_TTL = 600.0  # a full ask at least this often per node and process (`_check_known` keeps them valid)
 KNOWN_CHECK_S = 5.0  # how often the known nodes are checked against the database (refused within this)
 _checker: asyncio.Task | None = None
 
@@ -367,21 +367,12 @@ def _idle_answer(authorization: str, body: object) -> tuple[int, list[str], list
         f"pool:{known.pool_id}:{t}" for t in sorted({types[1][i] for i in free if i in types[1]})], samples
 
 
-def _write_samples(node_id: int, samples: list[dict]) -> bool:
-    """A known node's new samples, written at once (one UPDATE, as `node_answer` does); False when that failed."""
-    try:
-        Node.objects.filter(pk=node_id).update(samples=samples)
-        return True
-    except DatabaseError as exc:
-        log.warning("nodes/wait: could not write samples: %r", exc)
-        dbhealth.close_broken_connections()
-        return False
-
-
-def _known_still(known: dict[tuple[str, str], Known]) -> set[tuple[str, str]]:
+def _known_still(known: dict[tuple[str, str], Known]) -> tuple[set[tuple[str, str]], dict[int, dict[int, int]]]:
     """Which of the known nodes are still what their full ask found: the row there, its pool local and its key
-    unchanged (the token still valid), enabled and in service. One query."""
-    rows = Node.objects.filter(pk__in=[k.node_id for k in known.values()]).values_list(
+    unchanged (the token still valid), enabled and in service; and their enabled devices' GPU types now (a
+    registration or an organiser may have changed them). Two queries."""
+    ids = [k.node_id for k in known.values()]
+    rows = Node.objects.filter(pk__in=ids).values_list(
         "pk", "enabled", "service", "pool_id", "pool__name", "hostname", "pool__backend", "pool__settings")
     keys_of: dict[int, str] = {}
     found = {}
@@ -390,7 +381,11 @@ def _known_still(known: dict[tuple[str, str], Known]) -> set[tuple[str, str]]:
         key = keys_of.setdefault(pool_id, runner_key(pool) if pool.is_local else "")
         if enabled and service == NodeService.IN_SERVICE and key:
             found[pk] = (pool_name, hostname, node_token(key, pool_name, hostname))
-    return {name for name, k in known.items() if found.get(k.node_id) == (*name, k.token)}
+    types: dict[int, dict[int, int]] = {node_id: {} for node_id in ids}
+    for node_id, index, gpu_type in Gpu.objects.filter(node_id__in=ids, enabled=True).values_list(
+            "node_id", "index", "gpu_type_id"):
+        types[node_id][index] = gpu_type
+    return {name for name, k in known.items() if found.get(k.node_id) == (*name, k.token)}, types
 
 
 async def _check_known() -> None:
@@ -401,10 +396,14 @@ async def _check_known() -> None:
         now = time.monotonic()
         snapshot = {name: k for name, k in _known.items() if now - k.when <= KNOWN_TTL}
         try:
-            still = await sync_to_async(_known_still, thread_sensitive=True)(snapshot) if snapshot else set()
+            still, types = await sync_to_async(_known_still, thread_sensitive=True)(snapshot) if snapshot else (
+                set(), {})
         except Exception as exc:  # unchecked: forget them all (their next asks go the normal way)
             log.warning("nodes/wait: could not check the known nodes: %r", exc)
-            still = set()
+            still, types = set(), {}
+        read = time.monotonic()
+        for name in still:
+            _types[snapshot[name].node_id] = (read, types[snapshot[name].node_id])
         for name, k in list(_known.items()):
             if _known.get(name) is k and (name not in still if name in snapshot else now - k.when > KNOWN_TTL):
                 del _known[name]
@@ -483,15 +482,14 @@ async def node_wait(scope, receive, send) -> None:
     if wait:
         await wakeups.waiters.ready()
     seen = wakeups.waiters.seq
-    idle = _idle_answer(authorization, body)
-    if idle and (idle[2] is None or await sync_to_async(_write_samples, thread_sensitive=True)(idle[0], idle[2])):
-        # nothing new: no query (but its samples' UPDATE), no hop to the sync thread without samples
-        (node_id, wait_on, _), status, answer = idle, 200, {"claims": [], **NONE}
+    samples = None
+    if idle := _idle_answer(authorization, body):  # nothing new: no query, no hop to the sync thread
+        (node_id, wait_on, samples), status, answer = idle, 200, {"claims": [], **NONE}
     else:
         status, answer, wait_on, node_id = await run(authorization, raw, None, False)
         _watch_known()
     if node_id:
-        wakeups.waiters.beat(node_id)
+        wakeups.waiters.beat(node_id, samples)  # its samples written with the heartbeats, within a second
     if status != 200 or answer["claims"] or not wait or wakeups.waiters.seq != seen:
         # news (claims, or a wake-up while it looked): a waiting agent asks again at once
         return await _send_json(send, status, {**answer, "again": bool(wait)} if status == 200 else answer)

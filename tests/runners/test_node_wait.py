@@ -22,7 +22,7 @@ from leaderboards.runner_api import node_answer
 from runners import wakeups
 from runners.harness import node as node_module
 from runners.harness.node import NodeAgent, node_token
-from runners.models import Gpu, Node
+from runners.models import Gpu, GpuType, Node
 
 from ..conftest import RUNNER_KEY
 from ..factories import UserFactory
@@ -409,7 +409,9 @@ def test_an_idle_known_nodes_ask_is_answered_without_reading_the_database_and_st
     async def scenario():
         first = await ask(body)  # first sight: the normal way
         await sync_to_async(lambda: Node.objects.filter(pk=node.pk).update(agent_seen_at=None))()
-        return first, await ask({**body, "wait": 60}), await ask({**body, "samples": [sample]})
+        answers = first, await ask({**body, "wait": 60}), await ask({**body, "samples": [sample]})
+        await asyncio.sleep(wakeups.SEEN_EVERY + 0.5)  # its samples are written with the heartbeats
+        return answers
 
     sample = {"index": 0, "utilization": 0.5, "memory_used": 1 << 30, "memory_total": 80 << 30}
     first, idle, sampled = asyncio.run(scenario())
@@ -448,3 +450,37 @@ def test_a_known_node_goes_the_normal_way_again_within_the_check_interval_once_i
     status, answer, _ = asyncio.run(scenario())
     assert len(full) == 2  # the normal way again
     assert status == {"key rotated": 403, "node disabled": 200, "node removed": 404}[change], answer
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_known_nodes_device_types_follow_an_organisers_change_within_the_check_interval(cpu_pool, monkeypatch):
+    """The devices' GPU types decide which wake-ups a known node's idle ask waits on; they are read again with each
+    check of the known nodes, so a change never waits for a full ask (every KNOWN_TTL)."""
+    monkeypatch.setattr(runner_api, "KNOWN_CHECK_S", 0.2)
+    monkeypatch.setattr(runner_api, "POOL_TTL", 60.0)
+    node = cpu_pool.nodes.get()
+    other = GpuType.objects.create(name="Other")
+    body = {"pool": "local", "hostname": "localhost", "free": [0]}
+
+    async def scenario():
+        await ask(body)
+        before = runner_api._idle_answer(node_auth(), body)
+        await sync_to_async(lambda: Gpu.objects.filter(node=node, index=0).update(gpu_type=other))()
+        await asyncio.sleep(runner_api.KNOWN_CHECK_S * 4)
+        return before, runner_api._idle_answer(node_auth(), body)
+
+    before, after = asyncio.run(scenario())
+    assert before[1] == [f"node:{node.pk}", f"pool:{cpu_pool.pk}:{cpu_pool.cpu.pk}"]
+    assert after[1] == [f"node:{node.pk}", f"pool:{cpu_pool.pk}:{other.pk}"]
+
+
+@pytest.mark.django_db
+def test_the_heartbeats_write_carries_new_samples_and_keeps_the_others(cpu_pool):
+    old = [{"index": 0, "utilization": 0.1, "memory_used": 1, "memory_total": 2}]
+    new = [{"index": 0, "utilization": 0.9, "memory_used": 3, "memory_total": 4}]
+    kept = Node.objects.create(pool=cpu_pool, hostname="kept", samples=old)
+    sampled = Node.objects.create(pool=cpu_pool, hostname="sampled", samples=old)
+    wakeups.mark_seen([kept.pk, sampled.pk], {sampled.pk: new})
+    rows = {n.hostname: n for n in Node.objects.filter(pk__in=[kept.pk, sampled.pk])}
+    assert (rows["kept"].samples, rows["sampled"].samples) == (old, new)
+    assert rows["kept"].agent_live() and rows["sampled"].agent_live()
