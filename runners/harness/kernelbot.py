@@ -65,6 +65,13 @@ class OutOfMemory(Exception):
         self.judged, self.said = judged, said
 
 
+# glibc's malloc serves a large block from mmap (page faults and zeroing on every call that allocates its output)
+# until the first such block is freed, then raises its thresholds for the rest of the process: whether a call pays
+# that depends on the process's history, and a submission's child and the reference's differ in it. Both children
+# start at the thresholds glibc would reach (its 64-bit maximum, 32 MiB, and twice that for trimming).
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(64 << 20)}
+
+
 class ChildSession:
     """One sandboxed child process and the socket to it. Every read has a deadline; tensors travel in shared
     buffers (child.py), never as bytes on the socket."""
@@ -79,7 +86,7 @@ class ChildSession:
         shutil.copyfile(child_module.__file__, script)
         os.chmod(script, 0o644)
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        env = {"PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1"}
+        env = {"PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1", **MALLOC_ENV}
         argv = [sys.executable, CHILD_SCRIPT, str(theirs.fileno())]
         self.sandbox = Sandbox(job.workdir, job.sandbox_limits(), devices=list(job.gpus) if job.gpus else None,
                                uid=job.sandbox_uid)

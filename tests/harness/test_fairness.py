@@ -15,7 +15,7 @@ from runners.harness import kernelbot
 from runners.harness.job import parse_job
 from runners.harness.result import Emitter
 
-from .helpers import SUBMISSIONS, job_for, make_workdir
+from .helpers import SUBMISSIONS, job_for, make_workdir, run_harness
 
 pytestmark = pytest.mark.slow
 
@@ -110,3 +110,14 @@ def test_the_reference_and_problem_copies_live_beside_the_workdir_and_go_with_th
         assert any(os.path.basename(path).startswith(prefix) for path in made), made
     assert all(os.path.dirname(path) == str(run_root) for path in made), made
     assert sorted(p.name for p in run_root.iterdir()) == ["work"]  # both removed when the run ended
+
+
+def test_the_submissions_child_starts_with_the_pinned_allocator_thresholds(tmp_path):
+    """Both children (the reference's is started by the same code) get glibc's malloc thresholds fixed, so whether a
+    call's output comes from fresh mmap pages does not depend on what each process did before."""
+    expected = kernelbot.MALLOC_ENV
+    probe = tmp_path / "probe.py"
+    probe.write_text(f"import os\nassert {{k: os.environ.get(k) for k in {list(expected)!r}}} == {expected!r}\n"
+                     "from reference import ref_kernel as custom_kernel\n")
+    result = run_harness(job_for(make_workdir(tmp_path, probe), "test"))[0]
+    assert result["verdict"] == "pass", result.get("error")
