@@ -124,7 +124,7 @@ def aa_once(path: Path, case: dict, budget: float, harness: Path = REPO) -> dict
 
 def aa(args: argparse.Namespace) -> None:
     """Identical code against the reference, per trusted-protocol problem and load: does it score 1.00x?"""
-    problems = trusted_problems()
+    problems = [p for p in trusted_problems() if not args.problems or p.name in args.problems.split(",")]
     loads = [int(n) for n in args.loads.split(",")]
     print(f"settings: A/A reps={args.reps} budget={args.budget}s loads={loads} cores={os.cpu_count()} "
           f"sandbox={os.environ.get('KERNELBOT_SANDBOX', 'auto')} problems={[p.name for p in problems]}", flush=True)
@@ -132,18 +132,20 @@ def aa(args: argparse.Namespace) -> None:
     root = Path(tempfile.mkdtemp(prefix="kernelbot-aa-"))
     dirs = {p.name: aa_workdir(root, p) for p in problems}
     harnesses = {"": REPO, **({" (baseline)": args.baseline} if args.baseline else {})}
-    rows = []
+    rows: list[str] = []
+    saved: dict[str, dict[str, list[dict]]] = {}
     try:
         for load in loads:
             loaders = [subprocess.Popen([sys.executable, "-c", LOAD, str(i)]) for i in range(load)]
             try:
                 runs: dict[str, list[dict]] = {name + h: [] for h in harnesses for name in dirs}
+                saved[str(load)] = runs
                 for rep in range(args.reps):
                     for name, (path, case) in dirs.items():
                         for label, harness in harnesses.items():  # side by side: same load, same minute
                             runs[name + label].append(aa_once(path, case, args.budget, harness))
-                    if args.save:
-                        args.save.write_text(json.dumps({"load": load, "runs": runs}))
+                    if args.save:  # every load's runs so far, by load
+                        args.save.write_text(json.dumps(saved))
                     print(f"load {load} rep {rep + 1}: " + "  ".join(
                         f"{n}={ranked_value(r[-1])[0]:.3f}" for n, r in runs.items()), flush=True)
             finally:
@@ -249,6 +251,7 @@ def main() -> None:
     parser.add_argument("--analyse", type=Path, help="compare estimators on runs saved by --save, and exit")
     parser.add_argument("--aa", action="store_true", help="the A/A check: reference copies on every trusted problem")
     parser.add_argument("--loads", default="0,2", help="--aa: the load settings, comma-separated")
+    parser.add_argument("--problems", help="--aa: only these problems (directory names, comma-separated)")
     parser.add_argument("--baseline", type=Path, help="--aa: also time each rep with the harness (runners/) under DIR")
     args = parser.parse_args()
     if args.aa:

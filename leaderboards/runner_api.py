@@ -390,7 +390,8 @@ def _known_still(known: dict[tuple[str, str], Known]) -> tuple[set[tuple[str, st
 
 async def _check_known() -> None:
     """Every KNOWN_CHECK_S while nodes are known: forget those no longer valid (and those past KNOWN_TTL), so a
-    removed, disabled or refused node, or a rotated key, goes the normal way (and is refused) within that."""
+    removed, disabled or refused node, or a rotated key, goes the normal way (and is refused) within that; and read
+    the valid ones' device types again (which wake-ups their waits listen to)."""
     while _known:
         await asyncio.sleep(KNOWN_CHECK_S)
         now = time.monotonic()

@@ -45,7 +45,7 @@ DEFAULT_LIMITS = {"memory_bytes": 16 << 30, "cpu_seconds": 3600, "processes": 40
 # Timing: stop at a 95 % CI within rel_ci of the mean, within sample and time budgets per case. The platform's
 # settings override these from the environment (KERNELBOT_REL_CI, ...).
 TIMING_DEFAULTS = {"rel_ci": 0.01, "min_samples": 10, "max_samples": 1000, "case_budget_s": 3.0, "warmup_s": 0.2,
-                   "run_spread": 0.05}
+                   "run_spread": 0.12}
 
 
 def total_timeout(mode: str, lang: str, timeouts: dict[str, float]) -> int:
