@@ -51,7 +51,9 @@ def channel() -> str:
 
 
 def wake_file():
-    return settings.DATA_DIR / "node-wake"
+    """Without Redis: the file whose change wakes this deployment's waits (named like its Redis channel, so two
+    deployments sharing a data directory never wake each other's)."""
+    return settings.DATA_DIR / f"{settings.DEPLOYMENT}.node-wake"
 
 
 def run_dispatched(pool_id: int, gpu_type_id: int) -> None:

@@ -17,6 +17,9 @@ if worker := os.environ.get("PYTEST_XDIST_WORKER"):
     # with it the installation key in its reservations' tags and cgroups, differs, so the agents of one worker never
     # take another's reservation processes for leftovers of theirs (the processes it starts inherit the same key)
     os.environ["KERNELBOT_RUNNER_KEY"] = os.environ["KERNELBOT_RUNNER_KEY"].partition("@")[0] + f"@{worker}"
+    # and a deployment of its own: its task queue, channels and (without Redis) wake file; another worker's
+    # dispatched run woke this one's node waits through the shared wake file
+    os.environ["KERNELBOT_INSTANCE"] = os.environ["KERNELBOT_INSTANCE"].partition("@")[0] + f"@{worker}"
 # a node agent stays live this long after it was last heard of (tests that need it to lapse set it)
 os.environ.setdefault("KERNELBOT_AGENT_DEADLINE", "3600")
 

@@ -102,7 +102,7 @@ def test_without_redis_a_run_dispatched_by_another_process_wakes_the_wait_throug
 
     def another_process_dispatches():
         dispatch_all()
-        (tmp_path / "node-wake").write_text(" ".join(published[0]))  # what publish writes there without Redis
+        wakeups.wake_file().write_text(" ".join(published[0]))  # what publish writes there without Redis
 
     submission = submit(leaderboard)
     status, answer, took = asyncio.run(ask({"pool": "local", "hostname": "localhost", "free": [0], "wait": 20},
@@ -309,7 +309,7 @@ def test_without_redis_the_wake_file_is_watched_for_a_waiter_added_after_a_slow_
         await asyncio.sleep(wakeups.FILE_CHECK_S * 3)  # a slow look, no one waiting meanwhile
         waiter = wakeups.Waiter(["node:1"])
         wakeups.waiters.add(waiter)
-        (tmp_path / "node-wake").write_text("pool:1:1")  # another process dispatched a run
+        wakeups.wake_file().write_text("pool:1:1")  # another process dispatched a run
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(waiter.event.wait(), wakeups.FILE_CHECK_S * 6)
         wakeups.waiters.remove(waiter)
