@@ -20,8 +20,10 @@ The ranked value is the harness's ratio to the reference when the result has one
 
 The A/A check: on every problem of the trusted protocol in problems/ (each directory with a reference.py and no
 evaluator of its own), a submission whose custom_kernel is the task's ref_kernel line for line (reference.py itself,
-plus `custom_kernel = ref_kernel`) timed on the task's largest benchmark, `--reps` times at each load. Identical
-code should score 1.00x, with its 95 % interval covering 1 in at least 19 of 20 runs.
+plus `custom_kernel = ref_kernel`) timed on the task's largest benchmark, `--reps` times at each load, with the
+between-run spread its board is given in problems/*.yaml (`run_spread`; else the harness's default). Identical
+code should score 1.00x, with its 95 % interval covering 1 in at least 19 of 20 runs. The last column is the spread
+those runs measured (1.96 times the standard deviation of their log ratios): what a board's `run_spread` should be.
 """
 
 from __future__ import annotations
@@ -111,11 +113,23 @@ def aa_workdir(root: Path, problem: Path) -> tuple[Path, dict]:
     return path, task["benchmarks"][-1]
 
 
-def aa_once(path: Path, case: dict, budget: float, harness: Path = REPO) -> dict:
+def board_spreads() -> dict[str, float]:
+    """The between-run spread the competition files in problems/ give a task directory's board (`run_spread`)."""
+    import yaml
+
+    spreads = {}
+    for path in (REPO / "problems").glob("*.yaml"):
+        for entry in yaml.safe_load(path.read_text()).get("problems") or []:
+            if entry.get("run_spread") is not None:
+                spreads[Path(entry["directory"]).name] = float(entry["run_spread"])
+    return spreads
+
+
+def aa_once(path: Path, case: dict, budget: float, harness: Path = REPO, spread: float | None = None) -> dict:
+    timing = {"rel_ci": 0.01, "min_samples": 10, "max_samples": 1000, "case_budget_s": budget, "warmup_s": 0.2,
+              **({"run_spread": spread} if spread is not None else {})}
     job = {"mode": "benchmark", "workdir": str(path), "seed": random.getrandbits(62), "benchmarks": [case],
-           "ranking_by": "last", "timing": {"rel_ci": 0.01, "min_samples": 10, "max_samples": 1000,
-                                             "case_budget_s": budget, "warmup_s": 0.2},
-           "timeouts": {"benchmark": 120}}
+           "ranking_by": "last", "timing": timing, "timeouts": {"benchmark": 120}}
     proc = subprocess.run([sys.executable, "-m", "runners.harness"], input=json.dumps(job), capture_output=True,
                           text=True, cwd=harness, timeout=300, env={**os.environ, "PYTHONPATH": str(harness)})
     result = json.loads(proc.stdout.splitlines()[-1])
@@ -131,6 +145,7 @@ def aa(args: argparse.Namespace) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     root = Path(tempfile.mkdtemp(prefix="kernelbot-aa-"))
     dirs = {p.name: aa_workdir(root, p) for p in problems}
+    spreads = board_spreads()  # as the boards are configured; the others the harness's default
     harnesses = {"": REPO, **({" (baseline)": args.baseline} if args.baseline else {})}
     rows: list[str] = []
     saved: dict[str, dict[str, list[dict]]] = {}
@@ -143,7 +158,7 @@ def aa(args: argparse.Namespace) -> None:
                 for rep in range(args.reps):
                     for name, (path, case) in dirs.items():
                         for label, harness in harnesses.items():  # side by side: same load, same minute
-                            runs[name + label].append(aa_once(path, case, args.budget, harness))
+                            runs[name + label].append(aa_once(path, case, args.budget, harness, spreads.get(name)))
                     if args.save:  # every load's runs so far, by load
                         args.save.write_text(json.dumps(saved))
                     print(f"load {load} rep {rep + 1}: " + "  ".join(
@@ -157,13 +172,17 @@ def aa(args: argparse.Namespace) -> None:
                 ratios = [c["ratio"] for c in ok]
                 covers = sum(c["ratio_low"] <= 1 <= c["ratio_high"] for c in ok)
                 half = statistics.median((c["ratio_high"] - c["ratio_low"]) / 2 for c in ok) if ok else math.nan
+                sd = statistics.stdev(math.log(r) for r in ratios) if len(ratios) > 2 else math.nan
+                board = spreads.get(name.removesuffix(" (baseline)"), "default")
                 rows.append(f"| {name} | {load} | {statistics.median(ratios) if ratios else math.nan:.3f} | "
                             f"{min(ratios, default=math.nan):.3f}–{max(ratios, default=math.nan):.3f} | "
-                            f"{covers}/{len(cases)} | ±{half:.3f} | {len(cases) - len(ok)} |")
+                            f"{covers}/{len(cases)} | ±{half:.3f} | {len(cases) - len(ok)} | "
+                            f"{board} | {sd:.3f} → {1.96 * sd:.2f} |")
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print("\n| problem (reference copy) | load | median ratio | range | interval covers 1 | median half-width "
-          "| failed |\n| --- | --- | --- | --- | --- | --- | --- |")
+          "| failed | board's run_spread | sd of log ratio → suggested run_spread (1.96 sd) |\n"
+          "| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     print("\n".join(rows))
 
 

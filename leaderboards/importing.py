@@ -172,9 +172,12 @@ def gpu_types_named(names: list[str], where: str) -> list[GpuType]:
 
 def _changes(existing: Leaderboard, values: dict, gpu_types: list[GpuType]) -> list[str]:
     """What an import changes on an existing leaderboard, as the organiser reads it (the preview and the report)."""
-    shown = {"problem": "problem", "deadline": "deadline", "ranking_by": "ranking rule", "competition": "competition"}
+    shown = {"problem": "problem", "deadline": "deadline", "ranking_by": "ranking rule", "competition": "competition",
+             "run_spread": "between-run spread"}
     found = []
     for key, label in shown.items():
+        if key not in values:
+            continue
         before, after = getattr(existing, key), values[key]
         if before == after:
             continue
@@ -191,6 +194,7 @@ def _changes(existing: Leaderboard, values: dict, gpu_types: list[GpuType]) -> l
 
 def upsert_leaderboard(name: str, task: TaskDefinition, deadline: datetime | None, gpu_names: list[str] | None, *,
                        harness: str = "auto", competition: Competition | None = None, collection: str = "",
+                       run_spread: float | None = None,
                        force: bool = False, past_deadline: bool = False, hints: Hints = COMMAND_LINE,
                        report: ImportReport) -> Leaderboard:
     """Create or update leaderboard `name`. What the organiser set stays unless this import names it: `deadline`
@@ -247,6 +251,8 @@ def upsert_leaderboard(name: str, task: TaskDefinition, deadline: datetime | Non
     # The problem carries its description; a leaderboard's own description holds organisers' extra notes.
     values = {"problem": problem, "deadline": deadline, "ranking_by": ranking_by,
               "competition": competition or (existing.competition if existing else None)}
+    if run_spread is not None:  # else an existing board keeps what the organiser set
+        values["run_spread"] = float(run_spread)
     changes: list[str] = []
     if existing is None:
         leaderboard = Leaderboard.objects.create(name=name, **values)
@@ -304,6 +310,7 @@ def do_import_competition(definition: CompetitionFile, *, force: bool = False, p
                 with transaction.atomic():
                     boards.append(upsert_leaderboard(
                         entry.name, entry.task, entry.deadline, entry.gpus, harness=entry.harness,
+                        run_spread=entry.run_spread,
                         competition=competition, force=force, past_deadline=past_deadline, hints=hints,
                         report=report))
             except ImportRejected as exc:

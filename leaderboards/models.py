@@ -4,6 +4,7 @@ from datetime import timedelta
 from functools import cached_property
 
 from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models, transaction
 from django.db.models import Count, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
@@ -163,6 +164,11 @@ class Leaderboard(models.Model):
         "and the final standings come from those runs (leaderboards/finals.py); 0: no re-verification.")
     final_rounds = models.PositiveIntegerField(
         default=3, help_text="How many times each of the top N is re-run, interleaved A B C … A B C ….")
+    run_spread = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(0.0), MaxValueValidator(1.0)],
+        help_text="How far apart identical code scores between runs on this board's runners (relative, e.g. 0.18), "
+        "added to every interval a run reports: measure it with `bench/fairness.py --aa` (its suggested spread). "
+        "Empty: the platform's KERNELBOT_RUN_SPREAD.")
     created = models.DateTimeField(auto_now_add=True)
 
     objects = LeaderboardQuerySet.as_manager()

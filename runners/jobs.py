@@ -57,12 +57,18 @@ def workdir_files(run: Run) -> dict[str, str]:
     return jobspec.workdir_files(run.submission.problem.definition, run.submission.code.text)
 
 
+def run_timing(leaderboard: Any) -> dict[str, Any]:
+    """The platform's timing settings, with the board's own between-run spread where its organiser measured one."""
+    spread = getattr(leaderboard, "run_spread", None)
+    return settings.HARNESS_TIMING if spread is None else {**settings.HARNESS_TIMING, "run_spread": spread}
+
+
 def run_job(run: Run, pool: GpuPool | None = None) -> dict:
     """The job without the fields only the runner machine knows (contract.RUNNER_FIELDS)."""
     submission = run.submission
     return jobspec.task_job(submission.problem.definition, mode=submission.mode, protocol=submission.problem.harness,
                             ranking_by=submission.leaderboard.ranking_by, seed=run_seed(run),
-                            limits=pool_limits(pool), timing=settings.HARNESS_TIMING,
+                            limits=pool_limits(pool), timing=run_timing(submission.leaderboard),
                             architecture=run.gpu_type.architecture)
 
 

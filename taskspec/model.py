@@ -385,7 +385,7 @@ def case_line(case: dict[str, CaseValue]) -> str:
 class ProblemEntry(Strict):
     """One leaderboard of a competition."""
 
-    report_order: ClassVar = ("name", "harness", "deadline", "gpus", "directory")  # gpus read the task: after it
+    report_order: ClassVar = ("name", "harness", "deadline", "gpus", "directory", "run_spread")  # gpus: after the task
 
     name: Annotated[Text, check(lambda v: not leaderboard_name_error(v), leaderboard_name_error, mode=AfterValidator)
                     ] = Field(description="The leaderboard's name (its URL: letters, digits, - and _).")
@@ -398,6 +398,11 @@ class ProblemEntry(Strict):
                                                   "relative to the competition file; the loader reads its task.")
     gpus: Annotated[list[str] | None, _names, _listing("GPU")] = Field(
         _ABSENT, validate_default=True, description="GPU types; default: the task's.")
+    run_spread: Annotated[float | None, check(
+        lambda v: v is None or (isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v <= 1),
+        "a number from 0 to 1")] = Field(
+        None, description="The between-run spread of identical code on the board's runners, added to every interval "
+                          "(bench/fairness.py --aa measures it); default: the platform's.")
 
     @field_validator("gpus", mode="wrap")
     @classmethod

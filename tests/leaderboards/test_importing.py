@@ -392,3 +392,28 @@ def test_command_options_that_a_competition_file_would_ignore_are_refused(cpu, t
     with pytest.raises(CommandError, match="--root .*: not a directory"):
         call_command("import_problems", str(root / "set.yaml"), "--root", str(root / "set.yaml"))
     assert not Leaderboard.objects.exists()
+
+
+def test_a_competition_file_sets_a_boards_between_run_spread_and_a_file_without_one_keeps_it(cpu, tmp_path):
+    do_import_competition(load_competition(REPO / "problems" / "demo.yaml"))
+    spreads = dict(Leaderboard.objects.values_list("name", "run_spread"))
+    assert spreads == {"vectoradd": 0.18, "softmax": None, "prefixsum": None, "matmul": None}  # as demo.yaml says
+
+    root = collection(tmp_path, competition="name: CPU demo\nproblems:\n  - {directory: vectoradd_py, name: vectoradd, "
+                                            "gpus: [CPU], run_spread: 0.25}\n")
+    report = do_import_competition(load_competition(root / "set.yaml"), force=True)
+    assert any("between-run spread 0.18 → 0.25" in line for line in report.lines), report.lines
+    assert Leaderboard.objects.get(name="vectoradd").run_spread == 0.25
+    (root / "set.yaml").write_text("name: CPU demo\nproblems:\n  - {directory: vectoradd_py, name: vectoradd, "
+                                   "gpus: [CPU]}\n")
+    do_import_competition(load_competition(root / "set.yaml"), force=True)
+    assert Leaderboard.objects.get(name="vectoradd").run_spread == 0.25  # what the organiser set stays
+
+
+@pytest.mark.parametrize("value", ["-0.1", "1.5", "wide", "true"])
+def test_a_between_run_spread_out_of_range_is_refused_before_the_database(cpu, tmp_path, value):
+    root = collection(tmp_path, competition="name: x\nproblems:\n  - {directory: vectoradd_py, name: va, gpus: [CPU], "
+                                            f"run_spread: {value}}}\n")
+    with pytest.raises(CommandError, match=re.escape("problems[0].run_spread: expected a number from 0 to 1, got ")):
+        call_command("import_problems", str(root / "set.yaml"))
+    assert not Leaderboard.objects.exists() and not Competition.objects.exists()

@@ -43,3 +43,18 @@ def test_a_built_job_parses_with_the_platforms_values(leaderboard, tmp_path, set
     assert not set(payload["job"]) & set(contract.RUNNER_FIELDS)
     assert payload["job"]["seed"] == job["seed"] and payload["files"]["submission.py"] == run.submission.code.text
     assert (payload["gpu_count"], gpu_count(run)) == (0, 0)  # a CPU type needs no device
+
+
+@pytest.mark.django_db
+def test_a_boards_own_between_run_spread_reaches_the_harness(leaderboard, tmp_path, settings):
+    run = submission(leaderboard, mode="leaderboard").runs.get(secret=True)
+    gpu = Gpu.objects.get()
+    assert parse_job(harness_job(run, tmp_path, [], gpu)).timing.run_spread == settings.HARNESS_TIMING["run_spread"]
+    leaderboard.run_spread = 0.2
+    leaderboard.save()
+    run.submission.leaderboard.refresh_from_db()
+    timing = parse_job(harness_job(run, tmp_path, [], gpu)).timing
+    assert timing.run_spread == 0.2
+    default = settings.HARNESS_TIMING["run_spread"]
+    assert {**dataclasses.asdict(timing), "run_spread": default} == settings.HARNESS_TIMING  # the rest as before
+    assert job_payload(run, None)["job"]["timing"]["run_spread"] == 0.2  # remote runners too
