@@ -417,3 +417,24 @@ def test_a_between_run_spread_out_of_range_is_refused_before_the_database(cpu, t
     with pytest.raises(CommandError, match=re.escape("problems[0].run_spread: expected a number from 0 to 1, got ")):
         call_command("import_problems", str(root / "set.yaml"))
     assert not Leaderboard.objects.exists() and not Competition.objects.exists()
+
+
+def test_an_organiser_sets_a_boards_spread_in_the_admin_and_an_out_of_range_one_is_refused(admin_client, leaderboard):
+    url = f"/admin/leaderboards/leaderboard/{leaderboard.pk}/change/"
+    page = admin_client.get(url)
+    assert page.status_code == 200 and 'name="run_spread"' in page.content.decode()
+    form = page.context["adminform"].form
+    data = {k: v for k, v in form.initial.items() if v is not None and k != "gpu_types"}
+    data.update({"gpu_types": [g.pk for g in leaderboard.gpu_types.all()], "deadline_0": "2099-01-01",
+                 "deadline_1": "00:00:00", "starts_at_0": "", "starts_at_1": ""})
+    data.pop("deadline", None)
+    data.pop("starts_at", None)
+    refused = admin_client.post(url, {**data, "run_spread": "1.5"})
+    assert refused.status_code == 200
+    assert "Ensure this value is less than or equal to 1.0." in refused.content.decode()
+    leaderboard.refresh_from_db()
+    assert leaderboard.run_spread is None
+    saved = admin_client.post(url, {**data, "run_spread": "0.2"})
+    assert saved.status_code == 302, saved.content.decode()[-3000:]
+    leaderboard.refresh_from_db()
+    assert leaderboard.run_spread == 0.2
