@@ -43,6 +43,7 @@ from runners.reservations import allocator
 
 from . import events, ranks
 from .models import RUN_HOOK_TASK, Problem, Run, RunAttempt, RunStatus, SubmissionMode
+from .placement import agent_serves, candidate_pools
 from .scoring import final_progress, phase_totals, ratio_fields, ratio_from_result, score_from_result
 from .serializers import problem_error_of
 
@@ -72,22 +73,6 @@ def _attempt(run: Run) -> RunAttempt | None:
 
 
 # --- dispatch ----------------------------------------------------------------------------------------------------
-
-def candidate_pools(run: Run) -> list[GpuPool]:
-    """Enabled pools serving the run's GPU type that are not failing their health check, pools this run has not
-    tried yet first: a retry goes elsewhere when there is elsewhere. A pinned run (a health check's) goes to its
-    pool whatever that pool's state: the check is how a failing or disabled pool proves itself."""
-    pools = GpuPool.objects.filter(pk=run.pool_id) if run.pool_id else GpuPool.objects.taking_runs(run.gpu_type)
-    tried = list(RunAttempt.objects.filter(run=run, pool__isnull=False).values_list("pool_id", flat=True))
-    unserved = {pool.pk for pool in pools if pool.is_local and not agent_serves(pool, run.gpu_type)}
-    return sorted(pools, key=lambda pool: (pool.pk in unserved, tried.count(pool.pk), pool.pk))
-
-
-def agent_serves(pool: GpuPool, gpu_type: GpuType) -> bool:
-    """A live node agent of `pool` has an enabled device of `gpu_type`."""
-    return Gpu.objects.filter(node__pool=pool, node__enabled=True, enabled=True, gpu_type=gpu_type,
-                              node__agent_seen_at__gte=agents_live_since()).exists()
-
 
 def dispatch_run(run_id: int) -> None:
     """Hand a queued run to a pool's backend (the django-q task): a remote backend submits and returns; on a local
