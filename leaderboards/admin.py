@@ -200,7 +200,7 @@ class ProblemAdmin(HidesInternalMixin, ObjectActionsMixin, NoAddAdmin):
             archive, filename = form.archive_bytes()
             options = {"leaderboard": name, "deadline": data["deadline"], "gpus": data["gpu_names"] or None,
                        "harness": data["harness"], "force": data["force"], "past_deadline": data["past_deadline"],
-                       "hints": ADMIN_FORM}
+                       "reset": data["reset"], "hints": ADMIN_FORM}
             try:
                 task = load_task_from_zip(archive, filename=filename)
                 if name and request.POST.get("confirmed") != "yes":

@@ -28,6 +28,9 @@ class ProblemUploadForm(forms.Form):
                                        help_text="Tick to import a leaderboard that is closed from the start.")
     gpus = forms.CharField(required=False, label="GPU types", help_text="Comma-separated. Empty: an existing "
                            "leaderboard keeps its GPU types, a new one takes the task's gpus.")
+    reset = forms.BooleanField(required=False, label="Take these values", help_text="Write the deadline and GPU "
+                               "types above even where they were changed in the admin since the last import (without "
+                               "it, an existing leaderboard takes only values that differ from its last import's).")
     force = forms.BooleanField(required=False, label="Force", help_text="Allow changing a running leaderboard's "
                                "problem (its past submissions keep the version they ran), or a problem whose code "
                                "asks for CUDA on GPU types without it.")

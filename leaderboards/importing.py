@@ -37,6 +37,7 @@ class Hints:
     gpu: str = "--gpu"
     past_deadline: str = "pass --past-deadline"
     harness: str = "--harness {protocol}"
+    reset: str = "pass --reset"
 
     def use(self, protocol: str) -> str:
         return self.harness.format(protocol=protocol, label=HarnessProtocol(protocol).label)
@@ -44,7 +45,8 @@ class Hints:
 
 COMMAND_LINE = Hints()
 ADMIN_FORM = Hints(force="tick “Force” below", gpu="the GPU types field",
-                   past_deadline="tick “The deadline is in the past on purpose”", harness="choose “{label}” as Harness")
+                   past_deadline="tick “The deadline is in the past on purpose”", harness="choose “{label}” as Harness",
+                   reset="tick “Take these values”")
 
 
 class ImportRejected(Exception):
@@ -192,14 +194,40 @@ def _changes(existing: Leaderboard, values: dict, gpu_types: list[GpuType]) -> l
     return found
 
 
+def _as_json(key: str, value) -> object:
+    """A file-named value as `Leaderboard.imported` keeps it."""
+    if key == "deadline":
+        return value.astimezone(UTC).isoformat()
+    return sorted(g.name for g in value) if key == "gpus" else value
+
+
+_LABELS = {"deadline": "deadline", "gpus": "GPU types", "run_spread": "between-run spread"}
+
+
+def _shown(key: str, value: object) -> str:
+    if key == "deadline":
+        return f"{datetime.fromisoformat(value):%Y-%m-%d %H:%M} UTC"
+    return ", ".join(value) if key == "gpus" else "none" if value is None else str(value)
+
+
+def _board_value(board: Leaderboard, key: str) -> object:
+    if key == "gpus":
+        return _as_json(key, board.gpu_types.all())
+    return _as_json(key, board.deadline) if key == "deadline" else board.run_spread
+
+
 def upsert_leaderboard(name: str, task: TaskDefinition, deadline: datetime | None, gpu_names: list[str] | None, *,
                        harness: str = "auto", competition: Competition | None = None, collection: str = "",
-                       run_spread: float | None = None,
+                       run_spread: float | None = None, reset: bool = False,
                        force: bool = False, past_deadline: bool = False, hints: Hints = COMMAND_LINE,
                        report: ImportReport) -> Leaderboard:
-    """Create or update leaderboard `name`. What the organiser set stays unless this import names it: `deadline`
-    None keeps an existing board's deadline (a new one opens for a year), `gpu_names` None its GPU types (a new one
-    takes the task's), and a ranking rule changed in the admin stays (one still equal to its problem's follows the
+    """Create or update leaderboard `name`. What the organiser set stays: `deadline` None keeps an existing board's
+    deadline (a new one opens for a year), `gpu_names` None its GPU types (a new one takes the task's), `run_spread`
+    None its spread; and a value the import does name (deadline, GPU types, spread) is written only to a new board,
+    when it differs from the value the board's last import named (`Leaderboard.imported`: the file changed), or with
+    `reset` (take the file's values). So re-importing an unchanged file (`./dev serve` re-imports the demo at every
+    start) never undoes an edit in the admin; a board imported before `imported` existed keeps its values until the
+    file changes or `reset`. A ranking rule changed in the admin stays (one still equal to its problem's follows the
     task, and a changed rule rescores the board). No board is ever left without a GPU type. A standalone import (no
     `competition`) keeps the board's competition; a competition import refuses a board another competition owns
     unless forced. A deadline in the past that the board does not have already is refused unless `past_deadline`
@@ -209,11 +237,23 @@ def upsert_leaderboard(name: str, task: TaskDefinition, deadline: datetime | Non
     if message := leaderboard_name_error(name):
         raise ImportRejected([f"leaderboard {name[:120]}: {message}"])
     existing = Leaderboard.objects.select_related("problem", "competition").filter(name=name).first()
-    if gpu_names:
-        gpu_types = gpu_types_named(gpu_names, f"leaderboard {name}")
-    else:
-        gpu_types = (list(existing.gpu_types.all()) if existing else []) or \
-            gpu_types_named(task.gpus, f"leaderboard {name}")
+    deadline_given = deadline is not None
+    named = {k: v for k, v in {"deadline": deadline, "run_spread": run_spread,
+                               "gpus": gpu_types_named(gpu_names, f"leaderboard {name}") if gpu_names else None
+                               }.items() if v is not None}
+    last = existing.imported if existing else {}
+    imported = {**last, **{k: _as_json(k, v) for k, v in named.items()}}
+    kept = []
+    for key in list(named) if existing and not reset else ():
+        if key in last and last[key] != imported[key]:
+            continue  # the file's value changed since the board's last import: it applies
+        del named[key]
+        if _board_value(existing, key) != imported[key]:
+            kept.append(f"{_LABELS[key]} {_shown(key, _board_value(existing, key))}, not the file's "
+                        f"{_shown(key, imported[key])}")
+    deadline, run_spread = named.get("deadline"), named.get("run_spread")
+    gpu_types = named.get("gpus") or (list(existing.gpu_types.all()) if existing else []) or \
+        gpu_types_named(task.gpus, f"leaderboard {name}")
     if not gpu_types:
         raise ImportRejected([f"leaderboard {name}: no GPU type to run on: name at least one ({hints.gpu}), or list "
                               "gpus in task.yml"])
@@ -244,12 +284,13 @@ def upsert_leaderboard(name: str, task: TaskDefinition, deadline: datetime | Non
     note = ""
     if deadline is None:
         deadline = existing.deadline if existing else timezone.now() + timedelta(days=DEFAULT_OPEN_DAYS)
+    if not deadline_given:
         note = " (none given: kept)" if existing else f" (none given: {DEFAULT_OPEN_DAYS} days from now)"
     ranking_by = task.ranking_by
     if existing and existing.ranking_by != existing.problem.definition.get("ranking_by", RankingRule.LAST):
         ranking_by = existing.ranking_by  # an organiser's choice in the admin outlives the task's default
     # The problem carries its description; a leaderboard's own description holds organisers' extra notes.
-    values = {"problem": problem, "deadline": deadline, "ranking_by": ranking_by,
+    values = {"problem": problem, "deadline": deadline, "ranking_by": ranking_by, "imported": imported,
               "competition": competition or (existing.competition if existing else None)}
     if run_spread is not None:  # else an existing board keeps what the organiser set
         values["run_spread"] = float(run_spread)
@@ -273,7 +314,9 @@ def upsert_leaderboard(name: str, task: TaskDefinition, deadline: datetime | Non
     report.add(status, name, f"leaderboard {name}: problem {problem}, {describe_harness(problem)}, deadline "
                              f"{deadline.astimezone(UTC):%Y-%m-%d %H:%M} UTC{note}, GPUs "
                              f"{', '.join(g.name for g in gpu_types)}"
-                             + (f" (changed: {'; '.join(changes)})" if changes else ""))
+                             + (f" (changed: {'; '.join(changes)})" if changes else "")
+                             + (f" (kept as set since the last import: {'; '.join(kept)}; {hints.reset} to take "
+                                "the file's values)" if kept else ""))
     if lacking:
         report.lines.append(f"warning: leaderboard {name}: {cuda_warning(lacking, requests)}")
     return leaderboard
@@ -295,7 +338,7 @@ def previewed(do_import, *args, **kwargs) -> ImportReport:
 
 
 def do_import_competition(definition: CompetitionFile, *, force: bool = False, past_deadline: bool = False,
-                          hints: Hints = COMMAND_LINE) -> ImportReport:
+                          reset: bool = False, hints: Hints = COMMAND_LINE) -> ImportReport:
     report = ImportReport()
     with transaction.atomic():
         competition = Competition.objects.filter(name=definition.name).first()
@@ -310,7 +353,7 @@ def do_import_competition(definition: CompetitionFile, *, force: bool = False, p
                 with transaction.atomic():
                     boards.append(upsert_leaderboard(
                         entry.name, entry.task, entry.deadline, entry.gpus, harness=entry.harness,
-                        run_spread=entry.run_spread,
+                        run_spread=entry.run_spread, reset=reset,
                         competition=competition, force=force, past_deadline=past_deadline, hints=hints,
                         report=report))
             except ImportRejected as exc:
@@ -328,14 +371,15 @@ def do_import_competition(definition: CompetitionFile, *, force: bool = False, p
 
 def do_import_task(task: TaskDefinition, *, leaderboard: str | None = None, deadline: datetime | None = None,
                    gpus: list[str] | None = None, harness: str = "auto", force: bool = False,
-                   past_deadline: bool = False, hints: Hints = COMMAND_LINE, collection: str = "") -> ImportReport:
+                   past_deadline: bool = False, reset: bool = False, hints: Hints = COMMAND_LINE,
+                   collection: str = "") -> ImportReport:
     """`gpus` None (or empty): a new leaderboard takes the task's GPU types, an existing one keeps its own.
     `collection`: the folder the task was read from ("" for an uploaded archive); see upsert_leaderboard."""
     report = ImportReport()
     with transaction.atomic():
         if leaderboard:
             upsert_leaderboard(leaderboard, task, deadline, gpus or None, harness=harness, collection=collection,
-                               force=force, past_deadline=past_deadline, hints=hints, report=report)
+                               force=force, past_deadline=past_deadline, reset=reset, hints=hints, report=report)
         else:
             problem, created = store_problem(task, harness, collection, hints)
             report.add(report.created if created else report.unchanged, str(problem),

@@ -169,6 +169,10 @@ class Leaderboard(models.Model):
         help_text="How far apart identical code scores between runs on this board's runners (relative, e.g. 0.18), "
         "added to every interval a run reports: measure it with `bench/fairness.py --aa` (its suggested spread). "
         "Empty: the platform's KERNELBOT_RUN_SPREAD.")
+    imported = models.JSONField(
+        default=dict, blank=True, editable=False, help_text="The values the last import named (deadline, gpus, "
+        "run_spread): a re-import writes one only where the file's value differs from it (leaderboards/importing.py), "
+        "so it never undoes an organiser's edit in the admin.")
     created = models.DateTimeField(auto_now_add=True)
 
     objects = LeaderboardQuerySet.as_manager()

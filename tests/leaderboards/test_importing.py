@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from leaderboards.importing import ImportRejected, do_import_competition, do_import_task
 from leaderboards.management.commands.import_problems import Command as ImportProblems
-from leaderboards.models import Competition, HarnessProtocol, Leaderboard, Problem
+from leaderboards.models import Competition, Final, FinalStatus, HarnessProtocol, Leaderboard, Problem
 from runners.models import GpuType
 from taskspec.loader import load_competition, load_task
 
@@ -438,3 +438,64 @@ def test_an_organiser_sets_a_boards_spread_in_the_admin_and_an_out_of_range_one_
     assert saved.status_code == 302, saved.content.decode()[-3000:]
     leaderboard.refresh_from_db()
     assert leaderboard.run_spread == 0.2
+
+
+def test_a_restart_of_serve_keeps_an_edited_deadline_and_a_published_final(db):
+    """`./dev serve` re-imports problems/demo.yaml at every start (load_demo): with matmul closed in the admin and its
+    final published, a restart reopened the board (issue 52). Only `--reset` takes the file's deadline back."""
+    call_command("load_demo", stdout=io.StringIO())
+    board = Leaderboard.objects.get(name="matmul")
+    board.deadline = timezone.now() - timedelta(hours=1)  # as the admin's change form saves it
+    board.save()
+    Final.objects.create(leaderboard=board, status=FinalStatus.PUBLISHED, top_n=10, rounds=3,
+                         published_at=timezone.now())
+    out = io.StringIO()
+    call_command("load_demo", stdout=out)
+    board.refresh_from_db()
+    assert not board.is_open and board.finals.get().status == FinalStatus.PUBLISHED
+    assert "deadline 2027-12-31 23:59 UTC" not in next(line for line in out.getvalue().splitlines()
+                                                         if "leaderboard matmul" in line)
+    assert "kept as set since the last import: deadline" in out.getvalue() and "pass --reset" in out.getvalue()
+    assert Leaderboard.objects.get(name="softmax").deadline == datetime(2027, 12, 31, 23, 59, tzinfo=UTC)
+
+    call_command("import_problems", str(REPO / "problems" / "demo.yaml"), "--reset", stdout=io.StringIO())
+    board.refresh_from_db()
+    assert board.is_open and board.deadline == datetime(2027, 12, 31, 23, 59, tzinfo=UTC)
+
+
+def test_a_reimport_writes_only_what_the_file_changed_since_the_last_import(cpu, tmp_path):
+    GpuType.objects.create(name="H100", vendor="nvidia")
+    entry = '  - {{directory: vectoradd_py, name: va, gpus: [CPU], deadline: "{}", run_spread: {}}}\n'
+    root = collection(tmp_path, competition="name: Set\nproblems:\n" + entry.format("2090-01-01", 0.2))
+    do_import_competition(load_competition(root / "set.yaml"))
+    board = Leaderboard.objects.get(name="va")
+    board.deadline, board.run_spread = datetime(2080, 1, 1, tzinfo=UTC), 0.3  # edited in the admin
+    board.save()
+    board.gpu_types.set([GpuType.objects.get(name="H100")])
+
+    report = do_import_competition(load_competition(root / "set.yaml"))  # the same file: every edit stays
+    board.refresh_from_db()
+    assert (board.deadline.year, board.run_spread, [g.name for g in board.gpu_types.all()]) == (2080, 0.3, ["H100"])
+    assert report.unchanged == ["va"] and "kept as set since the last import: deadline 2080-01-01 00:00 UTC, not " \
+        "the file's 2090-01-01 00:00 UTC; between-run spread 0.3, not the file's 0.2; GPU types H100, not the " \
+        "file's CPU; pass --reset to take the file's values)" in report.lines[1]
+
+    (root / "set.yaml").write_text("name: Set\nproblems:\n" + entry.format("2095-06-30", 0.2))
+    report = do_import_competition(load_competition(root / "set.yaml"))  # the file's deadline changed: it applies
+    board.refresh_from_db()
+    assert (board.deadline.year, board.run_spread, [g.name for g in board.gpu_types.all()]) == (2095, 0.3, ["H100"])
+    assert "changed: deadline 2080-01-01 00:00 UTC → 2095-06-30 00:00 UTC" in report.lines[1]
+
+    do_import_competition(load_competition(root / "set.yaml"), reset=True)  # the organiser asks for the file's values
+    board.refresh_from_db()
+    assert (board.deadline.year, board.run_spread, [g.name for g in board.gpu_types.all()]) == (2095, 0.2, ["CPU"])
+
+
+def test_a_board_imported_before_its_values_were_recorded_keeps_them_until_the_file_changes(cpu, tmp_path):
+    root = collection(tmp_path, competition='name: Set\nproblems:\n  - {directory: vectoradd_py, name: va, '
+                                            'gpus: [CPU], deadline: "2090-01-01"}\n')
+    do_import_competition(load_competition(root / "set.yaml"))
+    Leaderboard.objects.filter(name="va").update(imported={}, deadline=datetime(2080, 1, 1, tzinfo=UTC))
+    do_import_competition(load_competition(root / "set.yaml"))
+    board = Leaderboard.objects.get(name="va")
+    assert board.deadline.year == 2080 and board.imported["deadline"] == "2090-01-01T00:00:00+00:00"

@@ -46,8 +46,11 @@ class Command(BaseCommand):
         parser.add_argument("--past-deadline", action="store_true", help="Allow a deadline in the past (--deadline, or "
                             "a competition file's): the leaderboard is then closed from the start.")
         parser.add_argument("--gpu", action="append", dest="gpus", help="GPU type (repeatable).")
+        parser.add_argument("--reset", action="store_true", help="Take the file's (or these options') deadline, GPU "
+                            "types and run_spread even where an organiser changed them since the last import. "
+                            "Without it a re-import writes only the values that differ from the last import's.")
 
-    def handle(self, path, root, force, past_deadline, harness, leaderboard, deadline, gpus, **options):
+    def handle(self, path, root, force, past_deadline, harness, leaderboard, deadline, gpus, reset, **options):
         target = Path(path)
         if not target.exists() and (settings.PROBLEMS_DIR / path).exists():
             target = settings.PROBLEMS_DIR / path
@@ -66,10 +69,10 @@ class Command(BaseCommand):
                     self.stdout.write(f"problem collection: {collection_root(target)}")
                 report = do_import_task(task, leaderboard=leaderboard, deadline=deadline, gpus=gpus,
                                         harness=harness, force=force, past_deadline=past_deadline,
-                                        collection=target.resolve().parent.name)
+                                        reset=reset, collection=target.resolve().parent.name)
             else:
                 report = do_import_competition(load_competition(target, root=root), force=force,
-                                               past_deadline=past_deadline)
+                                               past_deadline=past_deadline, reset=reset)
         except TaskFileError as exc:
             raise CommandError(str(exc)) from exc
         except ImportRejected as exc:
