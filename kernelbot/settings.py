@@ -363,6 +363,8 @@ RUN_MAX_ATTEMPTS = int(os.environ.get("KERNELBOT_RUN_MAX_ATTEMPTS", "3"))
 # defaults are the job contract's (runners/harness/contract.py).
 HARNESS_TIMING = {name: type(default)(os.environ.get(f"KERNELBOT_{name.upper()}", default))
                   for name, default in TIMING_DEFAULTS.items()}
+# A/A runs one between-run spread measurement queues per (problem, GPU type) (leaderboards/spread.py).
+SPREAD_RUNS = int(os.environ.get("KERNELBOT_SPREAD_RUNS", "10"))
 
 # --- Remote runners (issue 12) --------------------------------------------------------------------
 # Key the remote runners share with the platform: an attempt's token is HMAC-SHA256(key, "run:attempt:nonce").

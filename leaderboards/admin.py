@@ -12,7 +12,7 @@ from django.utils.html import format_html
 from kernelbot.admin_actions import ObjectAction, ObjectActionsMixin, confirmed_list_action
 from taskspec.loader import TaskFileError, load_task_from_zip
 
-from . import actions, dataset, finals, lifecycle
+from . import actions, dataset, finals, lifecycle, spread
 from .access import actions as access_actions
 from .access.authority import RunView, may_see_precheck
 from .access.models import ApiToken, Ban, Invite, JobSwitch, Membership, PendingLogin, SubmissionQuota
@@ -26,6 +26,7 @@ from .admin_tables import (
     tests_table,
     timings_table,
 )
+from .errors import SubmissionRejected
 from .forms import ProblemUploadForm
 from .health import CHECK_USER
 from .importing import ADMIN_FORM, ImportRejected, do_import_task, previewed
@@ -43,6 +44,7 @@ from .models import (
     RankingRule,
     Run,
     RunAttempt,
+    RunSpread,
     Submission,
 )
 from .serializers import job_state, problem_error_detail
@@ -305,7 +307,7 @@ class LeaderboardAdmin(HidesInternalMixin, ObjectActionsMixin, admin.ModelAdmin)
     list_display = ["name", "problem_label", "problem_state", "deadline", "ranking_by", "visibility", "gpus",
                     "public_link"]
     list_filter = ["visibility", "ranking_by", "competition"]
-    readonly_fields = ["problem_state"]
+    readonly_fields = ["problem_state", "spreads"]
     search_fields = ["name"]
     filter_horizontal = ["gpu_types"]
     actions = ["rescore", "export_dataset"]
@@ -327,6 +329,12 @@ class LeaderboardAdmin(HidesInternalMixin, ObjectActionsMixin, admin.ModelAdmin)
     @admin.display(description="problem", ordering="problem__name")
     def problem_label(self, leaderboard: Leaderboard) -> str:
         return leaderboard.problem.label
+
+    @admin.display(description="between-run spread in use")
+    def spreads(self, leaderboard: Leaderboard) -> str:
+        names = {g.pk: g.name for g in leaderboard.gpu_types.all()}
+        return "; ".join(f"{names[pk]}: ±{value:.1%} ({source})"
+                         for pk, (value, source) in spread.board_spreads(leaderboard).items()) or "-"
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         leaderboard = self.get_object(request, object_id) if request.method == "GET" else None
@@ -804,6 +812,38 @@ class BoardAdmin(NoAddAdmin):
 
 
 admin.site.register(Code, NoAddAdmin)
+
+
+def _measure_again(queryset: QuerySet) -> str:
+    queued, refused = 0, []
+    for record in queryset.select_related("problem", "gpu_type"):
+        try:
+            queued += len(spread.do_measure_spread(record.problem, record.gpu_type))
+        except SubmissionRejected as exc:
+            refused.append(str(exc))
+    return " ".join([f"{queued} A/A runs queued.", *refused])
+
+
+@admin.register(RunSpread)
+class RunSpreadAdmin(NoAddAdmin):
+    """The between-run spread measured per (problem, GPU type); `manage.py measure_spread` adds pairs."""
+
+    list_display = ["__str__", "spread_text", "samples", "measured_at", "pending_since", "node_warning"]
+    list_filter = ["gpu_type"]
+    readonly_fields = ["problem", "gpu_type", "spread", "samples", "measured_at", "pending_since", "nodes", "warning"]
+    actions = ["measure_again"]
+    measure_again = admin.action(description="Measure again (A/A runs, KERNELBOT_SPREAD_RUNS each)")(
+        confirmed_list_action("Measure again", "Measure the between-run spread of these again?",
+                              "Queues A/A runs on the nodes that serve each GPU type; their figure replaces the "
+                              "current one when they end.", _measure_again))
+
+    @admin.display(description="spread")
+    def spread_text(self, record: RunSpread) -> str:
+        return "provisional (not measured)" if record.spread is None else f"±{record.spread:.1%}"
+
+    @admin.display(description="warning")
+    def node_warning(self, record: RunSpread) -> str:
+        return f"⚠ {record.warning}" if record.warning else ""
 
 
 @admin.register(LiveEvent)

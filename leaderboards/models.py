@@ -167,8 +167,8 @@ class Leaderboard(models.Model):
     run_spread = models.FloatField(
         null=True, blank=True, validators=[MinValueValidator(0.0), MaxValueValidator(1.0)],
         help_text="How far apart identical code scores between runs on this board's runners (relative, e.g. 0.18), "
-        "added to every interval a run reports: measure it with `bench/fairness.py --aa` (its suggested spread). "
-        "Empty: the platform's KERNELBOT_RUN_SPREAD.")
+        "added to every interval a run reports; wins over the measured one. Empty: the spread measured by A/A runs "
+        "per GPU type (Run spreads in the admin), else the platform's KERNELBOT_RUN_SPREAD (provisional).")
     imported = models.JSONField(
         default=dict, blank=True, editable=False, help_text="The values the last import named (deadline, gpus, "
         "run_spread): a re-import writes one only where the file's value differs from it (leaderboards/importing.py), "
@@ -402,6 +402,11 @@ class Run(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.status in TERMINAL_STATUSES
+
+    def between_run_spread(self) -> float | None:
+        """What widens this run's intervals (`RunSpread.for_board`); None: the platform's default."""
+        submission = self.submission
+        return RunSpread.for_board(submission.leaderboard, submission.problem_id, self.gpu_type_id)[0]
 
     @property
     def mode(self) -> str:
@@ -704,3 +709,39 @@ class Tally(models.Model):
             obj, created = cls.objects.get_or_create(name=name, defaults={"count": n})
             if not created:
                 cls.objects.filter(name=name).update(count=models.F("count") + n)
+
+
+class RunSpread(models.Model):
+    """The between-run spread of identical code measured for one problem on one GPU type: 1.96 sd of the log ratios
+    of A/A runs (the reference timed against itself, run exactly as a submission: leaderboards/spread.py). Widens
+    every interval of that problem on that GPU type unless its board sets its own `run_spread`."""
+
+    problem = models.ForeignKey(Problem, on_delete=models.CASCADE, related_name="run_spreads")
+    gpu_type = models.ForeignKey(GpuType, on_delete=models.CASCADE, related_name="run_spreads")
+    spread = models.FloatField(null=True, blank=True, help_text="Relative, 1.96 sd of the A/A runs' log ratios; "
+                               "empty until measured (intervals then use KERNELBOT_RUN_SPREAD and are provisional).")
+    samples = models.PositiveIntegerField(default=0, help_text="A/A runs the figure comes from.")
+    measured_at = models.DateTimeField(null=True, blank=True)
+    pending_since = models.DateTimeField(null=True, blank=True, help_text="A measurement's A/A runs were queued "
+                                         "then and have not all ended; its figure replaces this one.")
+    nodes = models.JSONField(default=dict, blank=True, help_text="Per node of the last measurement: its runs and "
+                             "the geometric mean of their ratios.")
+    warning = models.TextField(blank=True, help_text="A node whose A/A is far off the others', or a measurement "
+                               "that kept too few runs.")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["problem", "gpu_type"], name="run_spread_unique")]
+        ordering = ["problem", "gpu_type"]
+
+    def __str__(self) -> str:
+        return f"{self.problem.name} v{self.problem.version} on {self.gpu_type}"
+
+    @staticmethod
+    def for_board(leaderboard: "Leaderboard", problem_id: int, gpu_type_id: int) -> tuple[float | None, str]:
+        """The spread a run of `problem_id` on `leaderboard` and `gpu_type_id` is widened by and where it comes from:
+        ("board": its organiser's), ("measured": A/A runs), or (None, "provisional"): the platform's default."""
+        if leaderboard.run_spread is not None:
+            return leaderboard.run_spread, "board"
+        measured = RunSpread.objects.filter(problem_id=problem_id, gpu_type_id=gpu_type_id, spread__isnull=False) \
+            .values_list("spread", flat=True).first()
+        return (measured, "measured") if measured is not None else (None, "provisional")

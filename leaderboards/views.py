@@ -18,7 +18,7 @@ from django.utils import timezone
 from kernelbot.cli.directives import with_header
 from runners.actions import gpu_availability
 
-from . import actions, dataset, finals
+from . import actions, dataset, finals, spread
 from .access.actions import accepting_jobs
 from .access.authority import RunView, access_leaderboard, access_submission, may_see_run_details, run_view
 from .board_rows import PAGE_ROWS, attach_breakdown, interval_text, name_of, records_html, row_html
@@ -100,6 +100,7 @@ def leaderboard(request: HttpRequest, name: str) -> HttpResponse:
         "records_html": records_html(history["records"], bool(on_ratio)),
         "chart": chart, "templates": sorted((definition.get("templates") or {}).keys()),
         "files": sorted((definition.get("files") or {}).keys()), "live": page.number == 1,
+        "spread": spread.board_spread(lb, gpu),
     })
 
 

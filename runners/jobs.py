@@ -25,7 +25,8 @@ def sandbox_uid(gpu: Gpu) -> int:
 
 def pool_limits(pool: GpuPool | None) -> dict[str, int]:
     """The sandbox limits every node of `pool` applies: the pool's memory limit for the whole tree when it sets one,
-    else the harness's default (`sandbox.tree_memory_limit`), and its disk limit for the run's workdir."""
+    else the harness's default (`sandbox.tree_memory_limit`), its disk limit for the run's workdir, and its CPU
+    cores per device (else the node's share, `sandbox.cpu_limit`)."""
     limits = dict(DEFAULT_LIMITS)
     if pool is not None and pool.memory_limit_mib:
         limits["tree_memory_bytes"] = pool.memory_limit_mib << 20
@@ -57,9 +58,10 @@ def workdir_files(run: Run) -> dict[str, str]:
     return jobspec.workdir_files(run.submission.problem.definition, run.submission.code.text)
 
 
-def run_timing(leaderboard: Any) -> dict[str, Any]:
-    """The platform's timing settings, with the board's own between-run spread where its organiser measured one."""
-    spread = getattr(leaderboard, "run_spread", None)
+def run_timing(run: Run) -> dict[str, Any]:
+    """The platform's timing settings, with the run's between-run spread (its board's own, else the one measured on
+    its GPU type: `Run.between_run_spread`) where there is one."""
+    spread = run.between_run_spread()
     return settings.HARNESS_TIMING if spread is None else {**settings.HARNESS_TIMING, "run_spread": spread}
 
 
@@ -68,7 +70,7 @@ def run_job(run: Run, pool: GpuPool | None = None) -> dict:
     submission = run.submission
     return jobspec.task_job(submission.problem.definition, mode=submission.mode, protocol=submission.problem.harness,
                             ranking_by=submission.leaderboard.ranking_by, seed=run_seed(run),
-                            limits=pool_limits(pool), timing=run_timing(submission.leaderboard),
+                            limits=pool_limits(pool), timing=run_timing(run),
                             architecture=run.gpu_type.architecture)
 
 
