@@ -60,6 +60,7 @@ NODE_TOKEN_ENV = "KERNELBOT_NODE_TOKEN"
 POLL_S = 0.5
 WAIT_S = 15.0  # the longest a wait for work is held open: the node's heartbeat
 SWEEP_S = 2.0  # how often the devices nothing holds are checked for leftover processes
+END_MARGIN_S = 0.05  # a reservation's end is asked about this long after it (its `ends_in`), so it is over then
 SAMPLE_S = 15.0  # how often the devices' utilisation and memory are sampled (nvidia-smi) for the platform's /metrics
 KEY_LINE = re.compile(r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh\.com|"
                       r"sk-ecdsa-sha2-nistp256@openssh\.com) [A-Za-z0-9+/]+={0,2}")
@@ -253,6 +254,8 @@ class NodeAgent:
         self.authorized_keys: Path | None = None  # where reservations' keys go (--authorized-keys)
         self.again = False  # the last wait ended with news: ask again at once
         self.owned: dict[int, tuple[int, int | None]] = {}  # pid → (reservation, its start) seen under a reservation
+        self.present: set[int] = set()  # the reservations of the last answer
+        self.ends: dict[int, float] = {}  # reservation → when it ends unless extended (monotonic): asked again then
         self.installation = installation_key(token)
         self._holds: list[HoldGroups | None] = []
 
@@ -279,6 +282,13 @@ class NodeAgent:
         if answer.get("out_of_service"):
             print(f"node agent: {self.hostname} is out of service: {answer['out_of_service']}", file=sys.stderr)
         return answer
+
+    def due_in(self, longest: float) -> float:
+        """How long until the next ask is due: at most `longest`, and no later than the end of a reservation here
+        (`ends_in` of the last answer), so its processes end when it does, not at the next heartbeat."""
+        if not self.ends:
+            return longest
+        return max(0.0, min(longest, min(self.ends.values()) - time.monotonic()))
 
     def free(self) -> list[int]:
         with self.lock:
@@ -309,6 +319,9 @@ class NodeAgent:
         reserved = answer.get("reserved", [])
         if self.spares is not None:
             self.spares.reserve([str(i) for i in reserved])
+        ends_at = time.monotonic() + END_MARGIN_S
+        self.ends = {int(r["id"]): ends_at + float(r["ends_in"]) for r in answer.get("reservations") or []
+                     if isinstance(r.get("ends_in"), int | float)}
         self.sweep(reserved, answer.get("reservations"))
         if self.authorized_keys is not None:
             active = {int(r["id"]) for r in answer.get("reservations") or []}
@@ -324,11 +337,14 @@ class NodeAgent:
         SSH logins and all they start) and those first seen on its devices while it held them. Returns the pids
         killed. Device processes need nvidia-smi; tagged ones are found in /proc."""
         now = time.monotonic()
-        if now - self.swept < self.sweep_s:
+        active = {int(r["id"]): [int(i) for i in r["gpus"]] for r in reservations or []}
+        ended = reservations is not None and bool(self.present - set(active))  # swept at once, never skipped
+        if reservations is not None:
+            self.present = set(active)
+        if now - self.swept < self.sweep_s and not ended:
             return []
         self.swept = now
         on_devices = compute_processes() or {}
-        active = {int(r["id"]): [int(i) for i in r["gpus"]] for r in reservations or []}
         holder_of = {index: rid for rid, gpus in active.items() for index in gpus}
         if reservations is not None:
             for pid, rid in tagged_processes(self.installation).items():
@@ -347,14 +363,14 @@ class NodeAgent:
                     killed.append(pid)
                     print(f"node agent: killed pid {pid}, left on device {index}, which nothing holds",
                           file=sys.stderr)
-        ended: dict[int, list[int]] = {}
+        gone: dict[int, list[int]] = {}
         for pid, (rid, start) in list(self.owned.items()):
             if process_start(pid) != start:
                 del self.owned[pid]  # gone (its pid may be another process's now)
             elif reservations is not None and rid not in active:
                 del self.owned[pid]
-                ended.setdefault(rid, []).append(pid)
-        for rid, pids in ended.items():
+                gone.setdefault(rid, []).append(pid)
+        for rid, pids in gone.items():
             for pid in self.kill_tree(pids):
                 killed.append(pid)
                 print(f"node agent: killed pid {pid} of reservation {rid}, which ended", file=sys.stderr)
@@ -459,9 +475,11 @@ class NodeAgent:
                     registered = True
                     print(f"node agent: {self.hostname} in pool {self.pool}: devices {self.devices}", file=sys.stderr)
                 started = time.monotonic()
-                self.poll(self.wait_s)
-                if self.again or time.monotonic() - started > self.poll_s:
-                    continue  # a held wait: its answer is news, or its heartbeat is due
+                wait = max(self.due_in(self.wait_s), END_MARGIN_S) if self.wait_s else 0
+                self.poll(wait)
+                held = time.monotonic() - started > (min(self.poll_s, wait) if wait else self.poll_s)
+                if self.again or held or not self.due_in(self.poll_s):
+                    continue  # a held wait: its answer is news, its heartbeat or a reservation's end is due
             except Refused as exc:
                 registered = registered and exc.status != 404
                 print(f"node agent: refused: {exc}", file=sys.stderr)
@@ -470,7 +488,7 @@ class NodeAgent:
                 print(f"node agent: {'poll' if registered else 'registration'} failed ({exc}); retrying",
                       file=sys.stderr)
                 self.stopping.wait(2)
-            self.stopping.wait(self.poll_s)
+            self.stopping.wait(self.due_in(self.poll_s))
         if self.spares is not None:
             self.spares.close()
         if self.authorized_keys is not None:

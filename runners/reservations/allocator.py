@@ -24,22 +24,32 @@ from . import planner, usage
 from .models import DeviceHold, HoldKind, PoolPolicy, Reservation, ReservationStatus
 
 
+def current_holds(node_id: int, now: datetime):
+    """The node's open reservation holds whose reservation's time is not up: one past `ends_at` is over for its node
+    agent at once, though the reaper (`tasks.keep_time`, every few seconds) has yet to mark it expired."""
+    return DeviceHold.objects.held().filter(Q(reservation=None) | Q(reservation__ends_at__gt=now),
+                                            kind=HoldKind.RESERVATION, gpu__node_id=node_id)
+
+
 def reserved_indices(node_id: int) -> list[int]:
     """The node's devices a reservation holds now (its agent leaves their processes alone; any other device that no
     run of its own holds is swept clean)."""
-    return sorted(DeviceHold.objects.held().filter(kind=HoldKind.RESERVATION, gpu__node_id=node_id)
-                  .values_list("gpu__index", flat=True).distinct())
+    return sorted(current_holds(node_id, timezone.now()).values_list("gpu__index", flat=True).distinct())
 
 
 def reservations_on(node_id: int) -> list[dict]:
-    """The reservations holding devices of the node now, `{"id", "gpus"}` each: its agent kills the processes of a
-    reservation once it is no longer here, also when the next one holds the same devices."""
+    """The reservations holding devices of the node now, `{"id", "gpus", "ends_in"}` each: its agent kills the
+    processes of a reservation once it is no longer here, also when the next one holds the same devices, and asks
+    again `ends_in` seconds from now (when it ends, if not extended), so an expiry is acted on as soon as a cancel."""
+    now = timezone.now()
     held: dict[int, list[int]] = {}
-    for rid, index in DeviceHold.objects.held().filter(kind=HoldKind.RESERVATION, gpu__node_id=node_id,
-                                                       reservation__isnull=False).values_list("reservation_id",
-                                                                                              "gpu__index"):
+    ends: dict[int, datetime] = {}
+    for rid, index, ends_at in current_holds(node_id, now).exclude(reservation=None).values_list(
+            "reservation_id", "gpu__index", "reservation__ends_at"):
         held.setdefault(rid, []).append(index)
-    return [{"id": rid, "gpus": sorted(gpus)} for rid, gpus in sorted(held.items())]
+        ends[rid] = ends_at
+    return [{"id": rid, "gpus": sorted(gpus), "ends_in": round((ends[rid] - now).total_seconds(), 3)}
+            for rid, gpus in sorted(held.items())]
 
 
 def run_lease_seconds() -> float:

@@ -20,10 +20,12 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
+from django.utils import timezone
 
 from kernelbot.errors import Refused
 from runners import wakeups
 
+from . import allocator
 from .models import DeviceHold, HoldKind, ReservationStatus, SshKey, SshKeySource
 
 MAX_KEYS = 20  # per user, imported ones included
@@ -200,9 +202,9 @@ def placed_on(node_id: int) -> list[dict]:
     """The reservations active on a node now whose holders have keys, with the node's devices each holds: what a
     local pool's node agent keeps in its authorized_keys (`runners.harness.node`). The holders' keys as they are now."""
     held: dict[int, dict] = {}
-    for rid, user_id, index in DeviceHold.objects.held().filter(
-            kind=HoldKind.RESERVATION, gpu__node_id=node_id, reservation__status=ReservationStatus.ACTIVE).values_list(
-            "reservation_id", "reservation__user_id", "gpu__index"):
+    for rid, user_id, index in allocator.current_holds(node_id, timezone.now()).filter(
+            reservation__status=ReservationStatus.ACTIVE).values_list("reservation_id", "reservation__user_id",
+                                                                      "gpu__index"):
         held.setdefault(rid, {"reservation": rid, "user": user_id, "gpus": []})["gpus"].append(index)
     lines: dict[int, list[str]] = {}
     for user_id, key in SshKey.objects.filter(user_id__in={h["user"] for h in held.values()}).values_list(

@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -376,6 +377,45 @@ def test_a_reservations_processes_die_at_its_end_even_when_the_next_one_takes_it
                 os.kill(pid, signal.SIGKILL)
         if agent.holds is not None:
             agent.holds.end(set())
+
+
+@pytest.mark.django_db
+def test_an_expiring_reservations_processes_die_at_its_end_without_a_wake_up_or_the_reaper(cpu_pool, tmp_path):
+    """The agent asks again at a reservation's end (`ends_in` of its answer): the holder's process dies then, though
+    nothing wakes the node, no reaper marks the reservation expired and the agent's wait and poll are 10 minutes."""
+    node = cpu_pool.nodes.get()
+    hold = reservation_hold(node, UserFactory())
+    ends_at = timezone.now() + timedelta(seconds=2)
+    Reservation.objects.filter(pk=hold.reservation_id).update(ends_at=ends_at)
+    agent = in_process_agent(node)
+    agent._holds, agent.workroot, agent.poll_s, agent.wait_s = [None], tmp_path, 600.0, 600.0
+    agent.register = lambda report=None: {}  # registered already
+    killed: list[tuple[int, float]] = []
+    kill = agent.kill
+    agent.kill = lambda pid: killed.append((pid, time.time())) or kill(pid)
+    holder = int(subprocess.run(
+        ["sh", "-c", "setsid sleep 600 >/dev/null 2>&1 </dev/null & echo $!"], capture_output=True, text=True,
+        check=True, env={**os.environ, "KERNELBOT_RESERVATION": str(hold.reservation_id),
+                         "KERNELBOT_INSTALLATION": agent.installation}).stdout)
+
+    def watch() -> None:
+        deadline = time.monotonic() + 60
+        while alive(holder) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        agent.stopping.set()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        agent.serve()
+        assert not alive(holder)
+        (when,) = [at for pid, at in killed if pid == holder]
+        assert ends_at.timestamp() <= when < ends_at.timestamp() + 10  # at its end, not the next heartbeat
+        assert Reservation.objects.get(pk=hold.reservation_id).status == "active"  # no reaper did it
+    finally:
+        agent.stopping.set()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(holder, signal.SIGKILL)
 
 
 def new_key(user, directory: Path) -> None:
