@@ -1,4 +1,6 @@
 import json
+from contextvars import ContextVar
+from urllib.parse import urlencode
 
 from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
@@ -48,6 +50,8 @@ from .models import (
     Submission,
 )
 from .serializers import job_state, problem_error_detail
+
+_admin_request: ContextVar[HttpRequest] = ContextVar("admin_request")
 
 
 def public_url(obj: Leaderboard | Submission | Run) -> str:
@@ -874,7 +878,26 @@ class SubmissionQuotaAdmin(NoInternalBoardsMixin, admin.ModelAdmin):
 
 @admin.register(Invite)
 class InviteAdmin(NoInternalBoardsMixin, admin.ModelAdmin):
-    list_display = ["code", "leaderboard", "uses", "max_uses", "expires", "created"]
+    """Each code's link to the site's join page, absolute, to copy into an invitation. The link needs the request's
+    host: the admin's list and form ask for their fields with it, before rendering, in the request's own context."""
+
+    list_display = ["code", "leaderboard", "uses", "max_uses", "expires", "created", "join_link"]
+    readonly_fields = ["join_link"]
+
+    def get_list_display(self, request):
+        _admin_request.set(request)
+        return super().get_list_display(request)
+
+    def get_readonly_fields(self, request, obj=None):
+        _admin_request.set(request)
+        return super().get_readonly_fields(request, obj)
+
+    @admin.display(description="join link")
+    def join_link(self, invite: Invite) -> str:
+        if not invite.pk:
+            return "–"
+        url = _admin_request.get().build_absolute_uri(f"{reverse('invitation')}?{urlencode({'code': invite.code})}")
+        return format_html('<a href="{}" class="join-link">{}</a>', url, url)
 
 
 @admin.register(Membership)

@@ -47,3 +47,10 @@ class SubmitForm(forms.Form):
         else:
             raise forms.ValidationError("Upload a file or paste your code.")
         return data
+
+
+class InviteForm(forms.Form):
+    """An invite code typed in or carried by an organiser's link; `access.actions.do_join` holds every rule."""
+
+    code = forms.CharField(label="Invitation code", max_length=64,
+                           widget=forms.TextInput(attrs={"autocomplete": "off", "spellcheck": "false", "size": 34}))

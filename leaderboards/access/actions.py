@@ -324,18 +324,36 @@ def do_create_invite(leaderboard: Leaderboard, max_uses: int = 1, expires_days: 
     return invite
 
 
+def check_invite(code: str, *, lock: bool = False) -> Invite:
+    """The invite `code` names while it still admits anyone; unknown and expired codes are refused, each saying so.
+    Whether it is used up depends on who asks (its members pass): `do_join` decides that."""
+    invites = Invite.objects.select_related("leaderboard")
+    invite = (invites.select_for_update() if lock else invites).filter(code=code.strip()).first()
+    if invite is None:
+        raise AccessDenied("Unknown invite code: check it for typos, or ask the organisers for a new one.", 404)
+    if invite.expires and invite.expires <= timezone.now():
+        raise AccessDenied(f"This invite code expired on {invite.expires:%Y-%m-%d %H:%M} UTC; ask the organisers for "
+                           "a new one.", 410)
+    return invite
+
+
+def invite_boards(invite: Invite) -> list[Leaderboard]:
+    """The boards a code opens: its leaderboard and its further ones."""
+    return [invite.leaderboard, *invite.more_leaderboards.all()]
+
+
 def do_join(user, code: str) -> Membership:
+    """Membership of every board `code` opens; one use of the code, none when the user holds them all already."""
     with transaction.atomic():
-        invite = Invite.objects.select_for_update().select_related("leaderboard").filter(code=code.strip()).first()
-        if invite is None or (invite.expires and invite.expires <= timezone.now()):
-            raise AccessDenied("Unknown or expired invite code.", 404)
-        boards = [invite.leaderboard, *invite.more_leaderboards.all()]
+        invite = check_invite(code, lock=True)
+        boards = invite_boards(invite)
         held = set(Membership.objects.filter(leaderboard__in=boards, user=user).values_list("leaderboard_id",
                                                                                              flat=True))
         if len(held) == len(boards):
             return Membership.objects.get(leaderboard=invite.leaderboard, user=user)
         if invite.uses >= invite.max_uses:
-            raise AccessDenied("This invite code has been used up.", 410)
+            raise AccessDenied("This invite code has been used up: it admitted as many people as it was made for. Ask "
+                               "the organisers for a new one.", 410)
         Invite.objects.filter(pk=invite.pk).update(uses=F("uses") + 1)
         Membership.objects.bulk_create([Membership(leaderboard=b, user=user, invite=invite) for b in boards
                                         if b.pk not in held])

@@ -1,5 +1,5 @@
-"""Logged-in pages: link a CLI's pending id (the kernelbot CLI's or popcorn-cli's) to the account, and create / revoke
-API tokens."""
+"""Logged-in pages: link a CLI's pending id (the kernelbot CLI's or popcorn-cli's) to the account, create / revoke
+API tokens, and join closed leaderboards with an invite code."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
 from .. import dataset
+from ..web_forms import InviteForm
 from . import actions
 from .models import ApiToken
 
@@ -89,3 +90,30 @@ def publishing(request):
     messages.success(request, "Your submissions will be in published datasets." if choice == "yes" else
                      "Your submissions are left out of every dataset exported from now on.")
     return redirect("access:tokens")
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def join(request):
+    """Redeem an invite code, typed in or from an organiser's link (`/join/?code=…`: in the query, never the path).
+    A GET only shows the boards the code opens (a link preview must not use the code up); joining is the POST,
+    through `actions.do_join` like the APIs'."""
+    form = InviteForm(request.POST if request.method == "POST" else request.GET if "code" in request.GET else None)
+    invite, status = None, 200
+    if form.is_bound and not form.is_valid():
+        status = 400
+    elif form.is_bound:
+        code = form.cleaned_data["code"]
+        try:
+            invite = actions.check_invite(code)
+            if request.method == "POST":
+                actions.do_join(request.user, code)
+                boards = actions.invite_boards(invite)
+                messages.success(request, f"You are a member of {', '.join(b.name for b in boards)}: you can see "
+                                          f"and submit to {'it' if len(boards) == 1 else 'them'} now.")
+                return redirect("leaderboard", boards[0].name)
+        except actions.AccessDenied as exc:
+            form.add_error("code", exc.message)
+            invite, status = None, exc.status
+    return render(request, "leaderboards/access/join.html", {
+        "form": form, "boards": actions.invite_boards(invite) if invite else []}, status=status)
