@@ -14,10 +14,11 @@ from typing import Any, Literal
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AnonymousUser
-from django.db.models import Count, Q
+from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Max, Q, Sum
 from django.http import Http404, HttpRequest, JsonResponse
 from django.urls import reverse
 from django.utils import timezone
+from django.views.decorators.csrf import csrf_exempt
 from ninja import Field, NinjaAPI, Router, Schema
 from ninja.errors import HttpError
 from ninja.security import APIKeyHeader, HttpBearer
@@ -25,6 +26,7 @@ from pydantic import ValidationError as PydanticValidationError
 
 from kernelbot.api_errors import check_offset, install_error_handlers
 from kernelbot.cli.directives import parse_directives
+from kernelbot.errors import AccessDenied
 from kernelbot.inputs import Bool, Int, Text
 from leaderboards import actions, dataset, repository
 from leaderboards.access import actions as access
@@ -35,7 +37,7 @@ from leaderboards.importing import ImportRejected, do_import_task
 from leaderboards.models import ACTIVE_STATUSES, BoardEntry, Leaderboard, Run, RunStatus, Submission
 from leaderboards.repository import RepositoryError, do_import_repository
 from leaderboards.serializers import job_state, run_out
-from runners.models import GpuType
+from runners.models import GpuPool, GpuType
 from taskspec.loader import TaskFileError, collection_root, load_competition, load_task, load_task_from_zip
 
 from . import wire
@@ -97,6 +99,11 @@ admin = Router(auth=AdminAuth())
 optional_cli = OptionalCliAuth()
 
 
+@api.get("/health", auth=None)
+def health(request):
+    return {"status": "ok"}
+
+
 # --- competitor routes (X-Popcorn-Cli-Id) -----------------------------------------------------------
 @api.get("/leaderboards", auth=optional_cli)
 def list_leaderboards(request):
@@ -137,12 +144,31 @@ def accept(user, leaderboard: str, gpu: str, mode: str, file_name: str, content:
     return actions.do_submit(user, request)
 
 
+def queue_status(gpu_type: GpuType) -> dict[str, Any]:
+    """KernelBot's RunnerQueueStatus of a GPU type (runner, gpu, queued_jobs, running_jobs, available_runners,
+    status, error) and ours: the devices serving it and a rough wait."""
+    counts = dict(Run.objects.filter(gpu_type=gpu_type, status__in=ACTIVE_STATUSES).values_list("status")
+                  .annotate(n=Count("pk")).order_by())
+    devices, seconds = access.eta_inputs(gpu_type.pk)
+    waiting = sum(n for status, n in counts.items() if status != RunStatus.RUNNING)
+    pools = list(GpuPool.objects.taking_runs(gpu_type).order_by("name").values_list("name", flat=True))
+    return {"runner": ", ".join(pools) or "none", "gpu": gpu_type.name, "queued_jobs": waiting,
+            "running_jobs": counts.get(RunStatus.RUNNING, 0), "available_runners": devices if pools else 0,
+            "status": "available" if pools else "unavailable",
+            "error": None if pools else f"no pool takes {gpu_type.name} runs now",
+            "devices": devices, "eta_seconds": round((waiting // devices + 1) * seconds)}
+
+
 def runner_queue(submission: Submission, runs: list[Run]) -> dict[str, Any] | None:
-    estimate = access.queue_estimate(submission, runs)
-    if estimate is None:
+    """As KernelBot: the queue of the submission's first run's GPU type while it has runs (null without), with where
+    its first unfinished run stands in it."""
+    if not runs:
         return None
-    return {"runner": estimate.runner, "gpu": estimate.gpu, "queued_jobs": estimate.queued_jobs,
-            "position": estimate.position, "eta_seconds": estimate.eta_seconds}
+    first = min(runs, key=lambda run: run.pk)
+    status = queue_status(first.gpu_type)
+    if estimate := access.queue_estimate(submission, runs):
+        status.update(queued_jobs=estimate.queued_jobs, position=estimate.position, eta_seconds=estimate.eta_seconds)
+    return status
 
 
 @api.post("/submission/{leaderboard}/{gpu}/{mode}")
@@ -155,16 +181,12 @@ def submit(request, leaderboard: str, gpu: str, mode: str):
 
 @api.get("/runner_queue/{gpu}", auth=None)
 def runner_queue_of(request, gpu: str):
-    """KernelBot's queue status of a GPU type: what waits and runs on it, the devices serving it, a rough wait."""
-    gpu_type = GpuType.objects.filter(name=gpu).first()
+    """KernelBot's queue status of a GPU type; an unknown one is, as there, a 200 with status "unavailable"."""
+    gpu_type = GpuType.objects.filter(name__iexact=gpu).first()
     if gpu_type is None:
-        raise Http404(f"Unknown GPU type '{gpu}'.")
-    counts = dict(Run.objects.filter(gpu_type=gpu_type, status__in=ACTIVE_STATUSES).values_list("status")
-                  .annotate(n=Count("pk")).order_by())
-    devices, seconds = access.eta_inputs(gpu_type.pk)
-    waiting = sum(n for status, n in counts.items() if status != RunStatus.RUNNING)
-    return {"gpu": gpu_type.name, "queued_jobs": waiting, "running_jobs": counts.get(RunStatus.RUNNING, 0),
-            "devices": devices, "eta_seconds": round((waiting // devices + 1) * seconds)}
+        return {"runner": "unknown", "gpu": gpu, "queued_jobs": None, "running_jobs": None,
+                "available_runners": None, "status": "unavailable", "error": "unknown gpu"}
+    return queue_status(gpu_type)
 
 
 def _board_entries(request, leaderboard: str, gpu: str):
@@ -196,9 +218,11 @@ def board_submission_count(request, leaderboard: str, gpu: str, user_id: str | N
     return {"count": entries.count()}
 
 
+@csrf_exempt
 def not_found(request: HttpRequest, rest: str = "") -> JsonResponse:
-    """Any path not served: a JSON 404 in popcorn's error format."""
+    """Any path not served, with any method: a JSON 404 in popcorn's error format (no CSRF page: no cookie is read)."""
     return JsonResponse({"detail": "Not Found"}, status=404)
+
 
 
 def detail_of(submission: Submission, view: RunView) -> dict[str, Any]:
@@ -220,8 +244,9 @@ def list_submissions(request, leaderboard: str | None = None, limit: int = 50, o
         "runs__gpu_type", "runs__submission")
     if leaderboard:
         qs = qs.filter(leaderboard__name=leaderboard)
+    if not 1 <= limit <= 100:
+        raise HttpError(400, "limit must be between 1 and 100")
     check_offset(offset)
-    limit = max(1, min(limit, 200))
     rows = []
     for s in qs[offset:offset + limit]:
         runs = list(s.runs.all())
@@ -244,7 +269,10 @@ class JoinIn(Schema):
 
 @api.post("/user/join")
 def join(request, body: JoinIn):
-    membership = access.do_join(request.auth, body.code)
+    try:
+        membership = access.do_join(request.auth, body.code)
+    except AccessDenied as exc:  # KernelBot: every refused code (unknown, expired, used up) is a 400
+        raise HttpError(400, exc.message) from None
     invite = membership.invite
     boards = [membership.leaderboard.name] + ([b.name for b in invite.more_leaderboards.all()] if invite else [])
     return {"status": "ok", "leaderboard": boards[0], "leaderboards": boards}
@@ -273,26 +301,54 @@ class SwitchIn(Schema):
 @admin.post("/start")
 def admin_start(request):
     access.do_set_accepting_jobs(True)
-    return {"status": "ok", "accepting_jobs": True}
+    return {"status": "ok", "accepts_jobs": True, "accepting_jobs": True}
 
 
 @admin.post("/stop")
 def admin_stop(request):
     access.do_set_accepting_jobs(False, "stopped by an administrator")
-    return {"status": "ok", "accepting_jobs": False}
+    return {"status": "ok", "accepts_jobs": False, "accepting_jobs": False}
+
+
+def _seconds(value: timedelta | None) -> float | None:
+    return None if value is None else value.total_seconds()
 
 
 @admin.get("/stats")
-def admin_stats(request, last_day_only: bool = False):
-    since = timezone.now() - timedelta(days=1) if last_day_only else None
+def admin_stats(request, last_day_only: bool = False, leaderboard_name: str | None = None):
+    """KernelBot's stats (its names: per runner, i.e. GPU type, `num_run.<gpu>` …; `num_unique_codes` for all time,
+    the ten heaviest users' run time `total.<user id>` for the last day), with ours beside them."""
     subs = Submission.objects.filter(leaderboard__internal=False)  # not the pool health checks
-    subs = subs.filter(created__gte=since) if since else subs
+    if last_day_only:
+        subs = subs.filter(created__gte=timezone.now() - timedelta(days=1))
+    if leaderboard_name:
+        subs = subs.filter(leaderboard__name=leaderboard_name)
     runs = Run.objects.filter(submission__in=subs)
-    return {"accepting_jobs": access.accepting_jobs().accepting, "num_submissions": subs.count(),
-            "num_users": subs.values("user").distinct().count(),
-            "num_leaderboards": Leaderboard.objects.filter(internal=False).count(),
-            "runs_by_status": dict(runs.values_list("status").annotate(n=Count("pk")).order_by()),
-            "num_unique_codes": subs.values("code").distinct().count()}
+    active = runs.filter(status__in=ACTIVE_STATUSES)
+    stats: dict[str, Any] = {"num_submissions": subs.count(),
+                             "sub_waiting": subs.filter(runs__in=active).distinct().count(),
+                             "num_users": subs.values("user").distinct().count()}
+    delay = ExpressionWrapper(F("started_at") - F("submission__created"), output_field=DurationField())
+    runtime = ExpressionWrapper(F("finished_at") - F("started_at"), output_field=DurationField())
+    for row in runs.values("gpu_type__name").annotate(
+            n=Count("pk"), passed=Count("pk", filter=Q(passed=True)), scored=Count("score"),
+            secret=Count("pk", filter=Q(secret=True)), max_delay=Max(delay), avg_delay=Avg(delay),
+            total=Sum(runtime)).order_by("gpu_type__name"):
+        gpu = row["gpu_type__name"]
+        stats |= {f"num_run.{gpu}": row["n"], f"runs_passed.{gpu}": row["passed"], f"runs_scored.{gpu}": row["scored"],
+                  f"runs_secret.{gpu}": row["secret"], f"max_delay.{gpu}": _seconds(row["max_delay"]),
+                  f"avg_delay.{gpu}": _seconds(row["avg_delay"]), f"total_runtime.{gpu}": _seconds(row["total"])}
+    if last_day_only:
+        heavy = runs.filter(finished_at__isnull=False, started_at__isnull=False).values("submission__user").annotate(
+            total=Sum(runtime)).order_by("-total")[:10]
+        stats |= {f"total.{row['submission__user']}": _seconds(row["total"]) for row in heavy}
+    else:
+        stats["num_unique_codes"] = subs.values("code").distinct().count()
+    boards = Leaderboard.objects.filter(internal=False)
+    stats |= {"accepting_jobs": access.accepting_jobs().accepting,  # ours
+              "num_leaderboards": (boards.filter(name=leaderboard_name) if leaderboard_name else boards).count(),
+              "runs_by_status": dict(runs.values_list("status").annotate(n=Count("pk")).order_by())}
+    return {"status": "ok", "stats": stats}
 
 
 @admin.get("/submissions/{submission_id}")
@@ -303,7 +359,8 @@ def admin_get_submission(request, submission_id: int):
         raise Http404(f"Submission {submission_id} not found.")
     runs = submission.runs.select_related("gpu_type").order_by("gpu_type", "secret")
     # KernelBot's admin answer holds each run whole (its runs.json): secret runs' errors and logs too
-    return {**detail_of(submission, RunView.ALL), "status": "ok", "runs_json": [run_out(r, RunView.ALL) for r in runs]}
+    detail = detail_of(submission, RunView.ALL)
+    return {**detail, "status": "ok", "submission": detail, "runs_json": [run_out(r, RunView.ALL) for r in runs]}
 
 
 @admin.delete("/submissions/{submission_id}")
@@ -319,8 +376,7 @@ def admin_delete_submission(request, submission_id: int):
 def admin_delete_submissions_of_user(request, leaderboard_id: int, user_name: str):
     """KernelBot's bulk delete: every submission of `user_name` (user name or id) on a leaderboard."""
     board = Leaderboard.objects.filter(pk=leaderboard_id).first()
-    user = get_user_model().objects.filter(Q(username=user_name) | Q(pk__in=[user_name] if user_name.isdigit()
-                                                                     else [])).first()
+    user = _user(user_name)
     if board is None or user is None:
         raise Http404(f"Unknown leaderboard {leaderboard_id}." if board is None else f"Unknown user '{user_name}'.")
     doomed = list(Submission.objects.filter(leaderboard=board, user=user))
@@ -374,8 +430,8 @@ def inside_problems_dir(relative: str) -> Path:
         exists = target.exists()
     except OSError as exc:  # a name longer than the file system allows, …
         raise HttpError(400, f"'directory' is not a usable path: {exc.strerror}.") from None
-    if not exists:
-        raise HttpError(404, f"'{relative[:200]}' does not exist under the problems directory.")
+    if not exists:  # KernelBot: "Invalid problem directory", a 400
+        raise HttpError(400, f"'{relative[:200]}' does not exist under the problems directory.")
     return target
 
 
@@ -390,14 +446,15 @@ def admin_create_leaderboard(request, body: CreateLeaderboardIn):
         if deadline <= timezone.now() and not body.past_deadline:
             raise HttpError(400, f"deadline {deadline:%Y-%m-%d %H:%M} UTC is in the past: the leaderboard would be "
                             "closed at once. Correct it, or send past_deadline=true.")
-        report = do_import_task(task, leaderboard=body.name or target.name.replace("_", "-"), deadline=deadline,
-                                gpus=body.gpus, force=body.force, past_deadline=body.past_deadline,
-                                collection=target.parent.name)
+        name = body.name or target.name.replace("_", "-")
+        report = do_import_task(task, leaderboard=name, deadline=deadline, gpus=body.gpus, force=body.force,
+                                past_deadline=body.past_deadline, collection=target.parent.name)
     except TaskFileError as exc:
         raise HttpError(400, str(exc)) from exc
     except ImportRejected as exc:
         raise HttpError(400, "; ".join(exc.errors)) from exc
-    return {"status": "ok", "created": report.created, "updated": report.updated, "unchanged": report.unchanged}
+    return {"status": "ok", "leaderboard": name, "created": report.created, "updated": report.updated,
+            "unchanged": report.unchanged}
 
 
 @admin.delete("/leaderboards/{name}")
@@ -406,7 +463,7 @@ def admin_delete_leaderboard(request, name: str, force: bool = False):
     if leaderboard is None:
         raise Http404(f"Unknown leaderboard '{name}'.")
     count = actions.do_delete_leaderboard(leaderboard, force=force)
-    return {"status": "ok", "leaderboard": name, "deleted_submissions": count}
+    return {"status": "ok", "leaderboard": name, "force": force, "deleted_submissions": count}
 
 
 class UpdateProblemsIn(Schema):
@@ -657,9 +714,13 @@ class BanIn(Schema):
     reason: Text = ""
 
 
+def _user(ident: str):
+    """A user by id (KernelBot's user_id; ours is the account's number) or user name."""
+    return get_user_model().objects.filter(Q(username=ident) | Q(pk__in=[ident] if ident.isdigit() else [])).first()
+
+
 def _ban_target(body: BanIn):
-    user = get_user_model().objects.filter(Q(username=body.user) | Q(pk__in=[body.user] if body.user.isdigit()
-                                                                       else [])).first()
+    user = _user(body.user)
     if user is None:
         raise Http404(f"Unknown user '{body.user}'.")
     leaderboard = None
@@ -681,6 +742,37 @@ def admin_ban(request, body: BanIn):
 def admin_unban(request, body: BanIn):
     user, leaderboard = _ban_target(body)
     return {"status": "ok", "removed": access.do_unban(user, leaderboard)}
+
+
+# KernelBot's bans: everywhere, by user id; declared before the three-segment submission route (urls.py)
+@admin.post("/ban/{user_id}")
+def admin_ban_user(request, user_id: str):
+    user = _user(user_id)
+    if user is None:
+        raise Http404(f"User {user_id} not found")
+    access.do_ban(user, None)
+    return {"status": "ok", "user_id": user_id, "banned": True}
+
+
+@admin.delete("/ban/{user_id}")
+def admin_unban_user(request, user_id: str):
+    user = _user(user_id)
+    if user is None:
+        raise Http404(f"User {user_id} not found")
+    access.do_unban(user, None)
+    return {"status": "ok", "user_id": user_id, "banned": False}
+
+
+class VisibilityIn(Schema):
+    visibility: Literal["public", "closed"]
+
+
+@admin.post("/leaderboards/{leaderboard}/visibility")
+def admin_set_visibility(request, leaderboard: str, body: VisibilityIn):
+    board = _board(leaderboard)
+    board.visibility = body.visibility
+    board.save(update_fields=["visibility"])  # its post_save receiver forgets the cached board
+    return {"status": "ok", "leaderboard": board.name, "visibility": body.visibility}
 
 
 api.add_router("/admin", admin)

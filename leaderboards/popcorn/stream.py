@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from kernelbot.api_errors import error_response
@@ -20,8 +20,8 @@ HEARTBEAT = 15.0
 
 @csrf_exempt
 async def stream_submit(request: HttpRequest, leaderboard: str, gpu: str, mode: str) -> HttpResponse:
-    if request.method != "POST":  # no other route has this shape: a path not served
-        return JsonResponse({"detail": "Not Found"}, status=404)
+    if request.method != "POST":  # as KernelBot: the path is served, the method is not (JSON: the middleware's)
+        return HttpResponseNotAllowed(["POST"])
     try:
         user = await in_pool(cli_user, request)
         file_name, content = read_upload(request)

@@ -122,12 +122,12 @@ def admin_token(settings):
 def test_admin_routes_need_the_admin_token(client, admin_token, popcorn, leaderboard):
     assert client.post("/popcorn/admin/stop").status_code == 401
     assert client.post("/popcorn/admin/stop", headers={"Authorization": "Bearer wrong"}).status_code == 401
-    assert json.loads(client.post("/popcorn/admin/stop", headers=ADMIN).content)["accepting_jobs"] is False
+    assert json.loads(client.post("/popcorn/admin/stop", headers=ADMIN).content)["accepts_jobs"] is False
     response = popcorn.submit(leaderboard.name, "CPU", "test", GOOD)
     assert response.status_code == 503 and "paused" in error_text(response)
     client.post("/popcorn/admin/start", headers=ADMIN)
     sub_id = json.loads(popcorn.submit(leaderboard.name, "CPU", "test", GOOD).content)["details"]["id"]
-    stats = json.loads(client.get("/popcorn/admin/stats", headers=ADMIN).content)
+    stats = json.loads(client.get("/popcorn/admin/stats", headers=ADMIN).content)["stats"]
     assert stats["num_submissions"] == 1 and stats["accepting_jobs"] is True
     assert json.loads(client.get(f"/popcorn/admin/submissions/{sub_id}", headers=ADMIN).content)["id"] == sub_id
     assert client.delete(f"/popcorn/admin/submissions/{sub_id}", headers=ADMIN).status_code == 200

@@ -58,20 +58,39 @@ def test_generate_invites_for_several_boards_and_a_count(client, admin_token, po
         assert refused.status_code == 400, refused.content
 
 
-@pytest.mark.parametrize("method,path", [
-    ("get", "/popcorn/no/such/route"),
-    ("get", "/popcorn/vectoradd/CPU/test"),  # the SSE submit route's shape, not a POST
-    ("put", "/popcorn/a/b/c"),
-    ("get", "/popcorn/definitely-not-a-route"),
-    ("get", "/popcorn/user/submissions/1/extra"),
+METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH")
+
+
+@pytest.mark.parametrize("path,served", [
+    ("/popcorn/no-such-route", ()),
+    ("/popcorn/definitely/not/a/route/at/all", ()),
+    ("/popcorn/user/submissions/1/extra", ()),
+    ("/popcorn/health", ("GET",)),
+    ("/popcorn/admin/leaderboards/some-board/visibility", ("POST",)),
+    ("/popcorn/admin/ban/7", ("POST", "DELETE")),
+    ("/popcorn/vectoradd/CPU/test", ("POST",)),  # the SSE submit route's shape
 ])
-def test_a_path_not_served_is_a_json_404_in_popcorns_format(client, method, path):
-    answer = getattr(client, method)(path)
-    assert answer.status_code == 404 and answer["Content-Type"] == "application/json", answer.content
-    assert answer.json() == {"detail": "Not Found"}
+def test_a_path_or_method_not_served_is_json_never_html_or_a_csrf_page(path, served):
+    """As KernelBot (FastAPI): a path it does not serve is a 404, a method a path does not serve a 405, both JSON,
+    whatever the method and without any CSRF token."""
+    from django.test import Client
+
+    strict = Client(enforce_csrf_checks=True)
+    for method in METHODS:
+        if method in served:
+            continue
+        answer = strict.generic(method, path, b"{}", content_type="application/json")
+        expected = 405 if served else 404
+        assert answer.status_code == expected and answer["Content-Type"] == "application/json", (method,
+                                                                                                  answer.content)
+        if served:
+            assert set(answer["Allow"].replace(" ", "").split(",")) == set(served)
+            assert answer.json()["detail"].startswith(f"{method} is not allowed on {path}")
+        else:
+            assert answer.json() == {"detail": "Not Found"}
 
 
-def test_runner_queue_submissions_and_count_of_a_board(client, leaderboard):
+def test_runner_queue_submissions_and_count_of_a_board(client, leaderboard, cpu_pool):
     alice, bob = UserFactory(username="alice"), UserFactory(username="bob")
     for user, ratio in ((alice, 2.0), (bob, 1.0)):
         sub = submission(leaderboard, user)
@@ -83,7 +102,9 @@ def test_runner_queue_submissions_and_count_of_a_board(client, leaderboard):
 
     queue = client.get("/popcorn/runner_queue/CPU")
     assert queue.status_code == 200 and queue.json()["queued_jobs"] == 2 and queue.json()["gpu"] == "CPU"
-    assert client.get("/popcorn/runner_queue/NOPE").status_code == 404
+    assert queue.json()["status"] == "available" and queue.json()["runner"] == cpu_pool.name
+    unknown = client.get("/popcorn/runner_queue/NOPE")  # KernelBot: a 200 that says so
+    assert unknown.status_code == 200 and unknown.json()["status"] == "unavailable", unknown.content
 
     rows = client.get(f"/popcorn/submissions/{leaderboard.name}/CPU").json()
     assert [(r["user_name"], r["rank"]) for r in rows] == [("bob", 1), ("alice", 2)]
@@ -270,3 +291,116 @@ def test_update_problems_downloads_off_the_sync_thread_and_still_answers_with_it
     health_status, took, (status, result) = asyncio.run(scenario())
     assert health_status == 200 and took < 1.0, took  # not behind the 2 s download
     assert status == 200 and {"vectoradd", "softmax"} <= set(result["created"]) and result["errors"] == []
+
+
+def test_every_route_kernelbot_declares_with_its_status_and_field_names(client, admin_token, popcorn, leaderboard,
+                                                                        alice, cpu_pool):
+    """gpu-mode/kernelbot's src/kernelbot/api/main.py, route by route (in its order): the statuses it answers and the
+    fields it names; ours may add fields beside them."""
+    def call(method: str, path: str, body: dict | None = None, headers: dict | None = None, status: int = 200):
+        answer = client.generic(method, f"/popcorn/{path}", json.dumps(body) if body is not None else b"",
+                                content_type="application/json", headers=headers or {})
+        assert answer.status_code == status, (method, path, answer.content)
+        assert answer["Content-Type"].startswith("application/json"), (method, path, answer.content)
+        return answer.json()
+
+    assert call("GET", "health") == {"status": "ok"}
+    assert set(call("GET", "auth/init?provider=discord")) == {"state"}
+
+    # bans, declared before the three-segment submission route: not parsed as a submission to board "admin"
+    assert call("POST", f"admin/ban/{alice.pk}", headers=ADMIN) == {"status": "ok", "user_id": str(alice.pk),
+                                                                    "banned": True}
+    banned = popcorn.submit(leaderboard.name, "CPU", "test", GOOD)
+    assert banned.status_code == 403 and "banned" in error_text(banned)
+    assert call("DELETE", f"admin/ban/{alice.pk}", headers=ADMIN) == {"status": "ok", "user_id": str(alice.pk),
+                                                                      "banned": False}
+    assert "not found" in call("POST", "admin/ban/999999", headers=ADMIN, status=404)["detail"]
+    call("DELETE", "admin/ban/999999", headers=ADMIN, status=404)
+    call("POST", f"admin/ban/{alice.pk}", status=401)  # the admin token, not a CLI id
+
+    accepted = popcorn.submit(leaderboard.name, "CPU", "leaderboard", GOOD)
+    assert accepted.status_code == 200, accepted.content
+    sub_id = accepted.json()["details"]["id"]
+    assert accepted.json()["status"] == "accepted"
+    assert {"runner", "gpu", "queued_jobs", "status"} <= set(accepted.json()["runner_queue"])
+
+    assert call("POST", "admin/stop", headers=ADMIN)["accepts_jobs"] is False
+    assert call("POST", "admin/start", headers=ADMIN) == {"status": "ok", "accepts_jobs": True, "accepting_jobs": True}
+
+    missing = call("POST", "admin/leaderboards", {"directory": "no/such/problem"}, ADMIN, status=400)
+    assert "does not exist" in missing["detail"]
+    created = call("POST", "admin/leaderboards", {"directory": "demo/softmax_py", "name": "softmax-dev",
+                                                  "gpus": ["CPU"]}, ADMIN)
+    assert created["status"] == "ok" and created["leaderboard"] == "softmax-dev"
+    assert call("DELETE", "admin/leaderboards/softmax-dev?force=true", headers=ADMIN)["force"] is True
+    listed = call("GET", f"admin/leaderboards/{leaderboard.name}/submissions", headers=ADMIN)
+    assert listed["submission_ids"] == [sub_id] and {"status", "leaderboard", "limit", "offset"} <= set(listed)
+
+    # stats: {"status": "ok", "stats": {...}} in KernelBot's names, with its two filters
+    Run.objects.filter(submission_id=sub_id, secret=False).update(status=RunStatus.SUCCEEDED, passed=True, score=1e-3,
+                                                                  started_at=timezone.now(), finished_at=timezone.now())
+    old = submission(leaderboard, alice, created=timezone.now() - timedelta(days=3))
+    stats = call("GET", "admin/stats", headers=ADMIN)
+    assert stats["status"] == "ok" and stats["stats"]["num_submissions"] == 2, stats
+    assert stats["stats"]["num_run.CPU"] == 4 and stats["stats"]["runs_passed.CPU"] == 1
+    assert {"sub_waiting", "num_users", "num_unique_codes", "runs_scored.CPU", "total_runtime.CPU"} <= set(
+        stats["stats"])
+    recent = call("GET", "admin/stats?last_day_only=true", headers=ADMIN)["stats"]
+    assert recent["num_submissions"] == 1 and "num_unique_codes" not in recent and f"total.{alice.pk}" in recent
+    assert call("GET", "admin/stats?leaderboard_name=other", headers=ADMIN)["stats"]["num_submissions"] == 0
+
+    whole = call("GET", f"admin/submissions/{sub_id}", headers=ADMIN)
+    assert whole["status"] == "ok" and whole["submission"]["id"] == sub_id
+    call("GET", "admin/submissions/999999", headers=ADMIN, status=404)
+    assert call("DELETE", f"admin/submissions/{old.pk}", headers=ADMIN) == {"status": "ok",
+                                                                             "submission_id": old.pk}
+
+    assert [b["name"] for b in call("GET", "leaderboards")] == [leaderboard.name]
+    assert call("GET", f"gpus/{leaderboard.name}") == ["CPU"]
+    queue = call("GET", "runner_queue/CPU")
+    assert {"runner", "gpu", "queued_jobs", "running_jobs", "available_runners", "status", "error"} <= set(queue)
+    assert queue["status"] == "available" and queue["error"] is None
+    assert isinstance(call("GET", f"submissions/{leaderboard.name}/CPU"), list)
+    assert set(call("GET", f"submission_count/{leaderboard.name}/CPU")) == {"count"}
+
+    mine = popcorn.get("user/submissions")
+    assert mine.status_code == 200 and [s["id"] for s in mine.json()] == [sub_id]
+    for limit in (0, 101):
+        refused = popcorn.get(f"user/submissions?limit={limit}")
+        assert refused.status_code == 400 and "limit must be between 1 and 100" in error_text(refused)
+    detail = popcorn.get(f"user/submissions/{sub_id}").json()
+    assert {"id", "leaderboard_id", "leaderboard_name", "file_name", "user_id", "submission_time", "done", "code",
+            "runs", "job", "runner_queue"} <= set(detail)
+    assert detail["runner_queue"]["gpu"] == "CPU" and detail["runner_queue"]["runner"] == cpu_pool.name
+    Run.objects.filter(submission_id=sub_id).update(status=RunStatus.SUCCEEDED, passed=True)
+    done = popcorn.get(f"user/submissions/{sub_id}").json()
+    assert done["done"] is True and done["runner_queue"]["gpu"] == "CPU"  # as KernelBot: not null while it has runs
+
+    # invites, visibility, rate limits, join
+    codes = call("POST", "admin/invites", {"leaderboards": [leaderboard.name], "count": 1}, ADMIN)
+    assert {"status", "leaderboards", "codes"} <= set(codes)
+    assert call("POST", f"admin/leaderboards/{leaderboard.name}/visibility", {"visibility": "closed"}, ADMIN) == {
+        "status": "ok", "leaderboard": leaderboard.name, "visibility": "closed"}
+    assert Leaderboard.objects.get(pk=leaderboard.pk).visibility == Visibility.CLOSED
+    call("POST", f"admin/leaderboards/{leaderboard.name}/visibility", {"visibility": "secret"}, ADMIN, status=400)
+    call("POST", "admin/leaderboards/nope/visibility", {"visibility": "closed"}, ADMIN, status=404)
+    other = UserFactory()
+    from leaderboards.access.actions import do_create_token
+    others = {"X-Popcorn-Cli-Id": do_create_token(other)[1]}
+    assert call("POST", "user/join", {"code": codes["codes"][0]}, popcorn.headers()) == {
+        "status": "ok", "leaderboard": leaderboard.name, "leaderboards": [leaderboard.name]}
+    used_up = call("POST", "user/join", {"code": codes["codes"][0]}, others, status=400)
+    assert "used up" in used_up["detail"]
+    assert "invites" in call("GET", f"admin/leaderboards/{leaderboard.name}/invites", headers=ADMIN)
+    assert call("DELETE", f"admin/invites/{codes['codes'][0]}", headers=ADMIN)["status"] == "ok"
+    limits = f"admin/leaderboards/{leaderboard.name}/rate-limits"
+    assert call("PUT", limits, {"mode_category": "test", "max_submissions_per_hour": 5}, ADMIN)["status"] == "ok"
+    assert call("GET", limits, headers=ADMIN)["rate_limits"][0]["max_submissions_per_hour"] == 5
+    assert call("DELETE", f"{limits}/test", headers=ADMIN)["mode_category"] == "test"
+
+    bad_export = call("POST", "admin/export-hf", {"leaderboard_ids": [leaderboard.pk], "filename": "x.csv"}, ADMIN,
+                      status=400)
+    assert "filename" in bad_export["detail"]
+    call("POST", "admin/update-problems", {"repository": "x/y", "visibility": "secret"}, ADMIN, status=400)
+    assert call("DELETE", f"user/submissions/{sub_id}", headers=popcorn.headers()) == {"status": "ok",
+                                                                                      "submission_id": sub_id}
