@@ -26,7 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from leaderboards.models import REFUSED_TALLY, Run, RunAttempt, RunStatus, Submission, Tally
-from runners.models import Node, NodeService, agents_live_since
+from runners.models import Node, NodeService, agents_live_since, node_state
 from runners.reservations.models import Reservation, ReservationStatus
 
 BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
@@ -121,7 +121,7 @@ class FleetCollector:
                                   labels=["pool", "node", "index"])
         for pool, service, seen, hostname, samples in rows:
             alive = seen is not None and seen >= live
-            state = service if alive or service != NodeService.IN_SERVICE else NodeService.NO_AGENT
+            state = node_state(service, seen, live)
             found[(pool, state)] = found.get((pool, state), 0) + 1
             for sample in samples if alive else []:
                 labels = [pool, hostname, str(sample["index"])]

@@ -34,7 +34,7 @@ from .schemas import (
     SubmissionOut,
     SubmissionPageOut,
 )
-from .serializers import job_state, run_out, submission_scores
+from .serializers import job_state, run_out, submission_scores, submission_standing
 
 router = Router(tags=["leaderboards"])
 MAX_PAGE = 10**6
@@ -130,6 +130,7 @@ def submission_out(submission: Submission, runs: list[Run], view: RunView, queue
     return {"id": submission.pk, "leaderboard": submission.leaderboard.name, "file_name": submission.file_name,
             "mode": submission.mode, "created": submission.created, "done": done, "status": status,
             "rerun_of": finals.rerun_of(submission), "score": min(scores.values(), default=None), "scores": scores,
+            "standing": submission_standing(submission, runs),
             "runs": [{**r, "tests": [case(c) for c in r["tests"]], "benchmarks": [case(c) for c in r["benchmarks"]]}
                      for r in shown], "queue": queue}
 

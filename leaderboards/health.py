@@ -36,6 +36,7 @@ CHECK_DIR = Path(__file__).resolve().parent / "health_check"
 CHECK_BOARD = "_pool-health-check"
 CHECK_USER = "kernelbot-health-check"
 CHECK_HOOK = "leaderboards.health.do_finish_pool_checks"  # a check's run calls it with its id when it ends
+OWN_CHECK = "a node's own check (its agent registered): running"  # a pending check not part of a round
 
 
 def check_user():
@@ -76,8 +77,31 @@ def do_start_pool_check(pool: GpuPool) -> list[PoolCheck]:
             return _start_round(GpuPool.objects.select_for_update().get(pk=pool.pk))
 
 
+def do_start_node_check(node: Node) -> list[PoolCheck]:
+    """Check one node of a node agents' pool now (its agent registered while its pool fails or after it failed a check):
+    a check run of each of its GPU types pinned to it, unless one is running or the node cannot take it. Its pass
+    brings the node, and a pool failing for want of one, back at once (`do_finish_pool_checks`)."""
+    for tries in (1, 2):
+        try:
+            with transaction.atomic():
+                pool = GpuPool.objects.select_for_update().get(pk=node.pool_id)
+                node = Node.objects.get(pk=node.pk)
+                if not pool.is_local or not node.enabled or node.service == NodeService.SANDBOX or \
+                        pool.checks.filter(node=node, outcome=CheckOutcome.PENDING).exists():
+                    return []
+                gpu_types = list(GpuType.objects.filter(gpus__node=node, gpus__enabled=True).distinct().order_by(
+                    "name"))
+                checks = _check_runs(pool, gpu_types, node, timezone.now()) if gpu_types else []
+                PoolCheck.objects.filter(pk__in=[c.pk for c in checks]).update(detail=OWN_CHECK)
+                return checks
+        except IntegrityError:  # the check problem or board was created at the same moment: once more
+            if tries == 2:
+                raise
+    return []
+
+
 def _start_round(pool: GpuPool) -> list[PoolCheck]:
-    if pool.checks.filter(outcome=CheckOutcome.PENDING).exists():
+    if pool.checks.filter(outcome=CheckOutcome.PENDING).exclude(detail=OWN_CHECK).exists():
         return []
     now = timezone.now()
     checks = _node_checks(pool, now) if pool.is_local else _remote_checks(pool, now)
@@ -103,6 +127,7 @@ def _node_checks(pool: GpuPool, now) -> list[PoolCheck]:
     mode, is out of service with the reason; every other node gets a check run of each of its GPU types pinned to
     it (its outcome puts the node out of service or back)."""
     nodes = list(pool.nodes.filter(enabled=True, gpus__enabled=True).distinct().order_by("hostname"))
+    own = set(pool.checks.filter(outcome=CheckOutcome.PENDING).values_list("node_id", flat=True))
     if not nodes:
         return [PoolCheck.objects.create(pool=pool, started_at=now, finished_at=now, outcome=CheckOutcome.FAILING,
                                          detail="no enabled device to check")]
@@ -121,6 +146,8 @@ def _node_checks(pool: GpuPool, now) -> list[PoolCheck]:
         elif found.problem:
             why = found.problem
             node.set_service(NodeService.SANDBOX, why)
+        elif node.pk in own:  # its own check runs: that one checks it
+            continue
         else:
             do_check_node_sandbox(node)
             checks.append(PoolCheck.objects.create(

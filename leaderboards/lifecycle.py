@@ -37,7 +37,16 @@ from runners.harness.device import OOM_UNKNOWN_FLAG, UNKNOWN_PREFIX
 from runners.harness.probe import device_is
 from runners.harness.result import NEEDS_CUDA, NEEDS_CUDA_FLAG, PROBLEM_BROKEN, PROBLEM_ERROR_FLAG
 from runners.jobs import gpu_count, job_payload, run_limits, sandbox_uid, total_timeout
-from runners.models import Gpu, GpuPool, GpuType, Node, NodeService, RunnerBackendName, agents_live_since
+from runners.models import (
+    NO_AGENT_HEARD,
+    Gpu,
+    GpuPool,
+    GpuType,
+    Node,
+    NodeService,
+    RunnerBackendName,
+    agents_live_since,
+)
 from runners.queue import enqueue, enqueue_on_commit
 from runners.reservations import allocator
 
@@ -224,6 +233,9 @@ def do_mark_running(run_id: int, attempt: int, *, deadline_seconds: int | None =
         run = _locked_run(run_id)
         if run.attempt != attempt or run.status not in (RunStatus.DISPATCHED, RunStatus.RUNNING):
             return False
+        if run.status == RunStatus.RUNNING and run.started_at == run.dispatched_at:  # a node agent's claim's job
+            run.started_at = timezone.now()
+            run.save(update_fields=["started_at"])
         if run.status == RunStatus.DISPATCHED:
             run.update_status(RunStatus.RUNNING, deadline_seconds=deadline_seconds or running_deadline(run, remote))
             if remote and placement and placement[1]:
@@ -404,6 +416,10 @@ def _claim_one(node: Node, gpus: list[Gpu]) -> dict | None:
                                                             last_news_at=timezone.now())
             run.update_status(RunStatus.RUNNING, deadline_seconds=settings.RUN_HEARTBEAT_DEADLINE,
                               runner=f"{node.pool.name} / {node.hostname}"[:60])
+            # its devices are chosen now: the wait for them was its queue (`dispatched_at` stamped when it was handed
+            # to the pool, before any device was free); `started_at` moves on when the agent fetches the job
+            run.dispatched_at = run.started_at
+            Run.objects.filter(pk=run.pk).update(dispatched_at=run.started_at)
             first = next(g for g in gpus if g.pk == held[0])
             return {"run": run.pk, "attempt": run.attempt, "nonce": attempt.nonce, "devices": devices,
                     "token": attempt_token(node.pool, run.pk, run.attempt, attempt.nonce),
@@ -679,7 +695,30 @@ def do_reap_overdue_runs(now=None) -> int:
     for run_id in lost:
         dispatch_run(run_id)
     do_resend_run_hooks(now)
+    do_mark_silent_nodes()  # agents' liveness is read against the clock, whatever `now` the reaper was given
     return reaped
+
+
+def do_mark_silent_nodes(now=None) -> int:
+    """Every node of a local pool in service whose agent was heard from once but not within KERNELBOT_AGENT_DEADLINE
+    is out of service, no agent (what `Node.state` already reads), and the runs its agent held are retried now: the
+    row, the admin, the health API and /metrics agree within a reaper's tick. Its agent's next ask puts it back
+    (`do_node_heartbeat`). Returns how many nodes."""
+    live = (now or timezone.now()) - timedelta(seconds=settings.AGENT_DEADLINE)
+    silent = list(Node.objects.filter(pool__backend=RunnerBackendName.LOCAL, service=NodeService.IN_SERVICE,
+                                      agent_seen_at__lt=live))
+    for node in silent:
+        if not Node.objects.filter(pk=node.pk, service=NodeService.IN_SERVICE, agent_seen_at__lt=live).update(
+                service=NodeService.NO_AGENT, service_since=now or timezone.now(),
+                service_detail=NO_AGENT_HEARD.format(hostname=node.hostname, seconds=settings.AGENT_DEADLINE)):
+            continue  # its agent asked meanwhile
+        held = RunAttempt.objects.filter(pool_id=node.pool_id, external_id__startswith=f"node:{node.pk}:",
+                                         number=F("run__attempt"),
+                                         run__status__in=[RunStatus.DISPATCHED, RunStatus.RUNNING])
+        for run_id, number in held.values_list("run_id", "number"):
+            do_report_failure(run_id, number, f"the agent on {node.hostname} was not heard from within "
+                                              f"{settings.AGENT_DEADLINE} s while running it")
+    return len(silent)
 
 
 def do_run_hook(run_id: int):

@@ -34,11 +34,11 @@ from runners.actions import NodeRejected, do_register_agent
 from runners.backends.base import runner_key
 from runners.harness.agent import runner_token
 from runners.harness.node import node_token
-from runners.models import Gpu, GpuPool, Node, NodeService
+from runners.models import Gpu, GpuPool, Node, NodeService, PoolHealth
 from runners.reservations import allocator, keys
 from runners.reservations.models import DeviceHold, HoldKind
 
-from . import lifecycle
+from . import health, lifecycle
 from .models import Run, RunAttempt, RunStatus
 
 log = logging.getLogger(__name__)
@@ -213,6 +213,8 @@ def node_register(request: HttpRequest, pool: GpuPool, hostname: str, body: dict
     if registration.back_in_service:
         lifecycle.node_back_in_service(registration.node)
     node = registration.node
+    if pool.health == PoolHealth.FAILING or node.service == NodeService.FAILED_CHECK:
+        health.do_start_node_check(node)  # it proves itself now, not at the next round
     gpus = node.gpus.select_related("gpu_type").order_by("index")
     return JsonResponse({"node": node.pk, "retried": retried, "out_of_service": node.service_detail, "devices": [
         {"index": g.index, "gpu_type": g.gpu_type.name, "enabled": g.enabled} for g in gpus]})

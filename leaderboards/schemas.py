@@ -117,15 +117,17 @@ class RunOut(Schema):
     ratio_high: float | None
     error: str
     queued_at: datetime
-    dispatched_at: datetime | None = Field(description="When its current attempt was handed to a runner pool.")
+    dispatched_at: datetime | None = Field(description="When its current attempt got a device: a node agent claimed it "
+                                           "(for a remote pool: when the service was handed it).")
     started_at: datetime | None
     finished_at: datetime | None
     seconds: dict[str, float] = Field(
-        description="Where the run's time went, in order: queue (queued to dispatched), dispatch (dispatched to "
-        "started on a runner), harness_start (the harness's parent and its sandboxed child up, torch imported), "
-        "device_context, problem (loading the problem and calibrating data movement), import (the submission's), "
-        "tests, benchmarks, ranked, teardown (profile in profile runs). Only the phases the run went through; the "
-        "harness's phases only where its timings may be seen (not a secret run's, except to staff).")
+        description="Where the run's time went, in order: queue (waiting for a device: queued to dispatched), "
+        "dispatch (from then until the agent has the job), harness_start (the harness's parent and its sandboxed "
+        "child up, torch imported), device_context, problem (loading the problem and calibrating data movement), "
+        "import (the submission's), tests, reference (starting the reference's own child), benchmarks, ranked, "
+        "teardown (profile in profile runs). Only the phases the run went through; the harness's phases only where "
+        "its timings may be seen (not a secret run's, except to staff).")
     progress: dict[str, Any]
     tests: list[CaseOut]
     benchmarks: list[CaseOut]
@@ -140,6 +142,16 @@ class RerunOfOut(Schema):
     submission_id: int = Field(description="The submission this re-runs (its author's, made before the deadline).")
     round: int = Field(description="Which re-run of it this is, from 1.")
     final_id: int = Field(description="The final standings it was made for.")
+
+
+class StandingOut(Schema):
+    score: float = Field(description="As in `scores`.")
+    ratio: float | None = Field(description="The ranked ratio to the reference (the run `score` comes from), with its "
+                                "95 % interval: what the board ranks on.")
+    ratio_low: float | None
+    ratio_high: float | None = Field(description="null: unbounded.")
+    rank: int | None = Field(description="Its rank on the board while it is its user's entry there; else null.")
+    tied: bool = Field(description="Statistically tied with the entry ranked just above (the board's ≈).")
 
 
 class SubmissionOut(Schema):
@@ -160,6 +172,8 @@ class SubmissionOut(Schema):
                                      "the time of its public or secret run, whichever ranks lower (the larger "
                                      "ratio to the reference; the longer time when a run has none); otherwise its "
                                      "public run's time.")
+    standing: dict[str, StandingOut] = Field(
+        default_factory=dict, description="GPU type → what ranks the submission there, as the board shows it.")
     runs: list[RunOut]
     queue: QueueOut | None
 

@@ -11,7 +11,7 @@ from typing import Any
 from runners.harness.result import PROBLEM_BROKEN
 
 from .access.authority import RunView, may_see_run_details
-from .models import TERMINAL_STATUSES, Run, RunStatus, SubmissionMode
+from .models import TERMINAL_STATUSES, BoardEntry, Run, RunStatus, Submission, SubmissionMode
 from .ranking import Interval, slower_run
 
 SCORE_RULES = {SubmissionMode.LEADERBOARD: "the time of its public or secret run, whichever ranks lower (the larger "
@@ -105,8 +105,9 @@ PHASE_NAMES = {"queue": "queued", "dispatch": "dispatch", "harness_start": "harn
 
 
 def phase_seconds(run: Run, result: dict[str, Any]) -> dict[str, float]:
-    """Where the run's time went: queue (queued to dispatched), dispatch (dispatched to started on a runner), then the
-    harness's phases from `result` (empty when the viewer may not see timings)."""
+    """Where the run's time went: queue (queued until a device was chosen: `dispatched_at`), dispatch (from then until
+    the agent has the job: `started_at`), then the harness's phases from `result` (empty when the viewer may not see
+    timings)."""
     spans = {"queue": (run.queued_at, run.dispatched_at), "dispatch": (run.dispatched_at, run.started_at)}
     out = {name: round((end - start).total_seconds(), 3) for name, (start, end) in spans.items()
            if start is not None and end is not None and end >= start}
@@ -169,6 +170,22 @@ def submission_results(mode: str, runs: Iterable[Run]) -> dict[str, tuple[float,
 def submission_scores(mode: str, runs: Iterable[Run]) -> dict[str, float]:
     """`submission_results` without the ratios."""
     return {gpu: score for gpu, (score, _) in submission_results(mode, runs).items()}
+
+
+def submission_standing(submission: Submission, runs: Iterable[Run]) -> dict[str, dict[str, Any]]:
+    """GPU type name → what ranks the submission there, as its board row shows it: its score, the ranked ratio with
+    its 95 % interval, and, while it is its user's entry on the board, its rank and whether it is statistically
+    tied with the entry above (rank None: not on the board). Every front-end shows this one."""
+    results = submission_results(submission.mode, runs)
+    entries = {e.gpu_type.name: e for e in BoardEntry.objects.filter(submission=submission).select_related("gpu_type")
+               .with_rank()} if results and submission.mode == SubmissionMode.LEADERBOARD else {}
+    out = {}
+    for gpu, (score, ratio) in results.items():
+        entry = entries.get(gpu)
+        out[gpu] = {"score": score, "ratio": ratio and ratio.value, "ratio_low": ratio and ratio.low,
+                    "ratio_high": None if ratio is None or math.isinf(ratio.high) else ratio.high,
+                    "rank": entry and entry.rank, "tied": bool(entry and entry.tied)}
+    return out
 
 
 def score_rule(mode: str) -> str:

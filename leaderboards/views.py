@@ -26,7 +26,15 @@ from .errors import AccessDenied, Refused, SubmissionRejected
 from .health import CHECK_USER
 from .history import board_history
 from .models import Board, BoardEntry, FinalEntry, FinalStatus, Leaderboard, Run, Submission, number_rows
-from .serializers import Outcome, phase_line, run_out, score_rule, submission_results, submission_scores
+from .serializers import (
+    Outcome,
+    phase_line,
+    run_out,
+    score_rule,
+    submission_results,
+    submission_scores,
+    submission_standing,
+)
 from .web_forms import SubmitForm
 
 LOG_PREVIEW = 8 * 1024
@@ -150,6 +158,8 @@ def submission(request: HttpRequest, pk: int) -> HttpResponse:
         "sub": sub, "runs": runs, "scores": submission_scores(sub.mode, runs), "score_rule": score_rule(sub.mode),
         "show_code": view >= RunView.DETAILS, "staff_view": view is RunView.ALL,
         "done": all(r.is_terminal for r in runs),
+        "standing": {gpu: {**row, "interval": interval_text(row["ratio"], row["ratio_low"], row["ratio_high"])}
+                     for gpu, row in submission_standing(sub, runs).items() if row["ratio"] is not None},
     })
 
 

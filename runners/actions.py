@@ -271,11 +271,11 @@ def runner_health(staff: bool) -> dict:
     types = dict(GpuType.objects.values_list("pk", "name"))
     found = {types[pk]: why for pk, why in gpu_availability(types).items()}
     answer: dict = {"gpu_types": found}
-    if staff:
-        answer["nodes_out_of_service"] = [
-            {"pool": pool, "hostname": hostname, "service": service, "reason": detail}
-            for pool, hostname, service, detail in Node.objects.filter(enabled=True, pool__enabled=True,
-                                                                       pool__backend=RunnerBackendName.LOCAL)
-            .exclude(service=NodeService.IN_SERVICE).order_by("pool__name", "hostname")
-            .values_list("pool__name", "hostname", "service", "service_detail")]
+    if staff:  # each node's state as the admin and /metrics read it (`Node.state`)
+        live = agents_live_since()
+        nodes = Node.objects.filter(enabled=True, pool__enabled=True, pool__backend=RunnerBackendName.LOCAL).exclude(
+            service=NodeService.IN_SERVICE, agent_seen_at__gte=live).select_related("pool").order_by("pool__name",
+                                                                                                     "hostname")
+        answer["nodes_out_of_service"] = [{"pool": n.pool.name, "hostname": n.hostname, "service": n.state,
+                                           "reason": n.state_detail} for n in nodes]
     return answer

@@ -24,7 +24,7 @@ from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.http import require_POST
 
 from .actions import NodeRejected, check_local_devices, check_one_pool, claim_mismatch, probe_this_machine
-from .models import CheckOutcome, Gpu, GpuPool, GpuType, Node, PoolCheck, PoolHealth
+from .models import CheckOutcome, Gpu, GpuPool, GpuType, Node, NodeService, PoolCheck, PoolHealth
 from .pools import (
     MEMORY_FIX_DOC,
     BackendChoice,
@@ -78,14 +78,17 @@ def agent_html(node: Node) -> SafeString:
         seen = f" (last seen {node.agent_seen_at:%Y-%m-%d %H:%M} UTC)" if node.agent_seen_at else ""
         agent = format_html('<span style="color:#c33">✘ no agent on {}{}: its devices get no run</span>', node.hostname,
                             seen)
-    return format_html("{} {}", agent, service_html(node)) if not node.in_service else agent
+    return format_html("{} {}", agent, service_html(node)) if node.state != NodeService.IN_SERVICE else agent
 
 
 def service_html(node: Node) -> SafeString:
-    if node.in_service:
-        return mark_safe('<span style="color:#2a7">✔ in service</span>')
-    since = f" since {node.service_since:%Y-%m-%d %H:%M} UTC" if node.service_since else ""
-    return format_html('<span style="color:#c33">✖ out of service{}: {}</span>', since, node.service_detail)
+    """Its state as /metrics and the health API read it (`Node.state`)."""
+    if node.state == NodeService.IN_SERVICE:
+        return mark_safe('<span style="color:#2a7" data-state="in_service">✔ in service</span>')
+    since = f" since {node.service_since:%Y-%m-%d %H:%M} UTC" if node.service_since and node.state == node.service \
+        else ""
+    return format_html('<span style="color:#c33" data-state="{}">✖ out of service{}: {}</span>', node.state, since,
+                       node.state_detail)
 
 
 @admin.register(Node)
@@ -333,7 +336,8 @@ class GpuPoolAdmin(admin.ModelAdmin):
         failing = pool.health == PoolHealth.FAILING
         began = getattr(pool, "failing_since", None)  # get_queryset's: when the failure began, not the last check
         since = f" since {began:%Y-%m-%d %H:%M} UTC" if failing and began else ""
-        out = [n.hostname for n in self.enabled(pool) if not n.in_service] if pool.pk and pool.is_local else []
+        out = [n.hostname for n in self.enabled(pool) if n.state != NodeService.IN_SERVICE] \
+            if pool.pk and pool.is_local else []
         note = f" ({', '.join(out)} out of service)" if out and not failing else ""
         return format_html('<span style="color:{}" title="{}">{} {}{}{}</span>', colour,
                            pool.health_detail if failing else "", mark, pool.get_health_display(), since, note)

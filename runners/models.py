@@ -131,6 +131,18 @@ def agents_live_since():
     return timezone.now() - timedelta(seconds=settings.AGENT_DEADLINE)
 
 
+def node_state(service: str, agent_seen_at: datetime | None, live_since: datetime) -> str:
+    """The one reading of a local pool's node that the admin, the health API and /metrics show: its `service`, but no
+    agent for a node in service whose agent was not heard from since `live_since` (`agents_live_since`), which the
+    reaper also records on the row within seconds (`lifecycle.do_mark_silent_nodes`)."""
+    if service == NodeService.IN_SERVICE and (agent_seen_at is None or agent_seen_at < live_since):
+        return NodeService.NO_AGENT
+    return service
+
+
+NO_AGENT_HEARD = "no agent heard from on {hostname} within {seconds} s: its devices get no run"
+
+
 class Node(models.Model):
     pool = models.ForeignKey(GpuPool, on_delete=models.CASCADE, related_name="nodes")
     hostname = models.CharField(max_length=120)
@@ -170,6 +182,17 @@ class Node(models.Model):
     @property
     def in_service(self) -> bool:
         return self.service == NodeService.IN_SERVICE
+
+    @property
+    def state(self) -> str:
+        """`node_state`: its service as everything shows it."""
+        return node_state(self.service, self.agent_seen_at, agents_live_since())
+
+    @property
+    def state_detail(self) -> str:
+        if self.state == self.service:
+            return self.service_detail
+        return NO_AGENT_HEARD.format(hostname=self.hostname, seconds=settings.AGENT_DEADLINE)
 
     def set_service(self, service: str, detail: str = "") -> bool:
         """Record whether the node is in service and why not (its row only); True when that changed."""

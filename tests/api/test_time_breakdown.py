@@ -13,6 +13,7 @@ from django.utils import timezone
 from leaderboards import lifecycle
 from leaderboards.access.actions import do_create_token
 from leaderboards.models import Run
+from leaderboards.serializers import phase_seconds
 
 from ..factories import UserFactory, ranked_result, submission
 from ..leaderboards.test_lifecycle import dispatch
@@ -68,3 +69,24 @@ def test_the_submission_page_shows_the_breakdown_in_one_line(client, finished):
             "ranked 3.0 s · teardown 0.1 s"
             ) in page
     assert "Where the time went: queued 2.0 s · dispatch 0.5 s</p>" in page  # the secret run's
+
+
+@pytest.mark.django_db
+def test_queue_is_the_wait_for_a_device_and_dispatch_ends_when_the_agent_has_the_job(cpu_pool, leaderboard):
+    """Issue 49: a run handed to a local pool at submit time that waits a minute for a free device shows that minute
+    as its queue, not as dispatch."""
+    run = submission(leaderboard, mode="test").runs.get()
+    lifecycle.dispatch_run(run.pk)
+    waited = timezone.now() - timedelta(minutes=1)
+    Run.objects.filter(pk=run.pk).update(queued_at=waited, dispatched_at=waited + timedelta(milliseconds=50))
+    [claim] = lifecycle.do_claim_runs(cpu_pool.nodes.get(), [0])  # a device is chosen now
+    run.refresh_from_db()
+    assert run.dispatched_at == run.started_at > waited + timedelta(minutes=1)
+    assert lifecycle.do_mark_running(run.pk, claim["attempt"])  # the agent fetches the job
+    run.refresh_from_db()
+    fetched = run.started_at
+    assert fetched > run.dispatched_at
+    assert lifecycle.do_mark_running(run.pk, claim["attempt"]) and Run.objects.get(pk=run.pk).started_at == fetched
+    seconds = phase_seconds(run, {})
+    assert seconds["queue"] == round((run.dispatched_at - waited).total_seconds(), 3) >= 60
+    assert seconds["dispatch"] == round((fetched - run.dispatched_at).total_seconds(), 3)

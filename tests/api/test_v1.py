@@ -132,3 +132,5 @@ def test_rankings_and_runs_carry_the_ratio_its_interval_and_ties(client, leaderb
     mine = client.get(f"/api/v1/submissions/{rows[0]['submission_id']}", headers=bearer(alice)).json()
     public = next(r for r in mine["runs"] if not r["secret"])
     assert (public["ratio"], public["ratio_low"], public["ratio_high"]) == ratios[0]
+    assert mine["standing"] == {"CPU": {"score": mine["scores"]["CPU"], "ratio": 0.5, "ratio_low": 0.48,
+                                        "ratio_high": 0.52, "rank": 1, "tied": False}}

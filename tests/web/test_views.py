@@ -78,6 +78,13 @@ def test_leaderboard_page_shows_ratio_interval_and_statistical_ties(client, lead
     rows = re.findall(r'<tr data-user="\d+"( class="tied")?', page)
     assert [bool(tied) for tied in rows] == [False, True, False]  # racer1 cannot be told from racer0
     assert "statistically" in page
+    # each submission's page shows what ranks it, as the board does: the ratio, its interval, the rank and the ≈
+    subs = list(Submission.objects.filter(leaderboard=leaderboard).order_by("pk"))
+    tied = client.get(f"/s/{subs[1].pk}/").content.decode()
+    assert re.search(r'id="standing">.*<strong>0\.520× \(0\.470–0\.570\)</strong>.* rank 2 <span class="tie-key"',
+                     tied)
+    clear = client.get(f"/s/{subs[2].pk}/").content.decode()
+    assert "0.900× (0.880–0.920)" in clear and "rank 3" in clear and 'class="tie-key"' not in clear
 
 
 def test_task_files_and_templates_download_but_nothing_else(client, leaderboard):
