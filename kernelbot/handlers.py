@@ -1,6 +1,8 @@
 """The HTTP side of kernelbot.asgi: Django's ASGI handler run like a WSGI sync worker."""
 
+import ipaddress
 import json
+import logging
 import tempfile
 
 from asgiref.sync import sync_to_async
@@ -12,6 +14,8 @@ from leaderboards.popcorn.api import UPDATE_PROBLEMS_PATH, prefetch
 from leaderboards.runner_api import node_wait
 
 NODE_WAIT_PATH = "/api/runner/v1/nodes/wait"
+log = logging.getLogger(__name__)
+_bound: set[str] = set()  # the server addresses this process has checked
 
 
 class BodyTooLarge(Exception):
@@ -35,6 +39,8 @@ class SyncWorkerASGIHandler(ASGIHandler):
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             raise ValueError(f"Django can only handle ASGI/HTTP connections, not {scope['type']}.")
+        if (server := scope.get("server")) and server[0] not in _bound:
+            past_the_proxy(str(server[0]))
         if (size := declared_length(scope)) > settings.MAX_REQUEST_BYTES:
             await too_large(scope, send, size)  # before a byte of the body is read
             return
@@ -77,6 +83,24 @@ class SyncWorkerASGIHandler(ASGIHandler):
 
     async def get_response_async(self, request):
         return await sync_to_async(self.get_response, thread_sensitive=True)(request)
+
+
+def past_the_proxy(host: str) -> bool:
+    """With KERNELBOT_TRUSTED_PROXY_COUNT set, X-Forwarded-For names the client the login limits count, so granian must
+    be reachable only through the proxy: warn, once per process and address, when it serves one that is not loopback
+    (granian's ASGI scope names the address it binds, 0.0.0.0 included)."""
+    _bound.add(host)
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a unix socket: only what can open it reaches it
+    if loopback or not settings.ALLAUTH_TRUSTED_PROXY_COUNT:
+        return False
+    log.warning("KERNELBOT_TRUSTED_PROXY_COUNT=%s trusts X-Forwarded-For, but granian serves %s, not only loopback: "
+                "a client that reaches it without the proxy chooses the address the login limits count. Bind it to "
+                "127.0.0.1 (deploy/systemd/kernelbot-web.service) or firewall it to the proxy "
+                "(docs/operations.md)", settings.ALLAUTH_TRUSTED_PROXY_COUNT, host)
+    return True
 
 
 def declared_length(scope) -> int:

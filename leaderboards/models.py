@@ -22,6 +22,7 @@ from .access.models import (  # noqa: F401
     Ban,
     Invite,
     JobSwitch,
+    KnownClient,
     Membership,
     PendingLogin,
     QuotaKind,

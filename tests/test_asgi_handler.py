@@ -10,6 +10,7 @@ import pytest
 from asgiref.sync import iscoroutinefunction
 from asgiref.testing import ApplicationCommunicator
 
+from kernelbot import handlers
 from kernelbot.handlers import SyncWorkerASGIHandler
 from leaderboards.access.actions import do_create_token
 from leaderboards.actions import check_submission, do_submit
@@ -127,3 +128,33 @@ def test_a_chunked_body_past_the_limit_is_dropped_not_kept(settings):
     assert start["status"] == 413 and not unread
     assert body == b'{"detail": "The request body is too large: it passed the limit, where this server takes at most ' \
                    b'1048576 (KERNELBOT_MAX_REQUEST_BYTES)."}'
+
+
+@pytest.mark.parametrize(("host", "proxies", "warned"), [
+    ("0.0.0.0", 1, True), ("10.0.0.5", 2, True), ("::", 1, True), ("127.0.0.1", 1, False), ("::1", 1, False),
+    ("0.0.0.0", 0, False), ("/run/kernelbot.sock", 1, False)])
+def test_granian_serving_past_its_proxy_is_warned_about_when_forwarded_addresses_are_trusted(settings, monkeypatch,
+                                                                                            host, proxies, warned):
+    settings.ALLAUTH_TRUSTED_PROXY_COUNT = proxies  # KERNELBOT_TRUSTED_PROXY_COUNT
+    monkeypatch.setattr(handlers, "_bound", set())
+    assert handlers.past_the_proxy(host) is warned
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_handler_warns_once_per_address_that_granian_binds(settings, caplog, monkeypatch):
+    settings.ALLAUTH_TRUSTED_PROXY_COUNT = 1
+    monkeypatch.setattr(handlers, "_bound", set())
+
+    async def twice(server: tuple[str, int]) -> None:
+        for _ in range(2):
+            scope = {**http_scope("/api/v1/health", []), "server": server}
+            comm = ApplicationCommunicator(SyncWorkerASGIHandler(), scope)
+            await comm.send_input({"type": "http.request", "body": b"", "more_body": False})
+            assert (await comm.receive_output(10))["status"] == 200
+            await comm.receive_output(10)
+            await comm.wait(10)
+
+    asyncio.run(twice(("127.0.0.1", 8000)))
+    assert "X-Forwarded-For" not in caplog.text
+    asyncio.run(twice(("0.0.0.0", 8000)))
+    assert caplog.text.count("granian serves 0.0.0.0, not only loopback") == 1

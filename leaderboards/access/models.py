@@ -156,3 +156,19 @@ class JobSwitch(models.Model):
     def save(self, *args, **kwargs) -> None:
         self.pk = 1  # one switch: a second row would be read by nothing
         super().save(*args, **kwargs)
+
+
+class KnownClient(models.Model):
+    """Where an account logged in before: an address (an IPv6 address's /64) or a browser (the site's device cookie),
+    as a keyed digest only (leaderboards.access.adapter). Failed logins from elsewhere never refuse the right password
+    from one of these."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="known_clients")
+    digest = models.CharField(max_length=64)
+    last_login = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "digest"], name="one_known_client_per_digest")]
+
+    def __str__(self) -> str:
+        return f"{self.user}'s client {self.digest[:8]}"

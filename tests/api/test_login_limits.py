@@ -11,7 +11,7 @@ import json
 import pytest
 from django.test import Client
 
-from leaderboards.access.models import ApiToken
+from leaderboards.access.models import ApiToken, KnownClient
 
 from ..factories import UserFactory
 
@@ -137,3 +137,56 @@ def test_a_malformed_account_cap_is_refused_when_the_settings_load():
     done = subprocess.run([sys.executable, "-c", "import django; django.setup()"], env=env, capture_output=True,
                           text=True)
     assert done.returncode != 0 and "KERNELBOT_LOGIN_FAILURES_PER_ACCOUNT='50/h/key'" in done.stderr
+
+
+def test_failures_from_many_addresses_never_lock_the_owner_out_where_they_logged_in_before(client, dave):
+    """Issue 51: 100 wrong passwords from 20-25 addresses refused the right one everywhere for an hour. After 200
+    failures from 40 addresses (each under its own limit; API and site) the per-account cap refuses a fresh address,
+    but not the owner's right password from an address (API, site) or a browser (its device cookie) that logged in
+    before."""
+    assert api_login(client, "dave", "correct horse", address="198.51.100.7").status_code == 201
+    browser = Client(REMOTE_ADDR="198.51.100.8")
+    assert site_login(browser, "dave", "correct horse", address="198.51.100.8").status_code == 302
+    device = browser.cookies["kb_device"].value
+    answers = []
+    for i in range(200):
+        address = f"203.0.113.{i % 40}"
+        if i % 2:
+            page = site_login(Client(), "dave", f"wrong {i}", address=address).content.decode()
+            answers.append(401 if "not correct" in page else 429 if SITE_REFUSAL in page else 0)
+        else:
+            answers.append(api_login(client, "dave", f"wrong {i}", address=address).status_code)
+    assert answers == [401] * 100 + [429] * 100  # brute force meets the per-account cap (100 an hour)
+    refused = api_login(client, "dave", "correct horse", address="192.0.2.1")
+    assert refused.status_code == 429 and int(refused["Retry-After"]) == 3600  # a fresh address: refused
+    assert api_login(client, "dave", "correct horse", address="198.51.100.7").status_code == 201
+    assert site_login(Client(), "dave", "correct horse", address="198.51.100.7").status_code == 302
+    returning = Client(REMOTE_ADDR="192.0.2.2")
+    returning.cookies["kb_device"] = device
+    assert site_login(returning, "dave", "correct horse", address="192.0.2.2").status_code == 302
+    assert returning.session["_auth_user_id"] == str(dave.pk)
+    erin = UserFactory(username="erin")
+    erin.set_password("battery staple")
+    erin.save()
+    assert api_login(client, "erin", "battery staple", address="198.51.100.7").status_code == 201
+    assert api_login(client, "dave", "wrong", address="198.51.100.7").status_code == 401  # still counted there
+    # three addresses (198.51.100.7 and .8, 192.0.2.2), two browsers (the returning one kept its cookie): digests only
+    assert KnownClient.objects.filter(user=dave).count() == 5
+    assert returning.cookies["kb_device"].value == device
+    assert not KnownClient.objects.filter(digest__contains="198.51").exists()
+
+
+def test_an_ipv6_owner_is_known_by_their_slash_64_and_a_device_cookie_only_for_its_account(client, dave, settings):
+    settings.ACCOUNT_RATE_LIMITS = {**settings.ACCOUNT_RATE_LIMITS, "login_failed_account": "8/h/key"}
+    assert api_login(client, "dave", "correct horse", address="2001:db8:1::5").status_code == 201
+    browser = Client(REMOTE_ADDR="198.51.100.8")
+    assert site_login(browser, "dave", "correct horse", address="198.51.100.8").status_code == 302
+    for i in range(8):
+        assert api_login(client, "dave", "guess", address=f"203.0.113.{i}").status_code == 401
+    assert api_login(client, "dave", "correct horse", address="2001:db8:1::99").status_code == 201  # same /64
+    assert api_login(client, "dave", "correct horse", address="2001:db8:2::5").status_code == 429
+    for i in range(8):
+        assert api_login(client, "erin", "guess", address=f"203.0.113.{i}").status_code == 401
+    stranger = Client(REMOTE_ADDR="192.0.2.9")
+    stranger.cookies["kb_device"] = browser.cookies["kb_device"].value  # dave's browser, another account
+    assert SITE_REFUSAL in site_login(stranger, "erin", "guess", address="192.0.2.9").content.decode()
