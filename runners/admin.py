@@ -136,7 +136,7 @@ class GpuPoolForm(forms.ModelForm):
 
     class Meta:
         model = GpuPool
-        fields = ["name", "backend", "enabled", "memory_limit_mib", "disk_limit_mib"]
+        fields = ["name", "backend", "enabled", "memory_limit_mib", "disk_limit_mib", "cpus_per_device"]
         labels = {"backend": "Runs on"}
 
     def __init__(self, *args, **kwargs):
@@ -309,7 +309,8 @@ class GpuPoolAdmin(admin.ModelAdmin):
                 .with_failing_since().prefetch_related(nodes))
 
     def get_fieldsets(self, request: HttpRequest, obj: GpuPool | None = None):
-        fieldsets = [(None, {"fields": ["name", "backend", "enabled", "memory_limit_mib", "disk_limit_mib"]})]
+        fieldsets = [(None, {"fields": ["name", "backend", "enabled", "memory_limit_mib", "disk_limit_mib",
+                                        "cpus_per_device"]})]
         for choice in configurable_backends():
             names = [settings_field(choice.name, n) for n in choice.options.base_fields]
             fieldsets.append((f"{choice.label} settings", {

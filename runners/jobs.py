@@ -32,6 +32,8 @@ def pool_limits(pool: GpuPool | None) -> dict[str, int]:
         limits["tree_memory_bytes"] = pool.memory_limit_mib << 20
     if pool is not None and pool.disk_limit_mib:
         limits["disk_bytes"] = pool.disk_limit_mib << 20
+    if pool is not None and pool.cpus_per_device:
+        limits["cpus_per_device"] = pool.cpus_per_device
     return limits
 
 

@@ -111,6 +111,12 @@ class GpuPool(models.Model):
                     MaxValueValidator(1 << 24, "At most 16 TiB (16777216 MiB).")],
         help_text="What one run's files in its working directory may take together (measured; the run is killed "
                   "past it). Empty: 1024 MiB.")
+    cpus_per_device = models.PositiveSmallIntegerField(
+        "CPU cores per device", null=True, blank=True,
+        validators=[MinValueValidator(1, "At least 1 core."), MaxValueValidator(1024, "At most 1024 cores.")],
+        help_text="CPU cores one run may use per device it holds on a node of this pool (its cpu cgroup's quota; "
+                  "never more than the node has). Empty: its devices' share of the node's cores less max(1, 1/8) "
+                  "kept for the host, at least one core.")
 
     objects = GpuPoolQuerySet.as_manager()
 

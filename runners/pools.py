@@ -91,6 +91,7 @@ class Containment:
     state: str  # a Contained value
     why: str  # the memory cgroup in use ("v2 /sys/fs/cgroup/..."), or why there is none
     mode: str  # its KERNELBOT_SANDBOX ("" when unknown)
+    cpu: str = ""  # what limits a run's CPU there (probe's `cpu_limit`), "" when not reported
 
     @property
     def problem(self) -> str:
@@ -114,10 +115,12 @@ class Containment:
     @property
     def summary(self) -> str:
         if self.state == Contained.CGROUP:
-            return f"{self.hostname}: each run's memory is contained by a cgroup in {self.why}"
-        if self.state == Contained.UNKNOWN:
+            text = f"{self.hostname}: each run's memory is contained by a cgroup in {self.why}"
+        elif self.state == Contained.UNKNOWN:
             return f"{self.hostname}: {self.why}"
-        return self.problem or self.warning
+        else:
+            text = self.problem or self.warning
+        return f"{text}; CPU: {self.cpu}" if self.cpu else text
 
 
 def containment(hostname: str, facts: dict | None) -> Containment:
@@ -125,8 +128,8 @@ def containment(hostname: str, facts: dict | None) -> Containment:
     if not facts or "memory_cgroup" not in facts:
         return Containment(hostname, Contained.UNKNOWN, "not reported yet (a health check reports it for a pool on "
                            "this machine, manage.py register_node with the node's current probe for another)", "")
-    mode = str(facts.get("mode") or "auto")
+    mode, cpu = str(facts.get("mode") or "auto"), str(facts.get("cpu_limit") or "")
     if facts["memory_cgroup"]:
-        return Containment(hostname, Contained.CGROUP, str(facts["memory_cgroup"]), mode)
+        return Containment(hostname, Contained.CGROUP, str(facts["memory_cgroup"]), mode, cpu)
     why = str(facts.get("memory_cgroup_error") or "no memory cgroup is usable")
-    return Containment(hostname, Contained.REFUSED if mode == "require" else Contained.PER_PROCESS, why, mode)
+    return Containment(hostname, Contained.REFUSED if mode == "require" else Contained.PER_PROCESS, why, mode, cpu)

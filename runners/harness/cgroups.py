@@ -18,6 +18,12 @@ Processes of the whole tree (`create(limit, processes=N)`): the pids controller'
 where `pids` is in the parent's `cgroup.subtree_control`) or in a group of the same name in the v1 pids hierarchy
 (the parent's path there: the runner's own pids group, or KERNELBOT_CGROUP's path under the pids mount); a fork past
 it fails and `pids.events` counts it (`group.forks_refused()`). Without a usable pids controller the run has none.
+
+CPU of the whole tree (`create(..., cpus=C)`): the cpu controller's bandwidth limit, C cores' worth of time every
+CPU_PERIOD_US, in the same group (v2 `cpu.max`, where `cpu` is in the parent's `cgroup.subtree_control`) or in a
+group of the same name in the v1 cpu hierarchy (`cpu.cfs_period_us`/`cpu.cfs_quota_us`); the tree also weighs as one
+task against the host's processes there, however many it forks. Without a usable cpu controller the run has none
+(`group.cpus` is 0; sandbox.py then lowers its priority instead).
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ import time
 
 _counter = itertools.count()
 PREFIX = "kernelbot-"
+CPU_PERIOD_US = 100_000
+MIN_QUOTA_US = 1_000  # the kernel's floor for a quota
 
 
 class CgroupUnavailable(RuntimeError):
@@ -98,18 +106,52 @@ def _usable(version: str, directory: str) -> str:
 
 
 class MemoryGroup:
-    def __init__(self, path: str, version: str, limit: int, pids_path: str | None = None, processes: int = 0):
-        """pids_path: the group holding its process limit (v2: `path` itself; v1: the pids hierarchy's), if any."""
+    def __init__(self, path: str, version: str, limit: int, pids_path: str | None = None, processes: int = 0,
+                 cpu_path: str | None = None, cpus: float = 0.0):
+        """pids_path / cpu_path: the group holding its process / CPU limit (v2: `path` itself; v1: the pids / cpu
+        hierarchy's), if any; cpus: its CPU limit in cores (0: none)."""
         self.path, self.version, self.limit = path, version, limit
         self.pids_path, self.processes = pids_path, processes
+        self.cpu_path, self.cpus = cpu_path, cpus
+        self.unthrottled = False
 
     def _file(self, name: str) -> str:
         return os.path.join(self.path, name)
 
+    def _twins(self) -> list[str]:
+        """Its groups in other v1 hierarchies (pids, cpu)."""
+        return list(dict.fromkeys(p for p in (self.pids_path, self.cpu_path) if p and p != self.path))
+
     def open_procs(self) -> list[int]:
-        """What the forked child writes "0" to: the group, and its v1 pids group."""
-        paths = [self.path] + ([self.pids_path] if self.pids_path and self.pids_path != self.path else [])
-        return [os.open(os.path.join(p, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC) for p in paths]
+        """What the forked child writes "0" to: the group, and its v1 pids and cpu groups."""
+        return [os.open(os.path.join(p, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC) for p in [self.path,
+                                                                                               *self._twins()]]
+
+    def cpu_stat(self) -> dict[str, int]:
+        """Its cpu controller's `cpu.stat` (v2: usage_usec, throttled_usec, ...; v1: nr_throttled, throttled_time
+        in ns, ...); {} without one."""
+        if not self.cpu_path:
+            return {}
+        try:
+            text = _read(os.path.join(self.cpu_path, "cpu.stat"))
+        except OSError:
+            return {}
+        return {key: int(value) for key, value in re.findall(r"^(\w+) (\d+)$", text, re.MULTILINE)}
+
+    def throttled_seconds(self) -> float:
+        """How long the tree waited, all its CPUs together, because it had used its CPU quota."""
+        stat = self.cpu_stat()
+        return stat.get("throttled_usec", 0) / 1e6 if self.version == "v2" else stat.get("throttled_time", 0) / 1e9
+
+    def unthrottle(self) -> None:
+        """Lift the CPU limit: a killed tree exits (frees its memory, unmaps torch) at full speed."""
+        if self.cpu_path and self.cpus and not self.unthrottled:
+            self.unthrottled = True
+            with contextlib.suppress(OSError):
+                if self.version == "v2":
+                    _write(os.path.join(self.cpu_path, "cpu.max"), "max")
+                else:
+                    _write(os.path.join(self.cpu_path, "cpu.cfs_quota_us"), "-1")
 
     def forks_refused(self) -> int:
         """Forks the process limit refused (pids.events `max`)."""
@@ -136,6 +178,7 @@ class MemoryGroup:
 
     def kill(self) -> None:
         """SIGKILL every process in the group, however it was forked or detached."""
+        self.unthrottle()
         if self.version == "v2" and os.path.exists(self._file("cgroup.kill")):
             with contextlib.suppress(OSError):
                 _write(self._file("cgroup.kill"), "1")
@@ -152,7 +195,7 @@ class MemoryGroup:
     def remove(self, timeout: float = 5.0) -> bool:
         self.kill()
         deadline = time.monotonic() + timeout
-        for path in [self.path] + ([self.pids_path] if self.pids_path and self.pids_path != self.path else []):
+        for path in [self.path, *self._twins()]:
             while True:
                 try:
                     os.rmdir(path)
@@ -163,7 +206,7 @@ class MemoryGroup:
                     if time.monotonic() > deadline:
                         return False
                     self.kill()
-                    if path != self.path:  # v1: what is left in the pids group
+                    if path != self.path:  # v1: what is left in the pids or cpu group
                         for pid in MemoryGroup(path, "v1", 0).pids():
                             with contextlib.suppress(ProcessLookupError, PermissionError):
                                 os.kill(pid, signal.SIGKILL)
@@ -172,26 +215,34 @@ class MemoryGroup:
 
 
 class MemoryParent:
-    def __init__(self, version: str, path: str, pids: str | None = None):
-        """pids: where process-limited groups go (v2: `path`, when it may; v1: a pids-hierarchy directory), or None."""
-        self.version, self.path, self.pids = version, path, pids
+    def __init__(self, version: str, path: str, pids: str | None = None, cpu: str | None = None):
+        """pids / cpu: where process- / CPU-limited groups go (v2: `path`, when it may; v1: a directory of the pids /
+        cpu hierarchy), or None."""
+        self.version, self.path, self.pids, self.cpu = version, path, pids, cpu
 
     def __str__(self) -> str:
         return f"{self.version} {self.path}"
 
-    def create(self, limit: int, processes: int = 0) -> MemoryGroup:
-        """A fresh group with the memory limit and, where a pids controller is usable, at most `processes` tasks."""
+    def create(self, limit: int, processes: int = 0, cpus: float = 0.0) -> MemoryGroup:
+        """A fresh group with the memory limit and, where a pids / cpu controller is usable, at most `processes`
+        tasks / `cpus` cores. A CPU limit the kernel refuses (v1: above a limit of the parent's own) is left out."""
         self._remove_stale()
         name = f"{PREFIX}{os.getpid()}-{next(_counter)}-{time.monotonic_ns()}"
         path = os.path.join(self.path, name)
         os.mkdir(path, 0o755)
         pids_path = os.path.join(self.pids, name) if self.pids and processes else None
-        group = MemoryGroup(path, self.version, limit, pids_path, processes)
+        cpu_path = os.path.join(self.cpu, name) if self.cpu and cpus > 0 else None
+        group = MemoryGroup(path, self.version, limit, pids_path, processes, cpu_path, cpus if cpu_path else 0.0)
         try:
+            for twin in group._twins():
+                os.mkdir(twin, 0o755)
             if pids_path:
-                if pids_path != path:
-                    os.mkdir(pids_path, 0o755)
                 _write(os.path.join(pids_path, "pids.max"), str(processes))
+            if cpu_path:
+                try:
+                    _set_cpu_limit(self.version, cpu_path, cpus)
+                except OSError:
+                    group.cpus = 0.0
             if self.version == "v2":
                 _write(group._file("memory.max"), str(limit))
                 _write(group._file("memory.oom.group"), "1")  # an OOM kills the whole tree, not one process
@@ -209,13 +260,22 @@ class MemoryParent:
 
     def _remove_stale(self) -> None:
         """Groups left by a runner that died before removing them (empty once their processes are gone)."""
-        for parent in {self.path, self.pids or self.path}:
+        for parent in {self.path, self.pids or self.path, self.cpu or self.path}:
             with contextlib.suppress(OSError):
                 for name in os.listdir(parent):
                     match = re.fullmatch(rf"{PREFIX}(\d+)-\d+-\d+", name)
                     if match and not _alive(int(match.group(1))):
                         with contextlib.suppress(OSError):
                             os.rmdir(os.path.join(parent, name))
+
+
+def _set_cpu_limit(version: str, path: str, cpus: float) -> None:
+    quota = max(MIN_QUOTA_US, round(cpus * CPU_PERIOD_US))
+    if version == "v2":
+        _write(os.path.join(path, "cpu.max"), f"{quota} {CPU_PERIOD_US}")
+    else:
+        _write(os.path.join(path, "cpu.cfs_period_us"), str(CPU_PERIOD_US))
+        _write(os.path.join(path, "cpu.cfs_quota_us"), str(quota))
 
 
 def _alive(pid: int) -> bool:
@@ -259,37 +319,44 @@ def _memory_parent(configured: str) -> MemoryParent:
         except OSError as exc:
             problems.append(f"cgroup {version}: cannot create a group in {directory}: {exc}")
             continue
-        parent.pids = _pids_parent(version, directory, configured)
+        parent.pids = _twin_parent("pids", version, directory, configured)
+        parent.cpu = _twin_parent("cpu", version, directory, configured)
         return parent
     raise CgroupUnavailable("; ".join(problems))
 
 
-def _pids_parent(version: str, directory: str, configured: str) -> str | None:
-    """Where process-limited groups go beside memory parent `directory`: itself (v2, pids enabled there), or the
-    same path in the v1 pids hierarchy (the configured memory path's, else this process's own pids group)."""
+def _twin_parent(controller: str, version: str, directory: str, configured: str) -> str | None:
+    """Where groups limited by `controller` (pids, cpu) go beside memory parent `directory`: itself (v2, the
+    controller enabled there), or the same path in the v1 controller's hierarchy (the configured memory path's, else
+    this process's own group there); None where no group there takes a limit."""
     if version == "v2":
         with contextlib.suppress(OSError):
-            if "pids" in _read(os.path.join(directory, "cgroup.subtree_control")).split():
+            if controller in _read(os.path.join(directory, "cgroup.subtree_control")).split():
                 return directory
         return None
     try:
-        pids = _own_groups("pids").get("v1")
+        own = _own_groups(controller).get("v1")
         memory = _own_groups("memory").get("v1")
     except (OSError, ValueError, IndexError):
         return None
-    if pids is None:
+    if own is None:
         return None
-    candidate = pids[1]
+    candidate = own[1]
     if configured and memory is not None:
         rel = os.path.relpath(directory, memory[0])
-        candidate = os.path.normpath(os.path.join(pids[0], rel))
-    if not (os.path.exists(os.path.join(candidate, "pids.max")) or os.path.exists(os.path.join(candidate, "tasks"))):
+        candidate = os.path.normpath(os.path.join(own[0], rel))
+    if not os.path.exists(os.path.join(candidate, "cgroup.procs")):
         return None
     name = os.path.join(candidate, f"{PREFIX}{os.getpid()}-probe-{time.monotonic_ns()}")
     try:
         os.mkdir(name)
-        _write(os.path.join(name, "pids.max"), "16")
-        os.rmdir(name)
+        try:
+            if controller == "pids":
+                _write(os.path.join(name, "pids.max"), "16")
+            else:
+                _set_cpu_limit("v1", name, 1.0)
+        finally:
+            os.rmdir(name)
     except OSError:
         return None
     return candidate

@@ -38,9 +38,13 @@ MODE_PHASES = {"test": ("test",), "benchmark": ("benchmark",), "profile": ("benc
 # disk_bytes: what the run's files in its workdir may take together (FSIZE bounds each file); a pool may set it.
 # processes: tasks (threads count) of a run's tree; honest torch/triton/OpenMP code on a 200-core node stays far below
 # 4096, and an unbounded fork bomb still reaches it within seconds (its first refused fork ends the tree).
+# process_count: processes (not threads) the tree may hold at once; 0: max(64, 32 per core of its CPU limit). A bomb
+# of expensive forks (a torch-loaded process) makes ~100 a second on a core: it meets this long before 4096 tasks.
+# cpus_per_device: the cores a run may use per device it holds (its cpu cgroup); 0: its devices' share of the node's
+# cores less a reserve for the host (sandbox.cpu_limit); a pool may set it.
 DEFAULT_LIMITS = {"memory_bytes": 16 << 30, "cpu_seconds": 3600, "processes": 4096, "file_size_bytes": 256 << 20,
                   "open_files": 256, "output_bytes": 64 << 10, "shm_bytes": 256 << 20, "tree_memory_bytes": 0,
-                  "runs_per_node": 1, "disk_bytes": 1 << 30}
+                  "runs_per_node": 1, "disk_bytes": 1 << 30, "process_count": 0, "cpus_per_device": 0}
 
 # Timing: stop at a 95 % CI within rel_ci of the mean, within sample and time budgets per case. The platform's
 # settings override these from the environment (KERNELBOT_REL_CI, ...).

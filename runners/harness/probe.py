@@ -113,7 +113,8 @@ def sandbox_facts() -> dict[str, Any]:
     """What a run's sandbox would have on this node, under this process's KERNELBOT_SANDBOX and KERNELBOT_CGROUP:
     `mode`; `backend` (bubblewrap, rlimits-only, or unavailable with `error`); `memory_cgroup`, the group runs' memory
     cgroups are nested in ("v2 /sys/fs/cgroup/..."), or None with `memory_cgroup_error` saying why none is usable;
-    `process_limit`, what bounds a run's processes ("pids cgroup", or the uid's RLIMIT_NPROC)."""
+    `process_limit`, what bounds a run's processes ("pids cgroup", or the uid's RLIMIT_NPROC); `cpu_limit`, what bounds
+    its CPU ("cpu cgroup v1 (...): each run gets its devices' share ...", or nice and RLIMIT_CPU, and why)."""
     from . import cgroups, sandbox
 
     try:
@@ -124,7 +125,8 @@ def sandbox_facts() -> dict[str, Any]:
     described = sandbox.describe()
     facts: dict[str, Any] = {"mode": mode, "backend": described.get("backend", "unavailable"),
                              "memory_cgroup": None, "memory_cgroup_error": "",
-                             "process_limit": described.get("processes", {}).get("bound_by")}
+                             "process_limit": described.get("processes", {}).get("bound_by"),
+                             "cpu_limit": _cpu_words(described.get("cpu"))}
     if described.get("error"):
         facts["error"] = described["error"]
     if mode == "none":
@@ -135,6 +137,15 @@ def sandbox_facts() -> dict[str, Any]:
     except cgroups.CgroupUnavailable as exc:
         facts["memory_cgroup_error"] = str(exc) or "no memory cgroup is usable"
     return facts
+
+
+def _cpu_words(cpu: dict | None) -> str | None:
+    if not cpu:
+        return None
+    if cpu.get("limit_cores") is None:
+        return str(cpu["bound_by"])
+    return (f"{cpu['bound_by']}: each run gets its devices' share of the {cpu['of_cores']} cores less a reserve "
+            f"({cpu['limit_cores']:g} on a node of one device) or the pool's cores per device")
 
 
 def probe() -> dict[str, Any]:

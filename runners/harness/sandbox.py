@@ -28,6 +28,18 @@ processes of a uid on the host (shared by every run of that uid), is then left a
 cannot leave its group (bubblewrap, or a dropped uid: a tree that kept this process's uid could write itself into
 another group's cgroup.procs). Otherwise, and without a pids controller, RLIMIT_NPROC is the bound too.
 
+Processes, not threads: besides `processes` tasks the tree may hold `process_count` processes at once (its group's
+cgroup.procs, watched every MEMORY_POLL_S; default max(64, 32 per core of its CPU limit)). A bomb of expensive forks
+(a torch-loaded process: milliseconds of page tables per fork) meets it within seconds, where it would take minutes
+to reach the task limit; honest thread pools (torch, OpenMP) count as one process each.
+
+CPU: the whole tree may use `cpu_limit` cores (cgroups.py: the cpu controller's quota, v1 or v2), by default its
+devices' share of the node's cores less a reserve for the host (the agent, the supervising parent, the web tier), at
+least one core; `cpus_per_device` (a pool's setting) per device instead. In its own cpu group the tree also weighs as
+one task against the host's processes however many it forks, so the parent that watches it keeps its CPU and ends a
+bomb at once. Where no cpu controller is usable the tree runs at nice NICE (it then only yields to the host) and
+RLIMIT_CPU bounds each process's CPU time; `describe()["cpu"]` says which.
+
 Disk: the files in the workdir together may take `disk_bytes` (FSIZE bounds each file): their size is measured every
 DISK_POLL_S and the tree killed past it ("disk limit exceeded", `disk_exceeded`); a run can overshoot by what it
 writes in that time.
@@ -91,6 +103,9 @@ MIN_MARGIN_BYTES = 2 << 30
 MIN_TREE_BYTES = 512 << 20
 DEFAULT_TREE_BYTES = 8 << 30  # a run's default memory: min(this, DEFAULT_TREE_SHARE of the host, its node's share)
 DEFAULT_TREE_SHARE = 0.4
+MIN_PROCESS_COUNT = 64
+PROCESSES_PER_CORE = 32
+NICE = 10  # the tree's priority where no cpu cgroup limits it
 
 
 class SandboxUnavailable(RuntimeError):
@@ -111,6 +126,8 @@ class Limits:
     tree_memory_bytes: int = DEFAULT_LIMITS["tree_memory_bytes"]
     runs_per_node: int = DEFAULT_LIMITS["runs_per_node"]  # runs this node may hold at once: its spare memory is split
     disk_bytes: int = DEFAULT_LIMITS["disk_bytes"]  # the workdir's files together (measured); 0: unbounded
+    process_count: int = DEFAULT_LIMITS["process_count"]  # processes (not threads) at once; 0: process_count_limit
+    cpus_per_device: int = DEFAULT_LIMITS["cpus_per_device"]  # cores per device the run holds; 0: cpu_limit's share
 
 
 @dataclasses.dataclass
@@ -126,6 +143,7 @@ class Outcome:
     memory_exceeded: bool = False  # the tree hit its memory cgroup limit and was killed
     disk_exceeded: bool = False  # its workdir's files passed disk_bytes and the tree was killed
     processes_exceeded: bool = False  # a fork past its process limit (pids cgroup) was refused and the tree killed
+    cpu_throttled_s: float = 0.0  # how long the tree waited for CPU past its cpu cgroup's quota (all CPUs together)
 
 
 def node_memory() -> tuple[int, int]:
@@ -140,6 +158,34 @@ def tree_memory_limit(limits: Limits, memory: tuple[int, int] | None = None) -> 
     total, usable = memory or node_memory()
     default = min(DEFAULT_TREE_BYTES, int(total * DEFAULT_TREE_SHARE), usable // max(1, limits.runs_per_node))
     return max(MIN_TREE_BYTES, min(limits.tree_memory_bytes or default, usable))
+
+
+def node_cores() -> int:
+    """The cores this process may run on (its affinity: a container's or a Slurm job's cpuset, not the host's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def cpu_limit(limits: Limits, devices: int, cores: int | None = None) -> float:
+    """Cores a run holding `devices` devices (0: a CPU run, one slot) may use: `cpus_per_device` each when set, else
+    their share of the node's cores less a reserve of max(1, 1/8) for the host, split between `runs_per_node`
+    slots; at least one core, never more than the node has."""
+    cores = cores or node_cores()
+    slots = max(1, devices)
+    if limits.cpus_per_device:
+        wanted = float(limits.cpus_per_device * slots)
+    else:
+        spare = cores - (max(1, cores // 8) if cores > 1 else 0)
+        wanted = spare * min(slots, max(1, limits.runs_per_node)) / max(1, limits.runs_per_node)
+    return round(min(float(cores), max(1.0, wanted)), 2)
+
+
+def process_count_limit(limits: Limits, cpus: float) -> int:
+    """Processes (not threads) the tree may hold at once: the configured number, else max(MIN_PROCESS_COUNT,
+    PROCESSES_PER_CORE per core of its CPU limit), never more than its task limit."""
+    return min(limits.processes, limits.process_count or max(MIN_PROCESS_COUNT, int(PROCESSES_PER_CORE * cpus)))
 
 
 def disk_usage(path: str) -> int:
@@ -292,6 +338,7 @@ class Sandbox:
             self.fallback_reason += f"; {'; '.join(closed)}, so runs keep this process's uid (install bubblewrap to " \
                                     "drop it)"
         self.tree_memory = tree_memory_limit(limits)
+        self.cpus = cpu_limit(limits, len(self.devices or ()))
         self.cgroup: MemoryParent | None = None
         self.cgroup_error = "KERNELBOT_SANDBOX=none"
         if self.mode != "none":
@@ -323,11 +370,22 @@ class Sandbox:
             "processes": {"limit": self.limits.processes,
                           "bound_by": ("pids cgroup" if self._confined() else "pids cgroup and RLIMIT_NPROC (per uid)")
                           if self.cgroup and self.cgroup.pids else "RLIMIT_NPROC (per uid)"},
+            "process_count": process_count_limit(self.limits, self.cpus) if self.cgroup else None,
+            "cpu": self._cpu_containment(),
             "disk_limit_bytes": self.limits.disk_bytes or None,
             "devices": self._device_nodes() if bw else [],
             "mode": self.mode,
             **({"fallback_reason": self.fallback_reason} if not bw else {}),
         }
+
+    def _cpu_containment(self) -> dict:
+        """The tree's CPU limit and what enforces it: the cpu cgroup, else only a lower priority and RLIMIT_CPU."""
+        if self.cgroup and self.cgroup.cpu:
+            return {"limit_cores": self.cpus, "of_cores": node_cores(),
+                    "bound_by": f"cpu cgroup {self.cgroup.version} ({self.cgroup.cpu})"}
+        why = self.cgroup_error or f"no cpu controller is usable beside the memory cgroup {self.cgroup}"
+        return {"limit_cores": None, "of_cores": node_cores(),
+                "bound_by": f"nice {NICE} and RLIMIT_CPU {self.limits.cpu_seconds} s per process only ({why})"}
 
     def _confined(self) -> bool:
         """The tree cannot move itself to another cgroup: bubblewrap hides the cgroup files, or the uid it runs as is
@@ -439,7 +497,8 @@ class Sandbox:
         """clock=False: the wall-time limit starts only with restart_clock (a spare started ahead of its run)."""
         self.prepare_workdir()
         data_fds: list[int] = []
-        group = self.cgroup.create(self.tree_memory, self.limits.processes) if self.cgroup else None
+        group = self.cgroup.create(self.tree_memory, self.limits.processes, self.cpus) if self.cgroup else None
+        nice = not (group and group.cpus)
         limits = _rlimits(self.limits, self._data_not_as(), bool(group and group.pids_path) and self._confined())
         procs_fds = group.open_procs() if group else []
         try:
@@ -453,6 +512,8 @@ class Sandbox:
             def preexec() -> None:
                 for fd in procs_fds:  # join the run's cgroups before anything is exec'd
                     os.write(fd, b"0")
+                if nice:
+                    os.nice(NICE)
                 if not prlimit:
                     for res, soft, hard, _ in limits:
                         resource.setrlimit(res, (soft, hard))
@@ -468,7 +529,7 @@ class Sandbox:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
-                preexec_fn=preexec if procs_fds or not prlimit else None,
+                preexec_fn=preexec if procs_fds or nice or not prlimit else None,
                 **drop,
             )
         except BaseException:
@@ -479,7 +540,7 @@ class Sandbox:
             for fd in (*data_fds, *procs_fds):
                 os.close(fd)
         return SandboxedProcess(proc, self.limits, started, bwrap=self.bwrap is not None, group=group, clock=clock,
-                                workdir=self.workdir)
+                                workdir=self.workdir, process_count=process_count_limit(self.limits, self.cpus))
 
 
 class _Capture(threading.Thread):
@@ -519,11 +580,14 @@ _SIGNAL_REASONS = {
 
 class SandboxedProcess:
     def __init__(self, proc: subprocess.Popen, limits: Limits, started: float | None = None, *, bwrap: bool = False,
-                 group: MemoryGroup | None = None, clock: bool = True, workdir: str | None = None):
+                 group: MemoryGroup | None = None, clock: bool = True, workdir: str | None = None,
+                 process_count: int = 0):
+        """process_count: the processes (not threads) its group may hold at once; 0: unwatched."""
         self.proc, self.limits, self.bwrap, self.group, self.workdir = proc, limits, bwrap, group, workdir
+        self.process_count, self.processes_held = process_count, 0  # held: the count that ended it, when it did
         self.started = time.monotonic() if started is None else started
         self.timed_out, self.killed, self.memory_exceeded, self.disk_exceeded = False, False, False, False
-        self.processes_exceeded = False
+        self.processes_exceeded, self.cpu_throttled_s = False, 0.0
         self._exited = threading.Event()
         self._lock = threading.Lock()
         self._out = _Capture(proc.stdout, limits.output_bytes)
@@ -563,13 +627,15 @@ class SandboxedProcess:
 
     def _watch_memory(self) -> None:
         """The kernel's OOM killer takes one process (v1) or the group (v2): finish the rest of the tree. A fork the
-        process limit refused ends the tree too."""
+        task limit refused, or more processes than process_count, ends the tree too."""
         assert self.group is not None
         while not self._exited.wait(MEMORY_POLL_S):
             oom, forks = self.group.oom_kills(), self.group.forks_refused()
-            if oom or forks:
+            held = len(self.group.pids()) if self.process_count and not (oom or forks) else 0
+            if oom or forks or held > self.process_count:
                 with self._lock:
-                    self.memory_exceeded, self.processes_exceeded = bool(oom), bool(forks) and not oom
+                    self.processes_held = held
+                    self.memory_exceeded, self.processes_exceeded = bool(oom), not oom
                     if self.proc.poll() is None:
                         self._kill()
                     self.group.kill()  # the kernel refuses forks, it does not end the tree
@@ -613,6 +679,7 @@ class SandboxedProcess:
             self.memory_exceeded = self.memory_exceeded or self.group.oom_kills() > 0
             self.processes_exceeded = not self.memory_exceeded and (
                 self.processes_exceeded or self.group.forks_refused() > 0)
+            self.cpu_throttled_s = self.group.throttled_seconds()
             self.group.remove()  # kills what is left in the group, however detached, then removes it
         # EOF comes at once unless something outside our reach still holds the pipes (fallback: a
         # setsid'd grandchild); never hang on it, the reader threads keep draining and close them.
@@ -626,6 +693,9 @@ class SandboxedProcess:
             assert self.group is not None
             reason = (f"memory limit exceeded: the run's processes together reached its {self.group.limit >> 20} MiB "
                       "limit and were killed")
+        elif self.processes_exceeded and self.processes_held:
+            reason = (f"process limit exceeded: the run held {self.processes_held} processes at once, more than its "
+                      f"{self.process_count}, and its processes were killed")
         elif self.processes_exceeded:
             assert self.group is not None
             reason = (f"process limit exceeded: the run tried to start more than {self.group.processes} processes "
@@ -654,6 +724,7 @@ class SandboxedProcess:
             self.memory_exceeded,
             self.disk_exceeded,
             self.processes_exceeded,
+            self.cpu_throttled_s,
         )
         return self._outcome
 

@@ -363,7 +363,8 @@ def test_a_fork_bomb_does_not_take_the_processes_of_a_run_beside_it(tmp_path: Pa
         pytest.skip("bubblewrap is not usable here")
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    bomb = Sandbox(str(tmp_path / "a"), Limits(wall_seconds=30, processes=200)).start([PY, "-c", textwrap.dedent("""
+    limits = Limits(wall_seconds=30, processes=200, process_count=200)  # the task limit, not the process count
+    bomb = Sandbox(str(tmp_path / "a"), limits).start([PY, "-c", textwrap.dedent("""
         import os, signal, time
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         while True:
@@ -384,7 +385,7 @@ def test_a_fork_bomb_does_not_take_the_processes_of_a_run_beside_it(tmp_path: Pa
                 os._exit(0)
             pids.append(pid)
         print(sum(os.waitpid(p, 0)[1] == 0 for p in pids), "children ran")
-    """, Limits(wall_seconds=30, processes=200))
+    """, limits)
     o = bomb.wait()
     assert sb.describe()["backend"] == backend
     assert honest.returncode == 0 and honest.stdout == "100 children ran\n", honest

@@ -10,6 +10,8 @@ from django.core.exceptions import ValidationError
 from leaderboards.actions import check_submission, do_submit
 from leaderboards.models import RunStatus
 from runners.harness import cgroups
+from runners.harness.job import parse_job
+from runners.harness.sandbox import cpu_limit
 from runners.jobs import run_limits, sandbox_uid
 from runners.models import Gpu, Node
 
@@ -32,6 +34,25 @@ def test_pool_memory_setting_and_node_share(cpu_pool):
     gpu.refresh_from_db()
     assert run_limits(gpu)["runs_per_node"] == 2  # enabled devices of this node only
     assert run_limits(gpu)["tree_memory_bytes"] == 3 << 30
+
+
+def test_pool_cpu_setting_reaches_the_harness_and_the_admin_says_what_limits_cpu(cpu_pool, admin_client):
+    gpu = Gpu.objects.get(node__pool=cpu_pool)
+    assert "cpus_per_device" not in run_limits(gpu)  # the harness derives the node's share
+    data = {"name": cpu_pool.name, "backend": "local", "settings": "{}", "enabled": "on", "cpus_per_device": "0",
+            "nodes-TOTAL_FORMS": "0", "nodes-INITIAL_FORMS": "0"}
+    response = admin_client.post(f"/admin/runners/gpupool/{cpu_pool.pk}/change/", data)
+    assert response.status_code == 200 and "At least 1 core." in response.content.decode()
+    cpu_pool.cpus_per_device = 3
+    cpu_pool.save()
+    gpu = Gpu.objects.get(pk=gpu.pk)
+    limits = parse_job({"mode": "test", "workdir": "/tmp", "limits": run_limits(gpu)}).sandbox_limits()
+    assert limits.cpus_per_device == 3 and cpu_limit(limits, devices=2, cores=64) == 6.0
+    gpu.node.sandbox = {"mode": "require", "memory_cgroup": "v2 /sys/fs/cgroup/k",
+                        "cpu_limit": "cpu cgroup v2 (/sys/fs/cgroup/k): each run gets its devices' share"}
+    gpu.node.save()
+    page = admin_client.get(f"/admin/runners/gpupool/{cpu_pool.pk}/change/").content.decode()
+    assert "contained by a cgroup in v2 /sys/fs/cgroup/k; CPU: cpu cgroup v2 (/sys/fs/cgroup/k): each run" in page
 
 
 @pytest.mark.parametrize(("value", "message"), [(512, "At least 1024 MiB"), (1 << 25, "At most 16 TiB")])
