@@ -98,7 +98,7 @@ def site(live_server, demo_task, monkeypatch):
 
 
 def pages(board, mine) -> list[tuple[str, str]]:
-    return [("home", "/"), ("board", f"/lb/{board.name}/"), ("submit", "/submit/"),
+    return [("home", "/"), ("board", f"/lb/{board.name}/"), ("submit", "/submit/"), ("join", "/join/"),
             ("submission", f"/s/{mine.pk}/"), ("queued-submission", f"/s/{mine.pk + 1}/"),
             ("user", "/u/ada-lovelace-the-analytical/"), ("tokens", "/tokens/"), ("gpus", "/gpus/"),
             ("admin-index", "/admin/"), ("admin-upload", "/admin/leaderboards/problem/upload/"),
@@ -129,6 +129,12 @@ def test_every_page_fits_a_phone(site, browser):  # noqa: F811 - the site first:
         if name in ("board", "user"):  # the chart's time axis: two different, readable moments
             start, end = (page.text_content(f"#chart .x-{edge}") for edge in ("start", "end"))
             assert start and end == "now" and start != end, (start, end)
+        if name == "home":  # no list of boards scrolls sideways: a board's deadline, entrants and leader in view
+            assert page.evaluate("[...document.querySelectorAll('main .table-scroll')]"
+                                 ".every(box => box.scrollWidth <= box.clientWidth)")
+            for label in ("Deadline", "Entrants", "Leader"):
+                box = page.locator(f"table.boards td[data-label={label}]").first.bounding_box()
+                assert box and box["width"] and box["x"] + box["width"] <= 390, (label, box)
         if name == "board":  # the board ranks on the ratio to the reference, and so does its chart
             assert page.text_content("#chart .y-title") == "× reference, lower is better"
             assert page.text_content("#chart .y-bottom") == "0.600×"
