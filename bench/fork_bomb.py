@@ -1,103 +1,113 @@
-"""A fork bomb beside an honest run on one node (issue 43): how long the bomb holds the machine, and whether the honest
-run beside it keeps its time.
+"""Fork bombs beside an honest run on one node (issues 43 and 51): how long each bomb holds the machine, whether the
+honest run beside it passes, and the host's 1-minute load meanwhile.
 
-    python bench/fork_bomb.py [--rounds 5] [--timeout 20]
+    python bench/fork_bomb.py [--rounds 1] [--timeout 60]
 
-Each round, through the real harness (warm template, sandboxed child, test mode, the matmul fixture, default limits):
-the honest `fast.py` alone (the baseline), then beside `tests/cheats/fork_bomb.py` started a second earlier, the bomb
-with a process limit of 256 (a pool's own; its pids cgroup) and with that limit raised to 100 000 (what the tree had
-before: no bound of its own). Both runs use the default sandbox uid, as two runs of one device slot do. Prints the
-honest run's wall seconds alone and beside each bomb (median and spread over the rounds), and each bomb's seconds to
-its verdict. Then an unbounded bomb (every process forks) in a bare sandbox at 256 and at the default limit
-(contract.DEFAULT_LIMITS, 4096): seconds to its verdict. Needs root (or a delegated cgroup) for the pids controller.
+Production sandbox (KERNELBOT_SANDBOX=require: bubblewrap, memory, pids and cpu cgroups; needs root or a delegated
+cgroup), through the real harness (warm template, sandboxed child, test mode, the matmul fixture, default limits but
+runs_per_node 2: the node's two device slots, each run its share of the cores). Each round: the honest `fast.py`
+alone (the baseline), then beside a cheap bomb (the submission starts a bare interpreter that forks without end) and
+beside an expensive one (the submission itself, a torch-loaded process, forks without end), each bomb started a
+second before the honest run with its test phase limited to --timeout seconds. Prints each bomb's seconds to its
+verdict (from its run's start, torch import included) and its reason, the honest run's verdict and wall seconds, and
+the peak of /proc/loadavg's 1-minute figure from the bomb's start to 10 s after its end, against 4x the cores.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import os
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+os.environ["KERNELBOT_SANDBOX"] = "require"  # read when each Sandbox is built, in the forked parents too
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from runners.harness.contract import DEFAULT_LIMITS  # noqa: E402
-from runners.harness.sandbox import Limits, Sandbox  # noqa: E402
-from tests.harness.helpers import CHEATS, SUBMISSIONS, run_submission  # noqa: E402
+from runners.harness.sandbox import Limits, cpu_limit, node_cores  # noqa: E402
+from tests.harness.helpers import SUBMISSIONS, run_submission  # noqa: E402
 
-LIMITS = {"tree_memory_bytes": 2 << 30}
-BOMB = textwrap.dedent("""
-    import os, time
-    while True:
-        try:
-            os.fork()
-        except OSError:
-            time.sleep(0.001)
-""")
+LIMITS = {"tree_memory_bytes": 2 << 30, "runs_per_node": 2}
+FOREVER = "while True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+BARE_BOMB = "import os\n" + FOREVER
+BOMBS = {
+    "cheap (a bare interpreter forks)": f"import subprocess, sys\n\nBOMB = {BARE_BOMB!r}\n\n\n"
+                                        "def custom_kernel(data):\n    subprocess.run([sys.executable, '-c', BOMB])\n",
+    "expensive (the torch-loaded process forks)": "import os\n\n\ndef custom_kernel(data):\n"
+                                                  + textwrap.indent(FOREVER, "    "),
+}
 
 
-def bare_bomb(processes: int) -> tuple[float, str]:
-    """An unbounded fork bomb in a sandbox of its own: seconds to its verdict, and the verdict."""
-    with tempfile.TemporaryDirectory() as tmp:
-        started = time.monotonic()
-        limits = Limits(wall_seconds=60, processes=processes, tree_memory_bytes=LIMITS["tree_memory_bytes"])
-        outcome = Sandbox(tmp, limits).start([sys.executable, "-c", BOMB]).wait()
-        return time.monotonic() - started, outcome.reason[:60]
+class LoadWatch(threading.Thread):
+    """The peak 1-minute load average while it runs."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.peak, self.stop = 0.0, threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        while True:
+            with open("/proc/loadavg") as f:
+                self.peak = max(self.peak, float(f.read().split()[0]))
+            if self.stop.wait(0.25):
+                return
 
 
 def timed(directory: Path, submission: Path, **overrides) -> tuple[float, dict]:
     started = time.monotonic()
-    result = run_submission(directory, submission, limits=LIMITS | overrides.pop("limits", {}), **overrides)
+    result = run_submission(directory, submission, limits=LIMITS, **overrides)
     return time.monotonic() - started, result
 
 
-def beside(directory: Path, processes: int, timeout: float) -> tuple[float, dict, float, dict]:
+def beside(directory: Path, bomb: Path, timeout: float) -> tuple[float, dict, float, dict, float]:
+    """(honest seconds, honest result, bomb seconds, bomb result, peak load)."""
+    watch = LoadWatch()
     with ThreadPoolExecutor(2) as pool:
-        bomb = pool.submit(timed, directory / "bomb", CHEATS / "fork_bomb.py", limits={"processes": processes},
-                           timeouts={"test": timeout})
+        bombed = pool.submit(timed, directory / "bomb", bomb, timeouts={"test": timeout})
         time.sleep(1)
         honest = pool.submit(timed, directory / "honest", SUBMISSIONS / "fast.py")
-        return (*honest.result(), *bomb.result())
-
-
-def spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.2f} s ({min(values):.2f}–{max(values):.2f})"
+        bomb_s, bomb_result = bombed.result()
+        time.sleep(10)  # the 1-minute average follows the runnable count with a lag
+        honest_s, honest_result = honest.result()
+    watch.stop.set()
+    watch.join()
+    return honest_s, honest_result, bomb_s, bomb_result, watch.peak
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--timeout", type=float, default=20, help="the bomb's test-phase timeout")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--timeout", type=float, default=60, help="the bomb's test-phase timeout")
     args = parser.parse_args()
-    alone, with_limit, without, bomb_limit, bomb_none, verdicts = [], [], [], [], [], set()
+    cores = node_cores()
+    share = cpu_limit(Limits(**LIMITS), 1)
+    with open("/proc/loadavg") as f:
+        before = f.read().split()[0]
+    print(f"{cores} cores, each run's CPU share {share:g} cores, 1-minute load before: {before}", flush=True)
+    rows = []
     for i in range(args.rounds):
         with tempfile.TemporaryDirectory() as tmp:
             t, result = timed(Path(tmp) / "alone", SUBMISSIONS / "fast.py")
-            assert result["verdict"] == "pass", result["error"]
-            alone.append(t)
-        for processes, honest_times, bomb_times in ((256, with_limit, bomb_limit), (100_000, without, bomb_none)):
+            rows.append(("honest alone (baseline)", "—", "—", f"{result['verdict']}, {t:.1f} s", "—"))
+        for name, code in BOMBS.items():
             with tempfile.TemporaryDirectory() as tmp:
-                t, honest, bt, bomb = beside(Path(tmp), processes, args.timeout)
-                honest_times.append(t if honest["verdict"] == "pass" else float("nan"))
-                bomb_times.append(bt)
-                verdicts.add(f"limit {processes}: honest {honest['verdict']}, bomb {bomb['verdict']}: "
-                             f"{bomb['error'][:90]}")
-        print(f"round {i + 1}: alone {alone[-1]:.2f} s, beside a limited bomb {with_limit[-1]:.2f} s, beside an "
-              f"unlimited one {without[-1]:.2f} s", flush=True)
-    print("\n| | honest run (wall) | bomb to its verdict |\n| --- | --- | --- |")
-    print(f"| honest alone (baseline) | {spread(alone)} | — |")
-    print(f"| beside a bomb, process limit 256 (pids cgroup) | {spread(with_limit)} | {spread(bomb_limit)} |")
-    print(f"| beside a bomb, no process limit of its own | {spread(without)} | {spread(bomb_none)} |")
-    print("\n" + "\n".join(sorted(verdicts)))
-    print("\n| unbounded bomb, bare sandbox | seconds to its verdict |\n| --- | --- |")
-    for processes in (256, DEFAULT_LIMITS["processes"]):
-        bombs = [bare_bomb(processes) for _ in range(args.rounds)]
-        print(f"| process limit {processes} | {spread([t for t, _ in bombs])} ({bombs[-1][1]}…) |")
+                bomb = Path(tmp) / "bomb.py"
+                bomb.write_text(code)
+                honest_s, honest, bomb_s, result, peak = beside(Path(tmp), bomb, args.timeout)
+                below = "<" if peak < 4 * cores else "≥"
+                rows.append((name, f"{bomb_s:.1f} s", f"{result['verdict']}: {result['error'][:110]}",
+                             f"{honest['verdict']}, {honest_s:.1f} s", f"{peak:.1f} ({below} {4 * cores})"))
+            print(f"round {i + 1}: {rows[-1]}", flush=True)
+    print("\n| run | bomb to its verdict | bomb's verdict | honest run beside it | peak 1-min load (4x cores) |")
+    print("| --- | --- | --- | --- | --- |")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
     return 0
 
 
