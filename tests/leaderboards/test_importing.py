@@ -499,3 +499,24 @@ def test_a_board_imported_before_its_values_were_recorded_keeps_them_until_the_f
     do_import_competition(load_competition(root / "set.yaml"))
     board = Leaderboard.objects.get(name="va")
     assert board.deadline.year == 2080 and board.imported["deadline"] == "2090-01-01T00:00:00+00:00"
+
+
+def test_the_admin_zip_import_keeps_an_edited_deadline_unless_told_to_take_its_values(admin_client, cpu):
+    def upload(**fields) -> str:
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w") as archive:
+            for path in (DEMO / "vectoradd_py").glob("*.*"):
+                archive.write(path, f"set/vectoradd_py/{path.name}")
+            archive.write(DEMO / "utils.py", "set/utils.py")
+        buffer.seek(0)
+        buffer.name = "va.zip"
+        return admin_client.post("/admin/leaderboards/problem/upload/", {
+            "archive": buffer, "harness": "auto", "leaderboard": "va", "deadline": "2090-01-01 00:00", "gpus": "CPU",
+            **fields}, follow=True).content.decode()
+
+    upload()
+    Leaderboard.objects.filter(name="va").update(deadline=datetime(2080, 1, 1, tzinfo=UTC))  # changed in the admin
+    assert "not the file&#x27;s 2090-01-01 00:00 UTC; tick “Take these values” to take" in upload()
+    assert Leaderboard.objects.get(name="va").deadline.year == 2080
+    upload(reset="on", confirmed="yes")
+    assert Leaderboard.objects.get(name="va").deadline.year == 2090
