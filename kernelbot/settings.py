@@ -354,6 +354,9 @@ RUN_MAX_QUEUED_SECONDS = int(os.environ.get("KERNELBOT_MAX_QUEUED_SECONDS", str(
 POOL_CHECK_INTERVAL = int(os.environ.get("KERNELBOT_POOL_CHECK_INTERVAL", "900"))
 POOL_CHECK_TIMEOUT = int(os.environ.get("KERNELBOT_POOL_CHECK_TIMEOUT", "900"))
 POOL_CHECK_KEEP_DAYS = int(os.environ.get("KERNELBOT_POOL_CHECK_KEEP_DAYS", "30"))
+# A node agents' pool's round is a rolling wave: at most this many nodes' check runs at a time (the next start as
+# checks end), so a round over a thousand nodes never floods the platform; checks yield to competitors' runs.
+POOL_CHECK_WAVE = int(os.environ.get("KERNELBOT_POOL_CHECK_WAVE", "16"))
 # Where the admin links the docs (docs/operations.md#... becomes DOCS_URL/operations.md#...), e.g. the repository's
 # docs folder on its forge; unset: the admin names the file and section as text.
 DOCS_URL = os.environ.get("KERNELBOT_DOCS_URL", "").rstrip("/")

@@ -37,6 +37,9 @@ CHECK_BOARD = "_pool-health-check"
 CHECK_USER = "kernelbot-health-check"
 CHECK_HOOK = "leaderboards.health.do_finish_pool_checks"  # a check's run calls it with its id when it ends
 OWN_CHECK = "a node's own check (its agent registered): running"  # a pending check not part of a round
+WAITING = "waiting its turn in the round's wave"  # a node's pending check without a run yet (`_advance_wave`)
+LATE_PREFIX = "the runner did not report back"  # a reaped attempt (lifecycle): a late platform, or a silent node
+RETRY = "retry"  # `_verdict`: the check was late through no fault of the node's: its node waits its turn again
 
 
 def check_user():
@@ -105,6 +108,7 @@ def _start_round(pool: GpuPool) -> list[PoolCheck]:
         return []
     now = timezone.now()
     checks = _node_checks(pool, now) if pool.is_local else _remote_checks(pool, now)
+    _advance_wave(pool)
     if _settle(pool):
         transaction.on_commit(lifecycle.do_resend_queued_runs)
     return checks
@@ -124,8 +128,9 @@ def _check_runs(pool: GpuPool, gpu_types: list[GpuType], node: Node | None, now)
 
 def _node_checks(pool: GpuPool, now) -> list[PoolCheck]:
     """A node agents' pool is checked node by node: a node without a live agent, or whose sandbox cannot satisfy its
-    mode, is out of service with the reason; every other node gets a check run of each of its GPU types pinned to
-    it (its outcome puts the node out of service or back)."""
+    mode, is out of service with the reason; every other node waits its turn in the round's rolling wave
+    (`_advance_wave`) for a check run of each of its GPU types pinned to it (its outcome puts the node out of
+    service or back)."""
     nodes = list(pool.nodes.filter(enabled=True, gpus__enabled=True).distinct().order_by("hostname"))
     own = set(pool.checks.filter(outcome=CheckOutcome.PENDING).values_list("node_id", flat=True))
     if not nodes:
@@ -154,12 +159,38 @@ def _node_checks(pool: GpuPool, now) -> list[PoolCheck]:
                 pool=pool, node=node, started_at=now, finished_at=now, outcome=CheckOutcome.OK,
                 detail="; ".join(filter(None, [f"agent live on {node.hostname}", found.warning,
                                                device_full(pool, node, now)]))))
-            gpu_types = list(GpuType.objects.filter(gpus__node=node, gpus__enabled=True).distinct().order_by("name"))
-            checks += _check_runs(pool, gpu_types, node, now)
+            checks.append(PoolCheck.objects.create(pool=pool, node=node, started_at=now, detail=WAITING))
             continue
         checks.append(PoolCheck.objects.create(pool=pool, node=node, started_at=now, finished_at=now,
                                                outcome=CheckOutcome.FAILING, detail=why))
     return checks
+
+
+def _advance_wave(pool: GpuPool) -> int:
+    """Start the check runs of the nodes waiting their turn in the pool's round, oldest first, while fewer than
+    POOL_CHECK_WAVE nodes' checks run: a round over a thousand nodes is a bounded number of check runs at a time, not
+    a thousand at once. A node whose agent went away meanwhile is out of service, as at the round's start. Called when
+    a round starts, when one of its checks ends and by `tick`. Returns the nodes started."""
+    running = pool.checks.filter(outcome=CheckOutcome.PENDING, run_id__isnull=False, node__isnull=False).values(
+        "node_id").distinct().count()
+    started = 0
+    for turn in pool.checks.filter(outcome=CheckOutcome.PENDING, run_id__isnull=True, node__isnull=False).order_by(
+            "pk").select_related("node")[:max(0, settings.POOL_CHECK_WAVE - running)]:
+        node, now = turn.node, timezone.now()
+        gpu_types = list(GpuType.objects.filter(gpus__node=node, gpus__enabled=True).distinct().order_by("name"))
+        if turn.gpu_type_id:  # a late check's retry: its own type only
+            gpu_types = [t for t in gpu_types if t.pk == turn.gpu_type_id]
+        if not node.agent_live() or not node.enabled or not gpu_types:
+            why = f"no agent on {node.hostname} when its turn came" if node.enabled and gpu_types else \
+                "disabled, or no enabled device, when its turn came"
+            if not node.agent_live():
+                node.set_service(NodeService.NO_AGENT, why)
+            PoolCheck.objects.filter(pk=turn.pk).update(outcome=CheckOutcome.FAILING, finished_at=now, detail=why)
+            continue
+        _check_runs(pool, gpu_types, node, turn.started_at)  # of the same round
+        turn.delete()
+        started += 1
+    return started
 
 
 def device_full(pool: GpuPool, node: Node, now) -> str:
@@ -207,9 +238,11 @@ def do_finish_pool_checks(run_id: int | None = None, *, now=None) -> int:
     now = now or timezone.now()
     finished = 0
     back = False
-    pending = PoolCheck.objects.filter(outcome=CheckOutcome.PENDING)
+    pending = PoolCheck.objects.filter(outcome=CheckOutcome.PENDING, run_id__isnull=False)
     if run_id is not None:
         pending = pending.filter(run_id=run_id)
+    waves = set() if run_id is not None else set(PoolCheck.objects.filter(
+        outcome=CheckOutcome.PENDING, run_id__isnull=True, node__isnull=False).values_list("pool_id", flat=True))
     for check_id in pending.values_list("pk", flat=True):
         with transaction.atomic():
             check = PoolCheck.objects.select_for_update(of=("self",)).select_related("pool", "gpu_type", "node") \
@@ -217,8 +250,14 @@ def do_finish_pool_checks(run_id: int | None = None, *, now=None) -> int:
             if check is None:
                 continue
             outcome, detail = _verdict(check, now)
+            if outcome == RETRY:  # late, not the node's fault: it waits its turn again
+                PoolCheck.objects.filter(pk=check.pk).update(run_id=None, detail=f"{WAITING} again: {detail}")
+                waves.add(check.pool_id)
+                continue
             if outcome is None:
                 continue
+            if check.node is not None:
+                waves.add(check.pool_id)
             check.outcome, check.detail, check.finished_at = outcome, detail, now
             check.save(update_fields=["outcome", "detail", "finished_at"])
             if check.node is not None and outcome == CheckOutcome.FAILING:
@@ -227,6 +266,9 @@ def do_finish_pool_checks(run_id: int | None = None, *, now=None) -> int:
                 back |= check.node.set_service(NodeService.IN_SERVICE)
             back |= _settle(GpuPool.objects.select_for_update().get(pk=check.pool_id))
             finished += 1
+    for pool_id in waves:
+        with transaction.atomic():
+            _advance_wave(GpuPool.objects.select_for_update().get(pk=pool_id))
     if back:
         lifecycle.do_resend_queued_runs()  # runs waiting for a node or pool of their type go now
     return finished
@@ -245,18 +287,31 @@ def _verdict(check: PoolCheck, now) -> tuple[str | None, str]:
         uncontained = (f", with per-process memory limits only ({memory['per_process_only']})"
                        if isinstance(memory, dict) and memory.get("per_process_only") else "")
         return CheckOutcome.OK, f"run {run.pk}{on} passed on {device or 'the CPU'}{uncontained}"
+    retried = RunAttempt.objects.filter(run=run, outcome="retried").order_by("number")
+    failed = retried.exclude(reason__startswith=LATE_PREFIX).first()
+    late = failed is None and retried.exists()  # reaped past its deadline: a platform behind or a silent node
+    if run.is_terminal and late and run.status == RunStatus.ERROR and _agent_live(check):
+        return RETRY, f"run {run.pk}{on} ended Error after its attempts were reaped late while its agent was live"
     if run.is_terminal:
         last = run.attempts.exclude(reason="").order_by("-number").first()
         why = last.reason if run.status == RunStatus.ERROR and last else run.error or run.verdict
         return CheckOutcome.FAILING, f"run {run.pk}{on} ended {run.get_status_display()}: {why}"
-    failed = RunAttempt.objects.filter(run=run, outcome="retried").order_by("number").first()
     timeout = settings.POOL_CHECK_TIMEOUT
-    if failed is None and now - check.started_at < timedelta(seconds=timeout):
+    if failed is None and now - run.first_queued_at < timedelta(seconds=timeout):
         return None, ""
+    if failed is None and (run.status != RunStatus.RUNNING or late) and _agent_live(check):
+        lifecycle.do_cancel_run(run, "pool health check run late: its node was busy or the platform behind; retried")
+        return RETRY, f"run {run.pk}{on} was {run.get_status_display()} after {timeout} s"
     why = (f"attempt {failed.number} failed: {failed.reason}" if failed else
            f"no result within {timeout} s (the run was {run.get_status_display()})")
     lifecycle.do_cancel_run(run, f"pool health check failed: {why}")
     return CheckOutcome.FAILING, f"run {run.pk}{on}: {why}"
+
+
+def _agent_live(check: PoolCheck) -> bool:
+    """A remote pool's check, or a node's whose agent is live: a late check run is then the platform's (or the queue's)
+    doing, not the node's."""
+    return check.node is None or Node.objects.get(pk=check.node_id).agent_live()
 
 
 def _settle(pool: GpuPool) -> bool:

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q, Value
+from django.db.models import Case, F, Q, Value, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django.utils.module_loading import import_string
@@ -67,6 +67,8 @@ INFRA_GAVE_UP = ("the runners failed {failures} times while running it (not your
                  "why")
 MISCONFIGURED = "its runners are misconfigured (not your code's fault); the organisers can see why"
 CLAIM_ORDER = ("first_queued_at", "pk")  # which dispatched run a node agent claims first: a retry keeps its place
+# internal runs (health checks) yield to competitors' runs in a claim
+INTERNAL_LAST = Case(When(submission__leaderboard__internal=True, then=Value(1)), default=Value(0))
 WAITS_FOR_FIX = "its runners are misconfigured (not your code's fault); it runs once they are fixed"
 
 
@@ -389,7 +391,7 @@ def _claim_one(node: Node, gpus: list[Gpu]) -> dict | None:
                    .select_related("submission__problem", "submission__leaderboard", "gpu_type")
                    .filter(gpu_type=gpu_type)
                    .filter(Q(node=node) if not node.in_service else Q(node__isnull=True) | Q(node=node))
-                   .order_by(*CLAIM_ORDER))
+                   .order_by(INTERNAL_LAST, *CLAIM_ORDER))
         candidates = list(waiting[:20])
         avoid = _failed_elsewhere_first(node, candidates, gpu_type)
         on_node = None

@@ -15,7 +15,7 @@ from django_q.conf import Conf
 from prometheus_client.parser import text_string_to_metric_families
 
 from leaderboards import lifecycle
-from leaderboards.health import OWN_CHECK, do_start_pool_check
+from leaderboards.health import LATE_PREFIX, OWN_CHECK, do_finish_pool_checks, do_start_pool_check
 from leaderboards.lifecycle import dispatch_run
 from leaderboards.models import Run, RunStatus
 from runners.actions import gpu_availability
@@ -155,3 +155,65 @@ def test_a_killed_agents_run_is_retried_at_the_agent_deadline(cpu_pool, leaderbo
     assert run.status in (RunStatus.QUEUED, RunStatus.DISPATCHED) and run.attempt >= claim["attempt"]
     assert retried.outcome == "retried" and "was not heard from within" in retried.reason
     assert run.infra_failures == 1  # never charged to the competitor
+
+
+def running_checks(pool: GpuPool) -> list[PoolCheck]:
+    return list(pool.checks.filter(outcome=CheckOutcome.PENDING, run_id__isnull=False).select_related("node"))
+
+
+def test_a_round_over_many_nodes_is_a_bounded_rolling_wave(cpu_pool, settings, inline_tasks):
+    settings.POOL_CHECK_WAVE = 2
+    for i in range(4):
+        node = Node.objects.create(pool=cpu_pool, hostname=f"n{i}", agent_seen_at=timezone.now())
+        Gpu.objects.create(node=node, gpu_type=cpu_pool.cpu, index=0)
+    with inline_tasks():
+        do_start_pool_check(cpu_pool)
+    assert len(running_checks(cpu_pool)) == 2  # not five at once
+    assert cpu_pool.checks.filter(outcome=CheckOutcome.PENDING, run_id__isnull=True).count() == 3
+    passed = []
+    while checks := running_checks(cpu_pool):
+        assert len(checks) <= 2
+        passed += pass_claims(checks[0].node, inline_tasks)  # its end starts the next node's
+    assert len(passed) == len(set(passed)) == 5
+    assert not cpu_pool.checks.filter(outcome=CheckOutcome.PENDING).exists()
+    assert all(Run.objects.get(pk=pk).attempt == 1 for pk in passed)  # none claimed twice
+    assert set(cpu_pool.nodes.values_list("service", flat=True)) == {NodeService.IN_SERVICE}
+    assert GpuPool.objects.get(pk=cpu_pool.pk).health == PoolHealth.OK
+
+
+def test_check_runs_yield_to_competitors_runs(cpu_pool, leaderboard, inline_tasks):
+    with inline_tasks():
+        do_start_pool_check(cpu_pool)
+    [check] = running_checks(cpu_pool)
+    competitor = submission(leaderboard, mode="test").runs.get()
+    dispatch_run(competitor.pk)  # younger than the check's run
+    node = cpu_pool.nodes.get()
+    assert pass_claims(node, inline_tasks) == [competitor.pk]
+    assert pass_claims(node, inline_tasks) == [check.run_id]
+
+
+def test_a_check_late_through_no_fault_of_its_node_is_retried_never_charged(cpu_pool, settings, inline_tasks):
+    with inline_tasks():
+        do_start_pool_check(cpu_pool)
+    [check] = running_checks(cpu_pool)
+    node = cpu_pool.nodes.get()
+    later = timezone.now() + timedelta(seconds=settings.POOL_CHECK_TIMEOUT + 1)
+    with inline_tasks():  # never claimed within its timeout: the node was busy, or the platform behind
+        do_finish_pool_checks(now=later)
+    assert Run.objects.get(pk=check.run_id).status == RunStatus.CANCELLED
+    [again] = running_checks(cpu_pool)
+    assert again.run_id != check.run_id and again.node == node
+    assert Node.objects.get(pk=node.pk).service == NodeService.IN_SERVICE
+
+    [claim] = lifecycle.do_claim_runs(node, [0])
+    assert claim["run"] == again.run_id
+    with inline_tasks():  # its heartbeats were not taken in time (the web tier behind) while its agent asks on
+        lifecycle.do_reap_overdue_runs(now=timezone.now() + timedelta(seconds=settings.RUN_HEARTBEAT_DEADLINE + 1))
+        do_finish_pool_checks()
+    retried = Run.objects.get(pk=again.run_id)
+    assert retried.attempts.get(number=claim["attempt"]).reason.startswith(LATE_PREFIX)
+    assert [c.pk for c in running_checks(cpu_pool)] == [again.pk]  # still its check: not failed
+    assert Node.objects.get(pk=node.pk).service == NodeService.IN_SERVICE
+    assert pass_claims(node, inline_tasks) == [again.run_id]
+    again.refresh_from_db()
+    assert again.outcome == CheckOutcome.OK and Node.objects.get(pk=node.pk).in_service

@@ -82,11 +82,21 @@ def test_a_check_without_a_result_fails_at_its_deadline_and_cancels_its_run(cpu_
     pending = PoolCheck.objects.get(pool=cpu_pool, outcome=CheckOutcome.PENDING)
     assert do_finish_pool_checks() == 0
     late = pending.started_at + timedelta(seconds=settings.POOL_CHECK_TIMEOUT + 1)
+    with django_capture_on_commit_callbacks(execute=False):  # never taken: the platform's fault, not the node's
+        assert do_finish_pool_checks(now=late) == 0
+    assert Run.objects.get(pk=pending.run_id).status == RunStatus.CANCELLED
+    again = PoolCheck.objects.get(pool=cpu_pool, outcome=CheckOutcome.PENDING)
+    assert again.node_id == pending.node_id and again.run_id != pending.run_id  # its turn again, a new run
+    cpu_pool.refresh_from_db()
+    assert cpu_pool.health != PoolHealth.FAILING and cpu_pool.nodes.get().in_service
+
+    Run.objects.filter(pk=again.run_id).update(status=RunStatus.RUNNING)  # its node took it and sends nothing
+    late = Run.objects.get(pk=again.run_id).first_queued_at + timedelta(seconds=settings.POOL_CHECK_TIMEOUT + 1)
     assert do_finish_pool_checks(now=late) == 1
     cpu_pool.refresh_from_db()
     assert cpu_pool.health == PoolHealth.FAILING
-    assert f"no result within {settings.POOL_CHECK_TIMEOUT} s (the run was Queued)" in cpu_pool.health_detail
-    assert Run.objects.get(pk=pending.run_id).status == RunStatus.CANCELLED
+    assert f"no result within {settings.POOL_CHECK_TIMEOUT} s (the run was Running)" in cpu_pool.health_detail
+    assert Run.objects.get(pk=again.run_id).status == RunStatus.CANCELLED
 
 
 def test_the_schedule_checks_pools_that_are_due(cpu_pool, settings, django_capture_on_commit_callbacks):
