@@ -27,8 +27,10 @@ Claimed runs keep their devices (never run). Phases, each on the same server:
    it, so the first interval is a fleet's start, not its steady state; its share is `web_cpu_share_settling`);
    then for `--seconds` the idle fleet alone, the web processes' CPU time counted: `web_cpu_share` = CPU seconds
    of granian and its workers / (wall seconds x cores); then for `--seconds` the same reads again (`user_p95_ms`);
-3. `--runs` runs submitted and dispatched one every 0.5 s: `claim_p50_ms`/`claim_p95_ms` from dispatch committed
-   to the claiming agent's answer (one clock: this machine's).
+3. `--runs` runs submitted and dispatched one every `--gap` s (0.5; 0: a burst): `claim_p50_ms`/`claim_p95_ms` from
+   dispatch committed to the claiming agent's answer, `submit_claim_p50_ms`/`submit_claim_p95_ms` from the
+   submission (one clock: this machine's), and `dispatch_cpu_ms_mean`/`_p95`, the dispatching process's CPU time per
+   `dispatch_run` with `devices` devices in the pool (a worker's cost per dispatch).
 
 The last line is one JSON object: this tree's figures, and the baseline's under "baseline" when given.
 """
@@ -84,10 +86,13 @@ user = get_user_model().objects.create(username="fleet-driver")
 board = Leaderboard.objects.filter(gpu_types__name="CPU").order_by("pk").first()
 code = open(sys.argv[1], "rb").read()
 for line in sys.stdin:
+    submitted = time.time()
     submission = do_submit(user, check_submission(user, board.name, ["CPU"], SubmissionMode.TEST, "k.py", code))
     run = submission.runs.get()
+    cpu = time.process_time()
     lifecycle.dispatch_run(run.pk)
-    print(json.dumps({"run": run.pk, "t": time.time()}), flush=True)
+    cpu = time.process_time() - cpu
+    print(json.dumps({"run": run.pk, "t": time.time(), "submitted": submitted, "cpu_ms": 1000 * cpu}), flush=True)
 """
 
 
@@ -288,13 +293,15 @@ def measure(tree: Path, label: str, args) -> dict:
         driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(REPO / "problems/demo/vectoradd_py/solutions/"
                                                                      "correct.py")],
                                   cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        dispatched = {}
+        dispatched, submitted, dispatch_cpu = {}, {}, []
         for _ in range(args.runs):
             driver.stdin.write("\n")
             driver.stdin.flush()
             line = json.loads(driver.stdout.readline())
             dispatched[line["run"]] = line["t"]
-            time.sleep(0.5)
+            submitted[line["run"]] = line.get("submitted", line["t"])
+            dispatch_cpu += [line["cpu_ms"]] if "cpu_ms" in line else []
+            time.sleep(args.gap)
         driver.stdin.close()
         driver.wait(timeout=60)
         time.sleep(3 if mode == "wait" else 10)
@@ -318,11 +325,16 @@ def measure(tree: Path, label: str, args) -> dict:
         else:
             messages.append(event["error"])
     latencies = [1000 * (min(claims[run]) - t) for run, t in dispatched.items() if run in claims]
+    from_submission = [1000 * (min(claims[run]) - t) for run, t in submitted.items() if run in claims]
     result = {"nodes": args.nodes, "protocol": mode, "web_cpu_share": round(share, 3),
               "web_cpu_share_settling": round(settling, 3), "settle_s": args.settle if mode == "wait" else 5,
               "register_s": round(registered, 1),
               "claim_p50_ms": rnd(percentile(latencies, 0.5)), "claim_p95_ms": rnd(percentile(latencies, 0.95)),
-              "claimed": len(latencies), "runs": args.runs,
+              "claimed": len(latencies), "runs": args.runs, "gap_s": args.gap,
+              "submit_claim_p50_ms": rnd(percentile(from_submission, 0.5)),
+              "submit_claim_p95_ms": rnd(percentile(from_submission, 0.95)),
+              "dispatch_cpu_ms_mean": rnd(sum(dispatch_cpu) / len(dispatch_cpu)) if dispatch_cpu else None,
+              "dispatch_cpu_ms_p95": rnd(percentile(dispatch_cpu, 0.95)), "devices": args.nodes * DEVICES,
               "claimed_twice": sum(len(ts) > 1 for ts in claims.values()),
               "user_p95_ms": rnd(percentile(fleet_reads, 0.95)), "user_nofleet_p95_ms": rnd(percentile(nofleet, 0.95)),
               "user_reads": len(fleet_reads), "agent_errors": errors, "cores": cores}
@@ -350,6 +362,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--settle", type=float, default=31, help="seconds from the fleet's start to the measuring")
     parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--gap", type=float, default=0.5, help="seconds between submissions (0: a burst)")
     parser.add_argument("--clients", type=int, default=2, help="agent processes")
     parser.add_argument("--baseline", metavar="REF", help="git ref of the previous release, measured first")
     args = parser.parse_args()
