@@ -91,5 +91,7 @@ def test_a_fork_bomb_ends_at_its_process_limit_and_the_honest_run_beside_it_pass
         honest = pool.submit(run_submission, tmp_path / "honest", SUBMISSIONS / "fast.py", limits=CORPUS_LIMITS)
         bomb, honest = bomb.result(), honest.result()
     assert (honest["verdict"], honest["passed"]) == ("pass", True), honest["error"]
-    assert bomb["verdict"] == "crash" and bomb["error"].startswith(
-        "process limit exceeded: the run tried to start more than 256 processes and threads together"), bomb["error"]
+    # its 256 tasks, or first its process count (max(64, 32 per core of its CPU share): 64 on a small node)
+    assert bomb["verdict"] == "crash" and re.match(
+        r"process limit exceeded: the run (tried to start more than 256 processes and threads together|held \d+ "
+        r"processes at once, more than its \d+)", bomb["error"]), bomb["error"]
