@@ -294,18 +294,48 @@ class ReferenceSession(ChildSession):
 
     KERNEL = "from reference import ref_kernel as custom_kernel\n"
 
-    def __init__(self, job: Job):
+    def __init__(self, job: Job, *, spare: bool = False, files: str | None = None):
+        """spare: started by a spare parent before its job, in an empty directory the job's files reach on `adopt`.
+        files: where the problem's files are taken from (default: the run's directory)."""
         self.workdir = os.path.join(scratch_dir("kernelbot-reference-", job.workdir), "work")
         try:
-            shutil.copytree(job.workdir, self.workdir, ignore=lambda at, names: [
-                n for n in names if os.path.islink(os.path.join(at, n)) or (
-                    at == job.workdir and n in ("submission.py", CHILD_SCRIPT))])
-            with open(os.path.join(self.workdir, "submission.py"), "w") as f:
-                f.write(self.KERNEL)
-            super().__init__(dataclasses.replace(job, workdir=self.workdir), reference=True)
+            if spare:
+                os.mkdir(self.workdir)
+            else:
+                self._copy_files(files or job.workdir)
+            super().__init__(dataclasses.replace(job, workdir=self.workdir), spare=spare, reference=True)
         except BaseException:
             shutil.rmtree(os.path.dirname(self.workdir), ignore_errors=True)
             raise
+
+    def _copy_files(self, source: str) -> None:
+        """The problem's files but the submission and links, and the reference as the submission."""
+        shutil.copytree(source, self.workdir, dirs_exist_ok=True, ignore=lambda at, names: [
+            n for n in names if os.path.islink(os.path.join(at, n)) or (
+                at == source and n in ("submission.py", CHILD_SCRIPT))])
+        with open(os.path.join(self.workdir, "submission.py"), "w") as f:
+            f.write(self.KERNEL)
+
+    @classmethod
+    def for_job(cls, job: Job, files: str) -> ReferenceSession:
+        """The reference child a spare started ahead of this job when it is alive and of the job's shape, else a new
+        one: a run then no longer waits for an interpreter and torch to start before its first timed phase. `files`:
+        the problem's files as they were before the submission ran (`Problem.snapshot`), not the run's directory,
+        which the submission's child may have written to since."""
+        global _spare_reference
+        spare, _spare_reference = _spare_reference, None
+        if spare is not None:
+            if spare.proc.proc.poll() is None and cls.shape(spare.job) == cls.shape(
+                    dataclasses.replace(job, workdir=spare.workdir)):
+                spare.adopt(job, files)
+                return spare
+            spare.kill()
+            spare.close(grace_s=1.0)
+        return cls(job, files=files)
+
+    def adopt(self, job: Job, files: str | None = None) -> None:
+        self._copy_files(files or job.workdir)
+        super().adopt(dataclasses.replace(job, workdir=self.workdir))
 
     @contextlib.contextmanager
     def failing_as_problem(self, what: str):
@@ -433,6 +463,7 @@ class SandboxTree:
 
 
 _spare: ChildSession | None = None  # a spare parent's child, started before its job (runners.harness.warm)
+_spare_reference: ReferenceSession | None = None  # and its reference child, where the job's mode times
 
 
 def device_context() -> None:
@@ -445,13 +476,25 @@ def device_context() -> None:
 def prestart(job: Job, warm_device: bool = False) -> None:
     """A spare's child, started before its job. warm_device: the device is free (no reservation holds it), so the
     parent and the child make their device contexts now instead of in the run."""
-    global _spare
+    global _spare, _spare_reference
     _spare = ChildSession(job, spare=True)
+    if job.mode in ("benchmark", "leaderboard"):
+        _spare_reference = ReferenceSession(job, spare=True)
     if warm_device and torch.cuda.is_available():
         device_context()
-        with contextlib.suppress(Stop):
-            _spare.send("warm", None, time.monotonic() + 5)
-        _spare.warmed = True
+        for session in filter(None, (_spare, _spare_reference)):
+            with contextlib.suppress(Stop):
+                session.send("warm", None, time.monotonic() + 5)
+            session.warmed = True
+
+
+def close_spare_reference() -> None:
+    """A spare's reference child that its run did not take (it timed nothing, or its shape differed)."""
+    global _spare_reference
+    spare, _spare_reference = _spare_reference, None
+    if spare is not None:
+        spare.kill()
+        spare.close(grace_s=1.0)
 
 
 @dataclasses.dataclass
@@ -680,7 +723,9 @@ class KernelbotRun:
         limit it would eat on a small machine), under that phase's limit."""
         assert self.session is not None
         self.start_phase("benchmark")
-        self.reference = self.session.reference = ReferenceSession(self.job)
+        assert self.problem is not None
+        self.reference = self.session.reference = ReferenceSession.for_job(self.job, self.problem.snapshot)
+        self.result.extra["reference_start"] = "prestarted" if self.reference.prestarted else "cold"
         with self.reference.failing_as_problem("the reference's process"):
             self.reference.send("import", None, self.deadline, flags=backend_flags())
             self.reference.expect("hello", None, self.deadline)
@@ -826,6 +871,7 @@ class KernelbotRun:
                     self.problem.close()
                 if self.reference is not None:
                     self.reference.close(grace_s=1.0)
+                close_spare_reference()
                 if self.session is not None:
                     outcome = self.session.close()
             if self.session is not None:

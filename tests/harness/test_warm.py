@@ -92,6 +92,13 @@ def runs_child_script(pid: int) -> bool:
         return False
 
 
+def interprets_child_script(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1:2] == [b"_harness_child.py"]
+    except OSError:
+        return False
+
+
 def wait_for(predicate, seconds: float = 60) -> None:
     deadline = time.monotonic() + seconds
     while not predicate():
@@ -149,6 +156,52 @@ def test_a_spare_starts_its_child_before_the_job_and_serves_only_a_job_of_its_sh
         assert spares.take(()) is None
     finally:
         spares.close()
+
+
+def test_a_leaderboard_spare_starts_the_reference_child_ahead_too_and_a_test_run_ends_it(tmp_path):
+    """Issue 49: the reference's own child is the spare's too, so a ranked run does not wait for its interpreter and
+    torch; a run that times nothing ends it with the run, leaving no directory behind."""
+    spares = Spares(sys.executable, str(ROOT), tmp_path)
+    try:
+        for mode, started in (("leaderboard", "prestarted"), ("test", None)):
+            spares.prepare((), job_for(Path("/unused"), "leaderboard"))
+            spare = spares.take(())
+            pid = spare.proc.pid  # two interpreters run the child script (bwrap's command lines name it too)
+            wait_for(lambda pid=pid: sum(map(interprets_child_script, descendants(pid))) == 2)
+            write(spare.workdir, files_for((SUBMISSIONS / "fast.py").read_text()))
+            result = run(job_for(spare.workdir, mode), proc=spare.proc)
+            assert (result["verdict"], result["child_start"], result.get("reference_start")) == (
+                "pass", "prestarted", started)
+            assert list(spare.workdir.parent.glob("kernelbot-reference-*")) == []
+        workdir = new_workdir(tmp_path)
+        write(workdir, files_for((SUBMISSIONS / "fast.py").read_text()))
+        assert run(job_for(workdir, "leaderboard"))["reference_start"] == "cold"  # no spare: as before
+    finally:
+        spares.close()
+
+
+def test_the_reference_child_runs_the_problem_as_it_was_before_the_submission_ran(tmp_path):
+    """The submission's child may write to its directory: the reference's child takes the problem's files from the
+    snapshot made before the submission was imported, so a slowed-down reference.py does not flatter the ratio."""
+    slow_reference = (b"\nimport time as _t\n_ref = ref_kernel\n\n\ndef ref_kernel(data):\n    _t.sleep(0.005)\n"
+                      b"    return _ref(data)\n")
+    code = (f"from submission_base import custom_kernel\nwith open('reference.py', 'ab') as f:\n"
+            f"    f.write({slow_reference!r})\n")
+    for spare in (Spares(sys.executable, str(ROOT), tmp_path), None):
+        if spare is not None:
+            spare.prepare((), job_for(Path("/unused"), "benchmark"))
+            taken = spare.take(())
+        workdir = taken.workdir if spare is not None else new_workdir(tmp_path)
+        write(workdir, files_for(code))
+        try:
+            result = run(job_for(workdir, "benchmark", benchmarks=[{"m": 64, "n": 64, "k": 64, "seed": 11}]),
+                         proc=taken.proc if spare is not None else None)
+        finally:
+            if spare is not None:
+                spare.close()
+        assert result["verdict"] == "pass", result.get("error")
+        assert (workdir / "reference.py").read_bytes().endswith(slow_reference)  # the write happened
+        assert result["benchmarks"][0]["ratio"] > 0.5, result["benchmarks"][0]
 
 
 def test_a_spare_is_a_fresh_sandbox_nothing_of_the_run_before_reaches_it(tmp_path):

@@ -227,7 +227,7 @@ def test_the_reference_child_runs_only_the_problems_files(tmp_path, monkeypatch)
     monkeypatch.setattr(kernelbot.ChildSession, "close", lambda self, grace_s=5.0: None)
     session = kernelbot.ReferenceSession(Job(mode="benchmark", workdir=str(tmp_path)))
     ((workdir, kwargs, files, code),) = made
-    assert workdir != str(tmp_path) and kwargs == {"reference": True}
+    assert workdir != str(tmp_path) and kwargs == {"spare": False, "reference": True}
     assert files == ["helpers", "reference.py", "submission.py", "utils.py"]  # the problem's modules, a package too
     assert Path(workdir, "helpers", "tables.py").read_text() == "T = 2\n"
     assert code == kernelbot.ReferenceSession.KERNEL == "from reference import ref_kernel as custom_kernel\n"
