@@ -97,7 +97,7 @@ def exec_start(unit: str, env: dict[str, str], port: int, runs: str) -> list[str
     parser.read(UNITS / unit)
     line = parser["Service"]["ExecStart"].replace("/srv/kernelbot/.venv/bin/python", sys.executable)
     line = line.replace("--port 8000", f"--port {port}").replace("/var/lib/kernelbot/runs", runs)
-    line = re.sub(r"\$\{(\w+)\}", lambda m: env[m.group(1)], line)
+    line = re.sub(r"\$\{(\w+)\}", lambda m: env[m.group(1)], line).replace("%H", socket.gethostname())
     return shlex.split(line)
 
 

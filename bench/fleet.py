@@ -143,10 +143,10 @@ def web_command(tree: Path, port: int) -> list[str]:
     flags), on this interpreter and a free port, logging warnings only."""
     for line in (tree / "deploy" / "systemd" / "kernelbot-web.service").read_text().splitlines():
         if line.startswith("ExecStart="):
-            argv = shlex.split(line.removeprefix("ExecStart="))
-            argv[0] = sys.executable
-            argv[argv.index("--port") + 1] = str(port)
-            return [*argv[:-1], "--log-level", "warning", argv[-1]]
+            line = line.removeprefix("ExecStart=").replace("/srv/kernelbot/.venv/bin/python", sys.executable)
+            line = line.replace("--port 8000", f"--port {port}")  # a shell line picks KERNELBOT_WEB_WORKERS
+            app = " kernelbot.asgi:application"
+            return shlex.split(line.replace(app, " --log-level warning" + app))
     raise SystemExit(f"{tree}: no ExecStart in deploy/systemd/kernelbot-web.service")
 
 
@@ -154,7 +154,8 @@ def start_server(tree: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen(web_command(tree, port), cwd=tree, env=env, start_new_session=True)
+    proc = subprocess.Popen(web_command(tree, port), cwd=tree, env={"KERNELBOT_WEB_WORKERS": "2", **env},
+                            start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

@@ -33,13 +33,12 @@ def production_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 WEB_UNIT = REPO / "deploy" / "systemd" / "kernelbot-web.service"
 
 
-def web_command(port: int, workers: int) -> list[str]:
-    """The web unit's ExecStart on this interpreter, `port` and `workers`."""
+def web_command(port: int) -> list[str]:
+    """The web unit's ExecStart on this interpreter and `port` (its shell execs granian, with KERNELBOT_WEB_WORKERS
+    workers)."""
     line = next(line for line in WEB_UNIT.read_text().splitlines() if line.startswith("ExecStart="))
-    argv = shlex.split(line.removeprefix("ExecStart="))
-    argv[0] = sys.executable
-    argv[argv.index("--port") + 1], argv[argv.index("--workers") + 1] = str(port), str(workers)
-    return argv
+    line = line.removeprefix("ExecStart=").replace("/srv/kernelbot/.venv/bin/python", sys.executable)
+    return shlex.split(line.replace("--port 8000", f"--port {port}"))
 
 
 class Server(str):
@@ -55,7 +54,8 @@ def granian(env: dict[str, str], log: Path, workers: int = 2) -> Iterator[Server
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with log.open("wb") as out:
-        server = subprocess.Popen(web_command(port, workers), cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+        server = subprocess.Popen(web_command(port), cwd=REPO, env={**env, "KERNELBOT_WEB_WORKERS": str(workers)},
+                                  stdout=out, stderr=subprocess.STDOUT)
     url = Server(f"http://127.0.0.1:{port}")
     url.pid = server.pid
     try:

@@ -1,16 +1,20 @@
 """docs/operations.md's production install, from an empty PostgreSQL database, with the services started from the
-`ExecStart` lines of deploy/systemd/*.service (only the checkout's path, the port and the agent's directory
-substituted): migrate, the first pool and GPU type, the web server, the workers and a node agent; a submission
-gets its verdict on the device the agent registered from its probe."""
+`ExecStart` lines of deploy/systemd/*.service (only the checkout's path, the port, the agent's directory and cgroup
+and systemd's %H substituted): migrate, the first pool and GPU type, the web server, the workers and a node agent; a
+submission gets its verdict on the device the agent registered from its probe. And cheaply: the units pass
+`systemd-analyze verify` (systemd 252 on Debian 12 knows every key), and their ExecStart lines, run as written, do
+what the comments beside them say."""
 
 from __future__ import annotations
 
 import configparser
 import contextlib
+import io
 import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -22,11 +26,15 @@ from pathlib import Path
 import psycopg
 import pytest
 from django.conf import settings
+from django.core.management import call_command
 
+from runners.harness.node import node_token
+
+from . import factories
 from .conftest import REPO, reap_group
 
 UNITS = REPO / "deploy" / "systemd"
-pytestmark = pytest.mark.slow
+VENV_PYTHON = "/srv/kernelbot/.venv/bin/python"
 
 
 def unit_service(unit: str) -> configparser.SectionProxy:
@@ -51,13 +59,14 @@ SERVICE_GROUP = "system.slice/kernelbot-agent.service"
 
 
 def service_cgroups(name: str) -> tuple[dict[str, str], list[str]]:
-    """What systemd makes for the agent's unit (Delegate=memory pids, DelegateSubgroup=runner) on this machine, at
-    `name` in place of system.slice/kernelbot-agent.service: (unit path → this test's path, the groups the agent's
-    processes start in). cgroup v2 at /sys/fs/cgroup, or the v1 memory and pids hierarchies (hybrid hosts too)."""
+    """What systemd 252 makes for the agent's unit (Delegate=memory pids) on this machine, at `name` in place of
+    system.slice/kernelbot-agent.service: (unit path → this test's path, the groups the agent's processes start in).
+    cgroup v2 at /sys/fs/cgroup (its ExecStart moves itself to runner/), or the v1 memory and pids hierarchies (hybrid
+    hosts too)."""
     paths, procs = {f"/sys/fs/cgroup/{SERVICE_GROUP}": f"/sys/fs/cgroup/{name}"}, []
     if os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
-        os.makedirs(f"/sys/fs/cgroup/{name}/runner")
-        procs.append(f"/sys/fs/cgroup/{name}/runner")
+        os.makedirs(f"/sys/fs/cgroup/{name}")
+        procs.append(f"/sys/fs/cgroup/{name}")
     for controller in ("memory", "pids"):
         if os.path.exists(f"/sys/fs/cgroup/{controller}/cgroup.procs"):
             os.makedirs(f"/sys/fs/cgroup/{controller}/{name}")
@@ -73,12 +82,18 @@ def remove_cgroups(paths: list[str]) -> None:
                 child.rmdir()
 
 
-def exec_start(unit: str, env: dict[str, str], port: int, runs: str) -> list[str]:
+def exec_start(unit: str, env: dict[str, str], port: int = 8000, runs: str = "/var/lib/kernelbot/runs",
+               paths: dict[str, str] | None = None, python: str = sys.executable) -> list[str]:
+    """The unit's ExecStart as systemd runs it (${VAR} from the environment, %H the hostname), on this machine's
+    paths: the interpreter, the port, the agent's directory and `paths` (unit path → this test's)."""
     service = unit_service(unit)
     assert service["WorkingDirectory"] == "/srv/kernelbot" and service["Restart"] == "always"
-    line = service["ExecStart"].replace("/srv/kernelbot/.venv/bin/python", sys.executable)
+    line = service["ExecStart"].replace(VENV_PYTHON, python)
     line = line.replace("--port 8000", f"--port {port}").replace("/var/lib/kernelbot/runs", runs)
-    line = re.sub(r"\$\{(\w+)\}", lambda m: env[m.group(1)], line)
+    for unit_path, path in (paths or {}).items():
+        line = line.replace(unit_path, path)
+    line = re.sub(r"\$\{(\w+)\}", lambda m: env[m.group(1)], line).replace("%H", socket.gethostname())
+    assert "%" not in line, line  # no other specifier
     return shlex.split(line)
 
 
@@ -100,6 +115,54 @@ def empty_database(postgres):
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+@pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="systemd-analyze is not installed here")
+def test_the_units_pass_systemd_analyze_verify(tmp_path):
+    """No unknown key or bad line (DelegateSubgroup= was one on systemd 252), with the checkout's interpreter."""
+    for unit in sorted(UNITS.glob("*.service")):
+        (tmp_path / unit.name).write_text(unit.read_text().replace(VENV_PYTHON, sys.executable))
+    done = subprocess.run(["systemd-analyze", "verify", *sorted(map(str, tmp_path.iterdir()))], capture_output=True,
+                          text=True, timeout=60)
+    complaints = [line for line in (done.stdout + done.stderr).splitlines() if str(tmp_path) in line]
+    assert done.returncode == 0 and not complaints, done.stdout + done.stderr
+
+
+@pytest.mark.django_db
+def test_the_agents_exec_start_hands_its_group_to_runs_and_names_a_token_command_that_runs(tmp_path):
+    """Run as written, against a stand-in for its v2 service group: it moves itself into runner/ and enables memory
+    and pids for the group's children, then starts the agent with this machine's hostname; without a token the
+    agent refuses and names the command that prints one, which runs."""
+    group = tmp_path / "group"
+    group.mkdir()
+    (group / "cgroup.subtree_control").write_text("")
+    env = {"PATH": os.environ["PATH"], "KERNELBOT_PUBLIC_URL": "http://127.0.0.1:9", "KERNELBOT_AGENT_POOL": "lab"}
+    done = subprocess.run(exec_start("kernelbot-agent.service", env, runs=str(tmp_path / "runs"),
+                                     paths={f"/sys/fs/cgroup/{SERVICE_GROUP}": str(group)}), cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert (group / "runner" / "cgroup.procs").read_text() == "0\n"  # itself, out of the group it hands on
+    assert (group / "cgroup.subtree_control").read_text() == "+pids\n"  # +memory, then +pids (a plain file here)
+    (command,) = re.findall(r"`([^`]*)`", done.stderr)
+    args = shlex.split(command)
+    assert args[:3] == ["manage.py", "node_token", "lab"] and args[3:] == ["--hostname", socket.gethostname()]
+    factories.local_cpu_pool("lab")
+    out = io.StringIO()
+    call_command(*args[1:], stdout=out)
+    assert out.getvalue().strip() == node_token(settings.RUNNER_KEY, "lab", socket.gethostname())
+
+
+@pytest.mark.parametrize("workers", ["", "5"])
+def test_the_web_units_workers_are_one_per_core_unless_set(tmp_path, workers):
+    python = tmp_path / "python"
+    python.write_text('#!/bin/sh\necho "$@"\n')
+    python.chmod(0o755)
+    env = {"PATH": os.environ["PATH"], "KERNELBOT_WEB_WORKERS": workers}
+    done = subprocess.run(exec_start("kernelbot-web.service", env, python=str(python)), env=env, capture_output=True,
+                          text=True, timeout=30, check=True)
+    expected = workers or str(len(os.sched_getaffinity(0)))  # nproc: the cores this process may use
+    assert f" --host 127.0.0.1 --port 8000 --workers {expected} " in done.stdout, done.stdout
+
+
+@pytest.mark.slow
 def test_the_documented_production_install_runs_a_kernel(empty_database, redis_url, tmp_path):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "KERNELBOT_", "DEBUG", "PYTEST"))} | {
@@ -142,15 +205,11 @@ def test_the_documented_production_install_runs_a_kernel(empty_database, redis_u
     try:
         for unit in ("kernelbot-web.service", "kernelbot-workers.service", "kernelbot-agent.service"):
             agent = unit == "kernelbot-agent.service"
-            services.append(subprocess.Popen(exec_start(unit, env, port, runs), cwd=REPO, start_new_session=True,
+            services.append(subprocess.Popen(exec_start(unit, env, port, runs, cgroups if agent else None), cwd=REPO,
+                                             start_new_session=True,
                                              env=agent_env if agent else env, preexec_fn=in_service_cgroups if agent
                                              else None, stdout=(tmp_path / f"{unit}.log").open("w"),
                                              stderr=subprocess.STDOUT))
-        if cgroups:  # the unit's ExecStartPost, on this machine's paths: a no-op where v2 is not at /sys/fs/cgroup
-            post = unit_service("kernelbot-agent.service")["ExecStartPost"].removeprefix("+")
-            for unit_path, path in cgroups.items():
-                post = post.replace(unit_path, path)
-            subprocess.run(shlex.split(post), check=True, timeout=10)
         agent_log = tmp_path / "kernelbot-agent.service.log"
         deadline = time.monotonic() + 180  # until its agent registered them, the pool has no device (a 503 to submit)
         while "in pool lab: devices [0]" not in agent_log.read_text():

@@ -519,8 +519,8 @@ def main(argv: list[str] | None = None) -> int:
     key = os.environ.pop(KEY_ENV, "")  # not passed on to anything this agent starts
     token = os.environ.pop(NODE_TOKEN_ENV, "").strip() or (node_token(key, args.pool, args.hostname) if key else "")
     if not token:
-        print(f"{NODE_TOKEN_ENV} is not set (`manage.py node_token --pool {args.pool} --hostname {args.hostname}` "
-              "prints it)", file=sys.stderr)
+        command = shlex.join(["manage.py", "node_token", args.pool, "--hostname", args.hostname])
+        print(f"{NODE_TOKEN_ENV} is not set (`{command}`, run where the platform runs, prints it)", file=sys.stderr)
         return 2
     agent.harden_self()
     args.workdir.mkdir(parents=True, exist_ok=True)
