@@ -148,6 +148,24 @@ def test_a_fork_bomb_ends_at_its_limit_with_default_limits(tmp_path: Path):
 
 @pytest.mark.slow
 @needs_cpu_cgroup
+def test_a_thread_bomb_ends_at_the_default_task_limit(tmp_path: Path):
+    """Threads are one process: the process count never sees them, the pids cgroup's 4096 tasks do."""
+    o = Sandbox(str(tmp_path), Limits(wall_seconds=60)).start([PY, "-c", textwrap.dedent("""
+        import threading, time
+        threading.stack_size(1 << 16)
+        while True:
+            try:
+                threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+            except RuntimeError:
+                pass
+    """)]).wait()
+    assert o.processes_exceeded and not o.timed_out, o
+    assert o.reason.startswith("process limit exceeded: the run tried to start more than 4096 processes and threads")
+    assert o.elapsed < 20
+
+
+@pytest.mark.slow
+@needs_cpu_cgroup
 def test_a_cpu_burner_is_held_to_its_quota(tmp_path: Path):
     """Three processes spin for 1.5 s of wall time each; a quarter of a core between them: the CPU time they got
     (their rusage) is at most about a quarter of the wall time, and the group's cpu.stat says it was throttled."""
