@@ -24,6 +24,14 @@ plus `custom_kernel = ref_kernel`) timed on the task's largest benchmark, `--rep
 between-run spread its board is given in problems/*.yaml (`run_spread`; else the harness's default). Identical
 code should score 1.00x, with its 95 % interval covering 1 in at least 19 of 20 runs. The last column is the spread
 those runs measured (1.96 times the standard deviation of their log ratios): what a board's `run_spread` should be.
+
+    python bench/fairness.py --aa --separation [--reps 20] [--budget 1] [--loads 0,2]
+
+Beside each A/A run, the separation check (issue 49) times code known to be slower: the reference, then as much
+again of busy work as the reference call took times (factor - 1), so each call takes `factor` times the reference's
+(1.25x; 1.5x on vectoradd, whose spread is wider; CPU only: a GPU kernel would need a synchronise first). The
+slower code should be ranked behind the identical code of the same rep and not statistically tied with it (the
+board's `statistically_tied` on the two runs' intervals) in at least 18 of 20 reps.
 """
 
 from __future__ import annotations
@@ -113,6 +121,41 @@ def aa_workdir(root: Path, problem: Path) -> tuple[Path, dict]:
     return path, task["benchmarks"][-1]
 
 
+SLOWER = """
+
+import time as _time
+
+_FACTOR = {factor}
+
+
+def custom_kernel(data):
+    started = _time.perf_counter()
+    out = ref_kernel(data)
+    until = _time.perf_counter() + (_FACTOR - 1) * (_time.perf_counter() - started)
+    while _time.perf_counter() < until:
+        pass
+    return out
+"""
+SLOWER_FACTORS = {"vectoradd_py": 1.5}  # else 1.25
+
+
+def slower_workdir(root: Path, problem: Path) -> tuple[Path, float]:
+    """A workdir like `aa_workdir`'s whose submission takes SLOWER_FACTORS' times the reference's time per call."""
+    factor = SLOWER_FACTORS.get(problem.name, 1.25)
+    path, _ = aa_workdir(root / "slower", problem)
+    (path / "submission.py").write_text((problem / "reference.py").read_text() + SLOWER.format(factor=factor))
+    return path, factor
+
+
+def tied(a: dict, b: dict) -> bool:
+    """The board's rule (leaderboards/ranking.py statistically_tied) on two runs' ratio intervals."""
+    fast, slow = sorted((a, b), key=lambda c: c["ratio"])
+    if not (fast["ratio"] > 0 and slow["ratio_low"] > 0 and math.isfinite(fast["ratio_high"])):
+        return True
+    return math.log(slow["ratio"] / fast["ratio"]) <= math.hypot(math.log(fast["ratio_high"] / fast["ratio"]),
+                                                                 math.log(slow["ratio"] / slow["ratio_low"]))
+
+
 def board_spreads() -> dict[str, float]:
     """The between-run spread the competition files in problems/ give a task directory's board (`run_spread`)."""
     import yaml
@@ -145,7 +188,11 @@ def aa(args: argparse.Namespace) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     root = Path(tempfile.mkdtemp(prefix="kernelbot-aa-"))
     dirs = {p.name: aa_workdir(root, p) for p in problems}
+    slower = {p.name: slower_workdir(root, p) for p in problems} if args.separation else {}
+    separation: list[str] = []
     spreads = board_spreads()  # as the boards are configured; the others the harness's default
+    if args.spread is not None:  # as if measured (leaderboards/spread.py): every board but those with their own
+        spreads = {p.name: spreads.get(p.name, args.spread) for p in problems}
     harnesses = {"": REPO, **({" (baseline)": args.baseline} if args.baseline else {})}
     rows: list[str] = []
     saved: dict[str, dict[str, list[dict]]] = {}
@@ -154,19 +201,33 @@ def aa(args: argparse.Namespace) -> None:
             loaders = [subprocess.Popen([sys.executable, "-c", LOAD, str(i)]) for i in range(load)]
             try:
                 runs: dict[str, list[dict]] = {name + h: [] for h in harnesses for name in dirs}
-                saved[str(load)] = runs
+                slow_runs: dict[str, list[dict]] = {name: [] for name in slower}
+                saved[str(load)] = {**runs, **{f"{name} slower": r for name, r in slow_runs.items()}}
                 for rep in range(args.reps):
                     for name, (path, case) in dirs.items():
                         for label, harness in harnesses.items():  # side by side: same load, same minute
                             runs[name + label].append(aa_once(path, case, args.budget, harness, spreads.get(name)))
+                        if name in slower:  # the slower code right after its identical one
+                            slow_runs[name].append(aa_once(slower[name][0], case, args.budget, REPO,
+                                                           spreads.get(name)))
                     if args.save:  # every load's runs so far, by load
                         args.save.write_text(json.dumps(saved))
                     print(f"load {load} rep {rep + 1}: " + "  ".join(
-                        f"{n}={ranked_value(r[-1])[0]:.3f}" for n, r in runs.items()), flush=True)
+                        f"{n}={ranked_value(r[-1])[0]:.3f}" for n, r in [*runs.items(), *(
+                            (f"{n} x{slower[n][1]}", r) for n, r in slow_runs.items())]), flush=True)
             finally:
                 for p in loaders:
                     p.send_signal(signal.SIGKILL)
                     p.wait()
+            for name, slow in slow_runs.items():
+                pairs = list(zip(runs[name], slow, strict=True))
+                apart = sum("verdict" not in a and "verdict" not in b and a["ratio"] < b["ratio"] and not tied(a, b)
+                            for a, b in pairs)
+                covers = sum("verdict" not in a and a["ratio_low"] <= 1 <= a["ratio_high"] for a, _ in pairs)
+                ratios = [b["ratio"] for _, b in pairs if "verdict" not in b]
+                separation.append(f"| {name} | {load} | {slower[name][1]}x | {covers}/{len(pairs)} | "
+                                  f"{apart}/{len(pairs)} | {statistics.median(ratios) if ratios else math.nan:.3f} | "
+                                  f"{spreads.get(name, 'default')} |")
             for name, cases in runs.items():
                 ok = [c for c in cases if "verdict" not in c]
                 ratios = [c["ratio"] for c in ok]
@@ -184,6 +245,10 @@ def aa(args: argparse.Namespace) -> None:
           "| failed | board's run_spread | sd of log ratio → suggested run_spread (1.96 sd) |\n"
           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     print("\n".join(rows))
+    if separation:
+        print("\n| problem | load | slower code | identical covers 1 | slower ranked behind, not tied | median ratio "
+              "of the slower | run_spread |\n| --- | --- | --- | --- | --- | --- | --- |")
+        print("\n".join(separation))
 
 
 def ranked_value(case: dict) -> tuple[float, float, float]:
@@ -271,6 +336,8 @@ def main() -> None:
     parser.add_argument("--aa", action="store_true", help="the A/A check: reference copies on every trusted problem")
     parser.add_argument("--loads", default="0,2", help="--aa: the load settings, comma-separated")
     parser.add_argument("--problems", help="--aa: only these problems (directory names, comma-separated)")
+    parser.add_argument("--separation", action="store_true", help="--aa: also time slower code beside each A/A run")
+    parser.add_argument("--spread", type=float, help="--aa: the run_spread of boards that set none (as if measured)")
     parser.add_argument("--baseline", type=Path, help="--aa: also time each rep with the harness (runners/) under DIR")
     args = parser.parse_args()
     if args.aa:
