@@ -93,6 +93,7 @@ def already_acknowledged(exc: discord.HTTPException) -> bool:
 async def respond(interaction: discord.Interaction, content: str, ephemeral: bool = True, **kwargs) -> None:
     """The interaction's answer, or a follow-up when it has one already (Discord answers 40060 when another process
     of ours, or an earlier try, acknowledged it)."""
+    content = render.contained(content)
     if not interaction.response.is_done():
         try:
             return await interaction.response.send_message(content, ephemeral=ephemeral, **kwargs)
@@ -318,8 +319,8 @@ class Live:
     async def _announce(self, claimed: list[announce.Claimed]) -> None:
         for item in claimed:
             try:
-                sent = await self.client.get_partial_messageable(item.channel_id).send(
-                    item.text, allowed_mentions=ANNOUNCE_MENTIONS)  # the participant role only: names never ping
+                sent = await self.client.get_partial_messageable(item.channel_id).send(  # the participant role only:
+                    render.contained(item.text), allowed_mentions=ANNOUNCE_MENTIONS)  # names never ping
             except TRANSIENT as exc:
                 log.warning("could not post announcement %s (%r); retried after %s s", item.announcement_id, exc,
                             settings.DISCORD_ANNOUNCE_RETRY_SECONDS)
@@ -545,8 +546,8 @@ async def task_command(interaction: discord.Interaction, leaderboard_name: str) 
         text, files = await in_thread(service.task, member_of(interaction), leaderboard_name)
     except BotError as exc:
         return await refuse(interaction, str(exc))
-    await interaction.response.send_message(text, files=[text_file(n, t) for n, t in sorted(files.items())][:10],
-                                            ephemeral=True)
+    await interaction.response.send_message(render.contained(text), ephemeral=True,
+                                            files=[text_file(n, t) for n, t in sorted(files.items())][:10])
 
 
 @leaderboard_group.command(name="template", description="A starting point for a submission")
@@ -557,8 +558,8 @@ async def template_command(interaction: discord.Interaction, leaderboard_name: s
         name, text = await in_thread(service.template, member_of(interaction), leaderboard_name, lang)
     except BotError as exc:
         return await refuse(interaction, str(exc))
-    await interaction.response.send_message(f"Template for {leaderboard_name}:", file=text_file(name, text),
-                                            ephemeral=True)
+    await interaction.response.send_message(f"Template for {render.isolate(leaderboard_name)}:",
+                                            file=text_file(name, text), ephemeral=True)
 
 
 @leaderboard_group.command(name="get-submission",
@@ -816,7 +817,7 @@ async def import_command(interaction: discord.Interaction, archive: discord.Atta
         text = await in_thread(service.import_problem, member, data, leaderboard_name, deadline, gpus, force)
     except BotError as exc:
         return await refuse(interaction, str(exc))
-    await interaction.followup.send(text, ephemeral=True)
+    await interaction.followup.send(render.clip(text), ephemeral=True)
 
 
 class ConfirmDelete(discord.ui.View):
@@ -839,12 +840,12 @@ class ConfirmDelete(discord.ui.View):
             text = await in_thread(self.delete, member_of(interaction), *self.args)
         except BotError as exc:
             text = str(exc)
-        await interaction.response.edit_message(content=text, view=None)
+        await interaction.response.edit_message(content=render.clip(text), view=None)
 
     @discord.ui.button(label="Keep", style=discord.ButtonStyle.secondary, custom_id="kb-delete-keep")
     async def keep(self, interaction: discord.Interaction, button: discord.ui.Button) -> None:
         self.stop()
-        await interaction.response.edit_message(content=f"{self.what} is kept.", view=None)
+        await interaction.response.edit_message(content=render.contained(f"{self.what} is kept."), view=None)
 
 
 @admin_group.command(name="delete-leaderboard", description="Delete a leaderboard (asks for confirmation)")
@@ -855,7 +856,8 @@ async def delete_leaderboard_command(interaction: discord.Interaction, leaderboa
         text = await in_thread(service.describe_leaderboard_delete, member_of(interaction), leaderboard_name, force)
     except BotError as exc:
         return await refuse(interaction, str(exc))
-    await respond(interaction, text, view=ConfirmDelete(interaction.user.id, f"Leaderboard '{leaderboard_name}'",
+    await respond(interaction, text, view=ConfirmDelete(interaction.user.id,
+                                                        f"Leaderboard '{render.isolate(leaderboard_name)}'",
                                                         service.delete_leaderboard, leaderboard_name, force))
 
 
@@ -943,9 +945,9 @@ class KernelBot(discord.Client):
         except BotError as exc:
             if public:  # a refusal is for the submitter only: the public "thinking…" answer makes way for it
                 await interaction.delete_original_response()
-                await interaction.followup.send(str(exc), ephemeral=True)
+                await interaction.followup.send(render.clip(str(exc)), ephemeral=True)
             else:
-                await interaction.edit_original_response(content=str(exc))
+                await interaction.edit_original_response(content=render.clip(str(exc)))
             return
         shown = await interaction.edit_original_response(content=submitted.content)
         row = await in_thread(service.track, submitted, member, interaction.application_id, interaction.token,

@@ -18,6 +18,7 @@ from runners.reservations import actions as reservations
 from runners.reservations import chat
 from runners.reservations.models import OPEN, Reservation, ReservationStatus
 
+from . import render
 from .identity import PROVIDER
 from .models import Guild
 from .service import BotError, Member, actor_for
@@ -31,7 +32,8 @@ def when(moment: datetime) -> str:
 
 def describe(r: Reservation) -> str:
     nodes = f" × {r.node_count} nodes" if r.node_count > 1 else ""
-    line = (f"#{r.pk} {r.gpu_count}× {r.gpu_type.name}{nodes} on {r.pool.name} for {r.minutes} min ({r.project}): "
+    line = (f"#{r.pk} {r.gpu_count}× {r.gpu_type.name}{nodes} on {r.pool.name} for {r.minutes} min "
+            f"({render.isolate(r.project)}): "
             f"{r.status}")
     if r.status == ReservationStatus.ACTIVE:
         line += f" on {', '.join(r.hostnames()) or '?'}, ends {when(r.ends_at)}"
@@ -120,7 +122,7 @@ def post_to_report_channels(text: str) -> None:
     for channel_id in Guild.objects.filter(enabled=True, report_channel_id__isnull=False).values_list(
             "report_channel_id", flat=True):
         _rest("POST", f"channels/{channel_id}/messages",
-              {"content": f"```\n{text[:1900]}\n```", "allowed_mentions": {"parse": []}})
+              {"content": f"```\n{render.contained(text[:1900])}\n```", "allowed_mentions": {"parse": []}})
 
 
 def direct_message(user, text: str) -> None:
@@ -129,7 +131,8 @@ def direct_message(user, text: str) -> None:
     if uid is None:
         return
     channel = _rest("POST", "users/@me/channels", {"recipient_id": uid})
-    _rest("POST", f"channels/{channel['id']}/messages", {"content": text[:2000], "allowed_mentions": {"parse": []}})
+    _rest("POST", f"channels/{channel['id']}/messages", {"content": render.clip(text),
+                                                         "allowed_mentions": {"parse": []}})
 
 
 def register() -> None:

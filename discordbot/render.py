@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.urls import reverse
 
+from leaderboards.models import isolated
 from leaderboards.serializers import Outcome, failure_text
 
 LIMIT = 2000
@@ -18,8 +19,52 @@ ICONS = {"queued": "⏳", "dispatched": "📦", "running": "⚙️", "succeeded"
 PHASES = {"test": "tests", "benchmark": "benchmarks", "ranked": "ranked cases"}
 
 
+ISOLATES, PDI = "\u2066\u2067\u2068", "\u2069"  # LRI, RLI, FSI; POP DIRECTIONAL ISOLATE
+EMBEDDINGS = "\u202a\u202b\u202c\u202d\u202e"  # LRE, RLE, PDF, LRO, RLO
+NO_ISOLATES = dict.fromkeys(map(ord, ISOLATES + PDI))
+
+
+def isolate(text: object) -> str:
+    """User text (a name, a file name) isolated as the site does (`leaderboards.models.isolated`: FSI … PDI), less any
+    isolate control of its own: a PDI in it would close the isolate early and let an override after it run on. An
+    override or embedding inside (a name starting with U+202E) ends at the closing PDI."""
+    return isolated(str(text).translate(NO_ISOLATES))
+
+
+def who(user) -> str:
+    """The name the boards show (display name, else user name), isolated."""
+    profile = getattr(user, "profile", None)
+    return isolate((profile.display_name if profile else "") or user.get_username())
+
+
+def contained(text: str) -> str:
+    """A whole message in which no bidi control reaches past the user text it came with: isolates are kept where they
+    pair up within a line (matched as UAX #9 does), and an embedding or override outside them (user text not passed
+    through `isolate`, e.g. echoed in an error) is dropped. Every message the bot sends goes through it."""
+    pairs: set[int] = set()
+    opened: list[int] = []
+    for i, char in enumerate(text):
+        if char in ISOLATES:
+            opened.append(i)
+        elif char == PDI and opened:
+            pairs.update((opened.pop(), i))
+        elif char == "\n":
+            opened.clear()
+    kept, depth = [], 0
+    for i, char in enumerate(text):
+        if char in ISOLATES or char == PDI:
+            if i not in pairs:
+                continue
+            depth += 1 if char in ISOLATES else -1
+        elif char in EMBEDDINGS and not depth:
+            continue
+        kept.append(char)
+    return "".join(kept)
+
+
 def clip(text: str, limit: int = LIMIT) -> str:
-    return text if len(text) <= limit else text[: limit - 2] + " …"
+    """A message within Discord's limit (`contained`)."""
+    return contained(text if len(text) <= limit else text[: limit - 2] + " …")
 
 
 def split(text: str, limit: int = LIMIT) -> list[str]:
@@ -40,7 +85,7 @@ def split(text: str, limit: int = LIMIT) -> list[str]:
             current = f"{current}\n{line}" if current else line
     if current or not parts:
         parts.append(current)
-    return parts
+    return [contained(part) for part in parts]
 
 
 def fit_file(text: str, limit: int) -> str:
@@ -105,9 +150,8 @@ def status(submission, runs: list[dict], state: str, queue: dict | None, scores:
     """`scores`: GPU name → the submission's one (score, ratio) there (`serializers.submission_results`), shown
     instead of each run's own."""
     scores = scores or {}
-    head = f"**#{submission.pk}** `{submission.file_name}` → **{submission.leaderboard.name}** ({submission.mode}): " \
-           f"{state}"
-    lines = [head]
+    lines = [f"**#{submission.pk}** `{isolate(submission.file_name)}` → **{submission.leaderboard.name}** "
+             f"({submission.mode}): {state}"]
     if queue:
         lines.append(f"Queue position {queue['position']} of {queue['queued_jobs']} on {queue['gpu']}, about "
                      f"{timedelta(seconds=int(queue['eta_seconds']))} to go.")
@@ -120,7 +164,8 @@ def status(submission, runs: list[dict], state: str, queue: dict | None, scores:
 
 def report(submission, runs: list[dict]) -> str:
     """The full report for the owner: errors, checker messages, per-benchmark table, logs and system info."""
-    out = [f"Submission #{submission.pk} {submission.file_name} on {submission.leaderboard.name} ({submission.mode})"]
+    out = [f"Submission #{submission.pk} {isolate(submission.file_name)} on {submission.leaderboard.name} "
+           f"({submission.mode})"]
     for run in runs:
         out.append(f"\n== {run['gpu']} {'secret' if run['secret'] else 'public'} run: {run['status']}"
                    f" ({Outcome.TEXT.get(run['outcome'], '-')})")
@@ -146,9 +191,7 @@ def report(submission, runs: list[dict]) -> str:
 def ranking(board, gpu_type, entries, page: int, pages: int, gpu_names: list[str]) -> str:
     lines = [f"**{board.name}** on **{gpu_type.name}** — page {page}/{pages} (GPUs: {', '.join(gpu_names)})"]
     for e in entries:
-        profile = getattr(e.user, "profile", None)
-        name = (profile.display_name if profile else "") or e.user.get_username()
-        lines.append(f"{e.rank}{'≈' if e.tied else '.'} {name} — {seconds(e.score)}"
+        lines.append(f"{e.rank}{'≈' if e.tied else '.'} {who(e.user)} — {seconds(e.score)}"
                      f"{ratio(e.ratio_low, e.ratio, e.ratio_high)} (#{e.submission_id})")
     if len(lines) == 1:
         lines.append("No ranked submission yet.")
@@ -173,5 +216,5 @@ def statistics(days: int, submissions: int, by_mode: dict, per_runner: list[dict
              f"GPU time: {gpu_time.total_seconds():.0f} s" if gpu_time else "GPU time: 0 s",
              f"Queued now: {queued}",
              "Runs per runner: " + (", ".join(f"{r['runner']} {r['n']}" for r in per_runner) or "none"),
-             "Top users: " + (", ".join(f"{t['user__username']} {t['n']}" for t in top) or "none")]
+             "Top users: " + (", ".join(f"{isolate(t['user__username'])} {t['n']}" for t in top) or "none")]
     return "\n".join(lines)

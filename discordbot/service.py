@@ -133,9 +133,10 @@ def check_attachment(file_name: str | None, size: int) -> None:
     if not file_name:
         raise BotError("Attach your kernel as a file (the `script` option).")
     if size == 0:
-        raise BotError(f"'{file_name}' is empty.")
+        raise BotError(f"'{render.isolate(file_name)}' is empty.")
     if size > settings.MAX_SUBMISSION_BYTES:
-        raise BotError(f"'{file_name}' is {size} bytes; the limit is {settings.MAX_SUBMISSION_BYTES} bytes.")
+        raise BotError(f"'{render.isolate(file_name)}' is {size} bytes; the limit is {settings.MAX_SUBMISSION_BYTES} "
+                       "bytes.")
 
 
 def is_public(command_mode: str) -> bool:
@@ -162,7 +163,8 @@ def submit(member: Member, command_mode: str, file_name: str, content: bytes, le
         board = access_leaderboard(actor.user, name, queryset=Leaderboard.objects.select_related("problem"))
         allowed = EXTENSIONS.get(board.problem.lang, ())
         if allowed and PurePosixPath(file_name).suffix.lower() not in allowed:
-            raise BotError(f"'{file_name}': leaderboard '{board.name}' takes {' or '.join(allowed)} files.")
+            raise BotError(f"'{render.isolate(file_name)}': leaderboard '{board.name}' takes {' or '.join(allowed)} "
+                           "files.")
         request = actions.check_submission(actor.user, name, gpu_names, MODES[command_mode], file_name, content)
         submission = actions.do_submit(actor.user, request)
     except (SubmissionRejected, AccessDenied) as exc:
@@ -322,7 +324,7 @@ def show_personal(member: Member, leaderboard_name: str, page: int = 1) -> str:
         _, state, _ = job_state(runs, run_view(actor.user, s))
         scores = submission_scores(s.mode, runs)
         shown = ", ".join(f"{gpu} {render.seconds(v)}" for gpu, v in scores.items()) or "-"
-        lines.append(f"#{s.pk} `{s.file_name}` {s.mode} {state} {shown} ({render.when(s.created)})")
+        lines.append(f"#{s.pk} `{render.isolate(s.file_name)}` {s.mode} {state} {shown} ({render.when(s.created)})")
     if page < pages:
         lines.append(f"Older ones: `/leaderboard show-personal leaderboard_name:{board.name} page:{page + 1}`")
     return "\n".join(lines)
@@ -423,7 +425,8 @@ def describe_for_delete(member: Member, submission_id: int) -> str:
         finals.check_may_delete(submission)
     except Refused as exc:
         raise BotError(exc.message) from exc
-    return f"Delete submission #{submission.pk} (`{submission.file_name}` by {submission.user.get_username()} on " \
+    return f"Delete submission #{submission.pk} (`{render.isolate(submission.file_name)}` by " \
+           f"{render.isolate(submission.user.get_username())} on " \
            f"'{submission.leaderboard.name}')? Its runs and board entries go with it."
 
 
@@ -448,7 +451,7 @@ def admin_submission(member: Member, submission_id: int) -> tuple[str, tuple[str
         raise BotError(f"Submission {submission_id} does not exist.")
     runs = [run_out(r, RunView.ALL)
             for r in submission.runs.select_related("gpu_type").order_by("gpu_type", "secret")]
-    lines = [f"# Submission {submission.pk}", f"submitted by {submission.user.get_username()} on "
+    lines = [f"# Submission {submission.pk}", f"submitted by {render.isolate(submission.user.get_username())} on "
              f"{submission.created:%Y-%m-%d %H:%M} UTC to leaderboard `{submission.leaderboard.name}` "
              f"({submission.mode})."]
     if not job_state(list(submission.runs.all()), RunView.ALL)[0]:

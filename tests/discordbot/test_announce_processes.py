@@ -58,5 +58,5 @@ def test_each_change_is_announced_once_across_processes_restarts_and_a_refused_p
     texts = posted(fake)
     assert len(texts) == 3, texts
     for name in ("alice", "bob", "carol"):  # each took #1 or entered the top 3, once
-        assert len([t for t in texts if re.match(rf"\*\*{name}\*\* (took|entered)", t)]) == 1, texts
+        assert len([t for t in texts if re.match(rf"\*\*\u2068{name}\u2069\*\* (took|entered)", t)]) == 1, texts
     assert Announcement.objects.count() == 3

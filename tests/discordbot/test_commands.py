@@ -51,7 +51,7 @@ def submit(fake, user=ALICE, mode="test", code=CORRECT, name="kernel.py", **opti
     ({"leaderboard_name": "nope", "gpu": "CPU"}, "Unknown leaderboard 'nope'."),
     ({"gpu": "H100"}, "does not run on GPU 'H100'; available: CPU."),
     ({"name": "kernel.cu"}, "takes .py files"),
-    ({"code": b""}, "'kernel.py' is empty."),
+    ({"code": b""}, "'\u2068kernel.py\u2069' is empty."),
     ({"code": b"\xff\xfe" * 10, "gpu": "CPU"}, "is not UTF-8 text"),
     ({"code": b"x" * (1024 * 1024 + 1)}, "the limit is 1048576 bytes"),
     ({"gpu": "CPU", "leaderboard_name": None}, "Name a leaderboard"),
@@ -172,7 +172,7 @@ def test_organiser_commands_cancel_requeue_rescore_stats_delete_and_import(bot, 
     assert "Run 999999 not found" in refused(fake, fake.command("admin requeue", ORG, run_id=999999, **org))
     assert "Rescored" in reply(fake, fake.command("admin rescore", ORG, leaderboard_name=leaderboard.name, **org))[0]
     stats = reply(fake, fake.command("admin stats", ORG, **org))[0]
-    assert "1 submissions (leaderboard 1)" in stats and "Top users: member" in stats
+    assert "1 submissions (leaderboard 1)" in stats and "Top users: \u2068member" in stats
 
     # KernelBot's /admin get-submission: the code and runs.json with the secret run too, for organisers only
     Run.objects.filter(submission=submission, secret=True).update(

@@ -89,9 +89,9 @@ def test_show_personal_pages_through_every_submission_with_a_count(bot, leaderbo
     first, _ = reply(fake, fake.command("leaderboard show-personal", ALICE, leaderboard_name=leaderboard.name))
     assert "45 in all; 1–20 (newest first), page 1 of 3" in first and first.count("\n#") == 20
     assert f"`/leaderboard show-personal leaderboard_name:{leaderboard.name} page:2`" in first
-    assert "`k43.py`" in first and "`k24.py`" in first and "`k23.py`" not in first
+    assert "`\u2068k43.py\u2069`" in first and "`\u2068k24.py\u2069`" in first and "k23.py" not in first
     last, _ = reply(fake, fake.command("leaderboard show-personal", ALICE, leaderboard_name=leaderboard.name, page=3))
-    assert "41–45" in last and last.count("\n#") == 5 and "`k.py`" in last and "page:4" not in last
+    assert "41–45" in last and last.count("\n#") == 5 and "`\u2068k.py\u2069`" in last and "page:4" not in last
     assert "fill 3 page(s)" in refused(fake, fake.command("leaderboard show-personal", ALICE,
                                                            leaderboard_name=leaderboard.name, page=4))
 

@@ -77,13 +77,14 @@ def test_thirty_users_post_only_podium_changes(fast_sweep, bot, leaderboard):
     posts = podium_posts()
     assert len(posts) == sum(changes), posts
     where = f"`{leaderboard.name}` (`CPU`)"
-    assert posts[0] == f"**user00** took **#1** on {where} with 1× the reference's time (ranked by ratio)."
-    assert posts[1] == f"**user01** entered the **top 3** on {where} with 1.7× the reference's time (ranked by ratio)."
-    assert "**user02** entered the **top 3**" in posts[2]
+    assert posts[0] == f"**\u2068user00\u2069** took **#1** on {where} with 1× the reference's time (ranked by ratio)."
+    assert posts[1] == f"**\u2068user01\u2069** entered the **top 3** on {where} with 1.7× the reference's time " \
+                       "(ranked by ratio)."
+    assert "**\u2068user02\u2069** entered the **top 3**" in posts[2]
     # user03 (3.1) does not get in; user04 (3.8) neither; user05 (1.5) pushes user02 (2.4) out
     assert posts[3].splitlines() == [
-        f"**user05** entered the **top 3** on {where} with 1.5× the reference's time (ranked by ratio).",
-        "**user02** fell out of the **top 3**."]
+        f"**\u2068user05\u2069** entered the **top 3** on {where} with 1.5× the reference's time (ranked by ratio).",
+        "**\u2068user02\u2069** fell out of the **top 3**."]
     took = [p for p in posts if "took **#1**" in p]
     assert all("lost **#1**" in p for p in took[1:]), took
     assert not [p for p in posts if "Personal best" in p or "first successful" in p]
@@ -116,7 +117,8 @@ def test_beginner_closed_expired_boards_are_not_announced_and_personal_bests_are
 
     texts = [c.text for c in announce.claim_recent()]
     assert [t for t in texts if "took **#1**" in t] == [
-        f"**alice** took **#1** on `{board.name}` (`CPU`) with 1.5× the reference's time (ranked by ratio)."]
+        f"**\u2068alice\u2069** took **#1** on `{board.name}` (`CPU`) with 1.5× the reference's time "
+        "(ranked by ratio)."]
     assert [t.splitlines()[0] for t in texts if t.startswith("# New")] == [f"# New leaderboard: {board.name}"]
     assert announce.claim_recent() == []  # claimed once
 
@@ -128,11 +130,11 @@ def test_beginner_closed_expired_boards_are_not_announced_and_personal_bests_are
     by_channel = {c.channel_id: [] for c in claimed}
     for c in claimed:
         by_channel[c.channel_id].append(c.text)
-    assert by_channel[CHANNEL_ID] == [f"**bob** entered the **top 3** on `{board.name}` (`CPU`) with 2× the "
-                                      "reference's time (ranked by ratio)."]
+    assert by_channel[CHANNEL_ID] == [f"**\u2068bob\u2069** entered the **top 3** on `{board.name}` (`CPU`) with 2× "
+                                      "the reference's time (ranked by ratio)."]
     personal = sorted(by_channel[ANNOUNCE_CHANNEL_ID])
     assert len(personal) == 2, personal
-    assert personal[0].startswith("🎉 **bob**'s first successful submission")
+    assert personal[0].startswith("🎉 **\u2068bob\u2069**'s first successful submission")
     assert "2× the reference's time" in personal[0]
-    assert (personal[1].startswith(f"📈 Personal best of **alice** on `{board.name}` (`CPU`): 1.2× the reference's "
-                                   "time (ranked by ratio), was 1.5×; rank 1"))
+    assert (personal[1].startswith(f"📈 Personal best of **\u2068alice\u2069** on `{board.name}` (`CPU`): 1.2× the "
+                                   "reference's time (ranked by ratio), was 1.5×; rank 1"))
