@@ -309,9 +309,9 @@ def _verdict(check: PoolCheck, now) -> tuple[str | None, str]:
 
 
 def _agent_live(check: PoolCheck) -> bool:
-    """A remote pool's check, or a node's whose agent is live: a late check run is then the platform's (or the queue's)
-    doing, not the node's."""
-    return check.node is None or Node.objects.get(pk=check.node_id).agent_live()
+    """A node's check whose agent is live: its late check run is then the platform's (or the queue's, or competitors'
+    runs') doing, not the node's. A remote pool's late check fails, as its service is what is late."""
+    return check.node_id is not None and Node.objects.get(pk=check.node_id).agent_live()
 
 
 def _settle(pool: GpuPool) -> bool:

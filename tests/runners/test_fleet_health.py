@@ -22,7 +22,7 @@ from runners.actions import gpu_availability
 from runners.harness.node import node_token
 from runners.models import CheckOutcome, Gpu, GpuPool, Node, NodeService, PoolCheck, PoolHealth
 
-from ..factories import ranked_result, submission
+from ..factories import ranked_result, remote_pool, submission
 
 pytestmark = pytest.mark.django_db
 CPU_PROBE = {"hostname": "ignored", "cpu": "AMD EPYC", "cpus": 2, "devices": [], "source": "none"}
@@ -217,3 +217,15 @@ def test_a_check_late_through_no_fault_of_its_node_is_retried_never_charged(cpu_
     assert pass_claims(node, inline_tasks) == [again.run_id]
     again.refresh_from_db()
     assert again.outcome == CheckOutcome.OK and Node.objects.get(pk=node.pk).in_service
+
+
+def test_a_remote_pools_late_check_still_fails_its_pool(cpu_pool, settings, django_capture_on_commit_callbacks):
+    pool = remote_pool("slurm", cpu_pool.cpu)
+    with django_capture_on_commit_callbacks(execute=False):  # its service never takes the run
+        do_start_pool_check(pool)
+    [check] = pool.checks.filter(outcome=CheckOutcome.PENDING)
+    do_finish_pool_checks(now=timezone.now() + timedelta(seconds=settings.POOL_CHECK_TIMEOUT + 1))
+    check.refresh_from_db()
+    pool.refresh_from_db()
+    assert check.outcome == CheckOutcome.FAILING and pool.health == PoolHealth.FAILING
+    assert f"no result within {settings.POOL_CHECK_TIMEOUT} s" in check.detail
