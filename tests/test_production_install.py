@@ -128,8 +128,8 @@ def test_the_units_pass_systemd_analyze_verify(tmp_path):
 
 @pytest.mark.django_db
 def test_the_agents_exec_start_hands_its_group_to_runs_and_names_a_token_command_that_runs(tmp_path):
-    """Run as written, against a stand-in for its v2 service group: it moves itself into runner/ and enables memory
-    and pids for the group's children, then starts the agent with this machine's hostname; without a token the
+    """Run as written, against a stand-in for its v2 service group: it moves itself into runner/ and enables memory,
+    pids and cpu for the group's children, then starts the agent with this machine's hostname; without a token the
     agent refuses and names the command that prints one, which runs."""
     group = tmp_path / "group"
     group.mkdir()
@@ -140,7 +140,7 @@ def test_the_agents_exec_start_hands_its_group_to_runs_and_names_a_token_command
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
     assert (group / "runner" / "cgroup.procs").read_text() == "0\n"  # itself, out of the group it hands on
-    assert (group / "cgroup.subtree_control").read_text() == "+pids\n"  # +memory, then +pids (a plain file here)
+    assert (group / "cgroup.subtree_control").read_text() == "+cpu\n"  # +memory, +pids, then +cpu (a plain file)
     (command,) = re.findall(r"`([^`]*)`", done.stderr)
     args = shlex.split(command)
     assert args[:3] == ["manage.py", "node_token", "lab"] and args[3:] == ["--hostname", socket.gethostname()]
