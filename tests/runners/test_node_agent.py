@@ -12,6 +12,7 @@ import signal
 import subprocess
 import threading
 import time
+import uuid
 from datetime import timedelta
 from pathlib import Path
 
@@ -380,9 +381,11 @@ def test_a_reservations_processes_die_at_its_end_even_when_the_next_one_takes_it
 
 
 @pytest.mark.django_db
-def test_an_expiring_reservations_processes_die_at_its_end_without_a_wake_up_or_the_reaper(cpu_pool, tmp_path):
+def test_an_expiring_reservations_processes_die_at_its_end_without_a_wake_up_or_the_reaper(cpu_pool, tmp_path,
+                                                                                          settings):
     """The agent asks again at a reservation's end (`ends_in` of its answer): the holder's process dies then, though
     nothing wakes the node, no reaper marks the reservation expired and the agent's wait and poll are 10 minutes."""
+    settings.RUNNER_KEY = f"expiry-{uuid.uuid4().hex}"  # an installation of its own: no other test's agent sweeps it
     node = cpu_pool.nodes.get()
     hold = reservation_hold(node, UserFactory())
     ends_at = timezone.now() + timedelta(seconds=2)
@@ -416,6 +419,25 @@ def test_an_expiring_reservations_processes_die_at_its_end_without_a_wake_up_or_
         agent.stopping.set()
         with contextlib.suppress(ProcessLookupError):
             os.kill(holder, signal.SIGKILL)
+
+
+@pytest.mark.django_db
+def test_a_reservation_past_its_end_leaves_its_nodes_answer_before_the_reaper_marks_it(cpu_pool, tmp_path):
+    """The node's answer is what its agent acts on: a reservation whose `ends_at` has passed is not in it (nor its
+    holder's keys) though it is still ACTIVE with its hold open; one still running says when it ends (`ends_in`)."""
+    node = cpu_pool.nodes.get()
+    Gpu.objects.create(node=node, gpu_type=cpu_pool.cpu, index=1)
+    ending, going_on = UserFactory(), UserFactory()
+    for user in (ending, going_on):
+        new_key(user, tmp_path)
+    over = reservation_hold(node, ending, index=0)
+    on = reservation_hold(node, going_on, index=1)
+    Reservation.objects.filter(pk=over.reservation_id).update(ends_at=timezone.now() - timedelta(seconds=1))
+    answer = node_call("poll", {"pool": cpu_pool.name, "hostname": node.hostname, "free": []}).json()
+    (listed,) = answer["reservations"]
+    assert listed["id"] == on.reservation_id and listed["gpus"] == [1] and 1790 < listed["ends_in"] <= 1800
+    assert answer["reserved"] == [1] and [k["reservation"] for k in answer["keys"]] == [on.reservation_id]
+    assert Reservation.objects.get(pk=over.reservation_id).status == "active"  # the reaper has not run
 
 
 def new_key(user, directory: Path) -> None:
