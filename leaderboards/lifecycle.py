@@ -705,10 +705,16 @@ def do_mark_silent_nodes(now=None) -> int:
     """Every node of a local pool in service whose agent was heard from once but not within KERNELBOT_AGENT_DEADLINE
     is out of service, no agent (what `Node.state` already reads), and the runs its agent held are retried now: the
     row, the admin, the health API and /metrics agree within a reaper's tick. Its agent's next ask puts it back
-    (`do_node_heartbeat`). Returns how many nodes."""
+    (`do_node_heartbeat`). When every agent of several went silent at once, the platform (its web tier, database or
+    Redis) is what stalled: nothing is marked. Returns how many nodes."""
     live = (now or timezone.now()) - timedelta(seconds=settings.AGENT_DEADLINE)
     silent = list(Node.objects.filter(pool__backend=RunnerBackendName.LOCAL, service=NodeService.IN_SERVICE,
                                       agent_seen_at__lt=live))
+    if len(silent) > 1 and not Node.objects.filter(pool__backend=RunnerBackendName.LOCAL,
+                                                   agent_seen_at__gte=live).exists():
+        log.warning("no node agent heard from within %s s: the platform is behind, not %s agents at once; no node "
+                    "is put out of service for it", settings.AGENT_DEADLINE, len(silent))
+        return 0
     for node in silent:
         if not Node.objects.filter(pk=node.pk, service=NodeService.IN_SERVICE, agent_seen_at__lt=live).update(
                 service=NodeService.NO_AGENT, service_since=now or timezone.now(),

@@ -229,3 +229,21 @@ def test_a_remote_pools_late_check_still_fails_its_pool(cpu_pool, settings, djan
     pool.refresh_from_db()
     assert check.outcome == CheckOutcome.FAILING and pool.health == PoolHealth.FAILING
     assert f"no result within {settings.POOL_CHECK_TIMEOUT} s" in check.detail
+
+
+def test_every_agent_silent_at_once_is_a_stalled_platform_not_a_dead_fleet(cpu_pool, leaderboard, settings):
+    for i in range(3):
+        Gpu.objects.create(node=Node.objects.create(pool=cpu_pool, hostname=f"n{i}"), gpu_type=cpu_pool.cpu, index=0)
+    cpu_pool.nodes.update(agent_seen_at=timezone.now())
+    run = submission(leaderboard, mode="test").runs.get()
+    dispatch_run(run.pk)
+    [claim] = lifecycle.do_claim_runs(Node.objects.get(pool=cpu_pool, hostname="n0"), [0])
+    Run.objects.filter(pk=run.pk).update(status_deadline=timezone.now() + timedelta(hours=1))
+    cpu_pool.nodes.update(agent_seen_at=timezone.now() - timedelta(seconds=settings.AGENT_DEADLINE + 5))
+    assert lifecycle.do_mark_silent_nodes() == 0  # no asks taken at all: the web tier, database or Redis stalled
+    assert set(cpu_pool.nodes.values_list("service", flat=True)) == {NodeService.IN_SERVICE}
+    assert Run.objects.get(pk=run.pk).attempt == claim["attempt"]
+    Node.objects.filter(pool=cpu_pool, hostname="n1").update(agent_seen_at=timezone.now())  # asks are taken again
+    assert lifecycle.do_mark_silent_nodes() == 3
+    assert Node.objects.get(pool=cpu_pool, hostname="n1").in_service
+    assert Run.objects.get(pk=run.pk).attempts.get(number=claim["attempt"]).outcome == "retried"
