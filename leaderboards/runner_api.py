@@ -297,6 +297,7 @@ def node_answer(authorization: str, body: dict, *, woken: tuple[str, int] | None
 # pool → (when read, wake-ups seen then, a run waits, nodes a reservation holds)
 _pools: dict[int, tuple[float, int, bool, set[int]]] = {}
 POOL_TTL = 1.0
+END_MARGIN_S = 0.05  # a held wait that a reservation's end cuts short is answered this long after it
 NONE = {"reserved": [], "reservations": [], "keys": []}
 
 
@@ -496,6 +497,9 @@ async def node_wait(scope, receive, send) -> None:
     if status != 200 or answer["claims"] or not wait or wakeups.waiters.seq != seen:
         # news (claims, or a wake-up while it looked): a waiting agent asks again at once
         return await _send_json(send, status, {**answer, "again": bool(wait)} if status == 200 else answer)
+    ends = min((float(r["ends_in"]) for r in answer["reservations"] if "ends_in" in r), default=wait)
+    if ending := ends < wait:  # a reservation here ends first: answered afresh then, without it (its processes end)
+        wait = max(ends, 0.0) + END_MARGIN_S
     waiter = wakeups.Waiter(wait_on)
     wakeups.waiters.add(waiter)
 
@@ -516,7 +520,7 @@ async def node_wait(scope, receive, send) -> None:
         if waiter.baton is not None:  # woken for a run it will never claim: the next waiter looks
             wakeups.waiters.hand_on(*waiter.baton)
         return
-    if waiter.event.is_set():
+    if waiter.event.is_set() or ending:
         status, answer, _, _ = await run(authorization, raw, waiter.baton, True)
         if status != 200 and waiter.baton is not None:
             wakeups.waiters.hand_on(*waiter.baton)

@@ -302,7 +302,7 @@ class NodeAgent:
             self.sampled = time.monotonic()
             if (samples := gpu_samples()) is not None:
                 body["samples"] = samples  # the platform's /metrics shows them
-        answer = None
+        answer, asked = None, time.monotonic()
         if wait:
             try:
                 answer = self._call("wait", {**body, "wait": wait})
@@ -319,8 +319,8 @@ class NodeAgent:
         reserved = answer.get("reserved", [])
         if self.spares is not None:
             self.spares.reserve([str(i) for i in reserved])
-        ends_at = time.monotonic() + END_MARGIN_S
-        self.ends = {int(r["id"]): ends_at + float(r["ends_in"]) for r in answer.get("reservations") or []
+        # from when it asked: a held wait's answer may be as old (early is harmless: the end is asked about again)
+        self.ends = {int(r["id"]): asked + END_MARGIN_S + float(r["ends_in"]) for r in answer.get("reservations") or []
                      if isinstance(r.get("ends_in"), int | float)}
         self.sweep(reserved, answer.get("reservations"))
         if self.authorized_keys is not None:

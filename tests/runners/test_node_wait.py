@@ -9,11 +9,13 @@ import contextlib
 import json
 import threading
 import time
+from datetime import timedelta
 
 import pytest
 from asgiref.sync import sync_to_async
 from asgiref.testing import ApplicationCommunicator
 from django.db import connection
+from django.utils import timezone
 
 from kernelbot.handlers import SyncWorkerASGIHandler
 from leaderboards import runner_api
@@ -23,6 +25,7 @@ from runners import wakeups
 from runners.harness import node as node_module
 from runners.harness.node import NodeAgent, node_token
 from runners.models import Gpu, GpuType, Node
+from runners.reservations.models import Reservation
 
 from ..conftest import RUNNER_KEY
 from ..factories import UserFactory
@@ -79,6 +82,21 @@ def test_a_waiting_node_is_woken_by_a_dispatched_run_and_claims_it_at_once(leade
     assert took < 10  # woken, not at its heartbeat 20 s on
     run.refresh_from_db()
     assert run.status == RunStatus.RUNNING
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_held_wait_is_answered_afresh_when_a_reservation_on_the_node_ends(cpu_pool, settings):
+    """Nothing wakes the node at a reservation's expiry (the reaper has not run): its held wait ends then by itself
+    and answers without the reservation, so the agent kills its processes at once, not at its heartbeat."""
+    settings.NODE_WAIT = 20
+    hold = reservation_hold(cpu_pool.nodes.get(), UserFactory())
+    ends_at = timezone.now() + timedelta(seconds=1.5)
+    Reservation.objects.filter(pk=hold.reservation_id).update(ends_at=ends_at)
+    status, answer, took = asyncio.run(ask({"pool": "local", "hostname": "localhost", "free": [], "wait": 20}))
+    assert status == 200, answer
+    assert answer["reservations"] == [] and answer["reserved"] == [] and answer["again"] is True
+    assert timezone.now() >= ends_at and took < 10  # at its end, not at the heartbeat 15 s on
+    assert Reservation.objects.get(pk=hold.reservation_id).status == "active"
 
 
 @pytest.mark.django_db(transaction=True)
