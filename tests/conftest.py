@@ -3,6 +3,7 @@ service fails instead of skipping."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import io
 import os
@@ -101,6 +102,24 @@ def reap_group(pgid: int, timeout: float = 10) -> None:
             return
         time.sleep(0.1)
     os.killpg(pgid, signal.SIGKILL)
+
+
+def stop_groups(*processes: subprocess.Popen, grace: float = 15) -> None:
+    """Stop processes started with start_new_session as systemd's KillMode=mixed does: SIGTERM to each group's leader
+    only, all at once, then, once a leader has exited (or `grace` seconds after the SIGTERM), SIGKILL to whatever of
+    its group is left. Not SIGTERM to a whole group: django-q2's cluster then never stops (its main process, stopping,
+    blocks for ever notifying an event that its already exited sentinel was waiting on)."""
+    for process in processes:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for process in processes:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        reap_group(process.pid)
 
 
 @pytest.fixture

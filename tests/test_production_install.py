@@ -15,7 +15,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from django.core.management import call_command
 from runners.harness.node import node_token
 
 from . import factories
-from .conftest import REPO, reap_group
+from .conftest import REPO, stop_groups
 
 UNITS = REPO / "deploy" / "systemd"
 VENV_PYTHON = "/srv/kernelbot/.venv/bin/python"
@@ -231,14 +230,7 @@ def test_the_documented_production_install_runs_a_kernel(empty_database, redis_u
             assert sandbox["memory_cgroup"] in (f"v2 /sys/fs/cgroup/{name}", f"v1 /sys/fs/cgroup/memory/{name}")
             assert sandbox["process_limit"] == "pids cgroup", sandbox
     finally:
-        for service in services:
-            os.killpg(service.pid, signal.SIGTERM)
-        for service in services:
-            try:
-                service.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(service.pid, signal.SIGKILL)
-            reap_group(service.pid)
+        stop_groups(*services, grace=30)  # as systemd stops them (the units' TimeoutStopSec)
         remove_cgroups(list(cgroups.values()))
         for unit in ("kernelbot-web.service", "kernelbot-workers.service", "kernelbot-agent.service"):
             print(f"--- {unit} ---\n" + (tmp_path / f"{unit}.log").read_text(errors="replace")[-2000:])

@@ -77,9 +77,11 @@ def http(method: str, url: str, data: bytes | None, headers: dict[str, str]) -> 
         return exc.code, exc.read()
 
 
-def call(transport: Transport, url: str, token: str, body: dict | None = None, retries: int = RETRIES) -> dict:
+def call(transport: Transport, url: str, token: str, body: dict | None = None, retries: int = RETRIES,
+         pause: Callable[[float], object] = time.sleep) -> dict:
     """GET (no body) or POST JSON; retries connection errors and 5xx with backoff, raises Gone on 409 and Refused
-    on any other 4xx."""
+    on any other 4xx. `pause` waits between tries: an Event's wait ends them early once it is set (a stopping agent
+    does not back off for half a minute against a platform that is gone)."""
     data = None if body is None else json.dumps(body).encode()
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     for attempt in range(retries):
@@ -97,7 +99,8 @@ def call(transport: Transport, url: str, token: str, body: dict | None = None, r
                 raise Gone(detail)
             if status < 500 or attempt == retries - 1:
                 raise Refused(status, detail)
-        time.sleep(min(30.0, 0.5 * 2 ** attempt))
+        if pause(min(30.0, 0.5 * 2 ** attempt)):
+            raise OSError(f"{url}: stopped while retrying")
     raise RuntimeError("unreachable")
 
 

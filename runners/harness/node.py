@@ -269,7 +269,7 @@ class NodeAgent:
     def _call(self, route: str, body: dict) -> dict:
         try:
             return agent.call(self.transport, f"{self.platform}/api/runner/v1/nodes/{route}", self.token,
-                              {"pool": self.pool, "hostname": self.hostname, **body})
+                              {"pool": self.pool, "hostname": self.hostname, **body}, pause=self.stopping.wait)
         except Gone as exc:  # a node route's 409 is a refusal of this node, not a stale attempt
             raise Refused(409, str(exc)) from exc
 

@@ -23,7 +23,7 @@ from django.db import connection
 from discordbot.bot import KernelBot, point_at
 from discordbot.models import Guild, OrganiserRole
 
-from ..conftest import REPO, reap_group
+from ..conftest import REPO, reap_group, stop_groups
 from ..fakes.discord import CHANNEL_ID, GUILD_ID, ORGANISER_ROLE_ID, FakeDiscord
 
 ANNOUNCE_CHANNEL_ID = 900_000_000_000_000_010
@@ -149,13 +149,7 @@ def cluster(postgres, live_layer, tmp_path, live_server, cpu_pool):
                               "--poll", "0.2"], cwd=REPO, env=env, start_new_session=True, stdout=log,
                              stderr=subprocess.STDOUT)
     yield process
-    for child in (process, agent):
-        os.killpg(child.pid, signal.SIGTERM)
-        try:
-            child.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(child.pid, signal.SIGKILL)
-        reap_group(child.pid)
+    stop_groups(process, agent)
 
 
 @pytest.fixture

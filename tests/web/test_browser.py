@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from django.db import connection
 
 from leaderboards import actions, lifecycle
 
-from ..conftest import IN_CI, REPO, reap_group
+from ..conftest import IN_CI, REPO, stop_groups
 from ..factories import LeaderboardFactory, UserFactory, local_cpu_pool, problem_from, ranked_result, submission
 from ..leaderboards.test_lifecycle import dispatch
 
@@ -97,14 +96,7 @@ def platform(postgres, tmp_path, demo_task, monkeypatch):
     try:
         yield f"http://127.0.0.1:{port}", board
     finally:
-        for child in children:
-            os.killpg(child.pid, signal.SIGTERM)
-        for child in children:
-            try:
-                child.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(child.pid, signal.SIGKILL)
-            reap_group(child.pid)
+        stop_groups(*children)
         connection.close()  # opened inside Playwright's event-loop context, which pytest-django's teardown never sees
         if os.environ.get("KERNELBOT_KEEP_LOGS"):
             shutil.copytree(logs, REPO / "var" / "browser-logs", dirs_exist_ok=True)
