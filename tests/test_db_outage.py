@@ -209,7 +209,7 @@ def requests_of(platform: Platform) -> list[tuple[str, str, str, dict]]:
     ]
 
 
-EXPECTED = {"home": 200, "board": 200, "login": 200, "list": 200, "submit": 201, "popcorn": 200, "runner": 403}
+EXPECTED = {"home": 200, "board": 200, "login": 200, "list": 200, "submit": 201, "popcorn": 202, "runner": 403}
 
 
 def load(platform: Platform, stop: threading.Event, answers: list[Answer], offset: int) -> None:

@@ -45,10 +45,11 @@ from . import wire
 
 # --- authentication -------------------------------------------------------------------------------
 def cli_user(request: HttpRequest):
-    """The user of the `X-Popcorn-Cli-Id` header (a token or a linked pending id), or a 401 that says what to do."""
+    """The user of the `X-Popcorn-Cli-Id` header (a token or a linked pending id), or what to do: 400 without the
+    header, 401 (403 declined) with one that names no one, as KernelBot answers."""
     raw = request.headers.get("X-Popcorn-Cli-Id", "").strip()
     if not raw:
-        raise HttpError(401, "Missing X-Popcorn-Cli-Id header: run `popcorn-cli register discord` (or set "
+        raise HttpError(400, "Missing X-Popcorn-Cli-Id header: run `popcorn-cli register discord` (or set "
                         "cli_id in ~/.popcorn.yaml to a token from this site's account page).")
     user = access.authenticate_token(raw)
     if user is None:
@@ -175,8 +176,8 @@ def runner_queue(submission: Submission, runs: list[Run]) -> dict[str, Any] | No
 def submit(request, leaderboard: str, gpu: str, mode: str):
     file_name, content = read_upload(request)
     submission = accept(request.auth, leaderboard, gpu, mode, file_name, content)
-    return {"details": {"id": submission.pk}, "status": "accepted",
-            "runner_queue": runner_queue(submission, submission.new_runs)}
+    return JsonResponse({"details": {"id": submission.pk}, "status": "accepted",
+                         "runner_queue": runner_queue(submission, submission.new_runs)}, status=202)
 
 
 @api.get("/runner_queue/{gpu}", auth=None)
@@ -290,7 +291,8 @@ def auth_callback(request, provider: str, code: str, state: str):
 
     user = user_from_oauth(provider, code, request.build_absolute_uri(request.path))
     access.do_bind_cli_login(user, state)
-    return {"status": "ok", "user_id": str(user.pk), "user_name": user.get_username(), "is_reset": False}
+    return {"status": "success", "message": f"Successfully authenticated via {provider} and linked CLI ID.",
+            "user_id": str(user.pk), "user_name": user.get_username(), "is_reset": False}
 
 
 # --- admin (Authorization: Bearer <ADMIN_TOKEN>) --------------------------------------------------

@@ -75,7 +75,7 @@ async def asgi_post(path: str, body: bytes, content_type: str, token: str) -> tu
 def check_small(answers: list[tuple[int, bytes]]) -> None:
     (v1, v1_body), (popcorn, popcorn_body), (reserve, reserve_body) = answers
     assert v1 == 201 and json.loads(v1_body)["file_name"] == "k.py", v1_body
-    assert popcorn == 200 and json.loads(popcorn_body)["status"] == "accepted", popcorn_body
+    assert popcorn == 202 and json.loads(popcorn_body)["status"] == "accepted", popcorn_body
     assert reserve == 201 and json.loads(reserve_body)["gpus"] is not None, reserve_body
     assert Submission.objects.count() == 2 and Reservation.objects.count() == 1
     assert {s.file_name for s in Submission.objects.all()} == {"k.py"}

@@ -42,7 +42,7 @@ def test_pausing_refuses_every_front_end_at_once_and_shows_a_banner(client, popc
     for page in ("/", f"/lb/{leaderboard.name}/", "/submit/"):
         assert PAUSED in client.get(page).content.decode()
     do_set_accepting_jobs(True)
-    assert [status for status, _ in submit_everywhere(client, popcorn, leaderboard, alice)] == [302, 201, 200]
+    assert [status for status, _ in submit_everywhere(client, popcorn, leaderboard, alice)] == [302, 201, 202]
     assert "Submissions are paused" not in client.get("/").content.decode()
 
 
@@ -52,7 +52,7 @@ def test_the_admin_edits_the_one_switch_in_place(admin_client, client, popcorn, 
     assert admin_client.get("/admin/leaderboards/jobswitch/add/").status_code == 403  # no second row
     response = admin_client.post("/admin/leaderboards/jobswitch/1/change/", {"accepting": "on", "reason": ""})
     assert response.status_code == 302
-    assert popcorn.submit(leaderboard.name, "CPU", "test", GOOD).status_code == 200  # at once: cache forgotten
+    assert popcorn.submit(leaderboard.name, "CPU", "test", GOOD).status_code == 202  # at once: cache forgotten
     assert list(JobSwitch.objects.values_list("pk", "accepting")) == [(1, True)]
     assert admin_client.post("/admin/leaderboards/jobswitch/1/delete/", {"post": "yes"}).status_code == 403
     JobSwitch(accepting=False, reason="again").save()  # any save writes the one row

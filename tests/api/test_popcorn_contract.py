@@ -37,7 +37,7 @@ def test_submission_is_accepted_polled_until_done_listed_and_deleted(popcorn, le
     settings.HARNESS_TIMING = {**settings.HARNESS_TIMING, "rel_ci": 0.05, "case_budget_s": 1, "max_samples": 100}
     with django_capture_on_commit_callbacks(execute=True):
         response = popcorn.submit(leaderboard.name.upper(), "cpu", "Test", GOOD, "correct.py")
-    assert response.status_code == 200, response.content
+    assert response.status_code == 202, response.content
     body = json.loads(response.content)
     assert body["status"] == "accepted" and isinstance(body["details"]["id"], int)
     sub_id = body["details"]["id"]
@@ -82,7 +82,7 @@ def test_directives_that_contradict_the_url_are_rejected(popcorn, leaderboard):
     response = popcorn.submit(leaderboard.name, "CPU", "test", code)
     assert response.status_code == 400 and "#!POPCORN gpu is 'H100'" in error_text(response)
     code = f"#!POPCORN leaderboard {leaderboard.name}\n#!POPCORN gpu cpu\n".encode() + GOOD
-    assert popcorn.submit(leaderboard.name, "CPU", "test", code).status_code == 200
+    assert popcorn.submit(leaderboard.name, "CPU", "test", code).status_code == 202
 
 
 def test_registration_binds_a_pending_id_which_then_works_as_cli_id(client, leaderboard):
@@ -95,7 +95,7 @@ def test_registration_binds_a_pending_id_which_then_works_as_cli_id(client, lead
     assert client.get("/tokens/link-cli/").status_code == 200
     assert client.post("/tokens/link-cli/", {"cli_id": state, "confirm": "yes"}).status_code == 302
     client.logout()
-    assert pending.submit(leaderboard.name, "CPU", "test", GOOD).status_code == 200
+    assert pending.submit(leaderboard.name, "CPU", "test", GOOD).status_code == 202
     assert ApiToken.objects.get(user=user).name.startswith("popcorn-cli")
     assert "Unknown provider" in error_text(client.get("/popcorn/auth/init?provider=gitlab"))
     assert client.get("/popcorn/auth/cli/discord?code=x&state=y").status_code == 501
@@ -107,7 +107,7 @@ def test_token_page_issues_a_token_shown_once(client, leaderboard):
     page = client.post("/tokens/", {"name": "laptop"}).content.decode()
     raw = page.split("cli_id: ")[1].split("<")[0].strip()
     client.logout()
-    assert Popcorn(client, raw).submit(leaderboard.name, "CPU", "test", GOOD).status_code == 200
+    assert Popcorn(client, raw).submit(leaderboard.name, "CPU", "test", GOOD).status_code == 202
     assert raw not in client.get("/tokens/").content.decode()
 
 
@@ -159,6 +159,6 @@ def test_invites_admit_users_to_closed_leaderboards(client, admin_token, popcorn
     joined = client.post("/popcorn/user/join", {"code": code}, content_type="application/json",
                          headers=popcorn.headers())
     assert joined.status_code == 200 and Membership.objects.filter(user=alice).exists()
-    assert popcorn.submit(leaderboard.name, "CPU", "test", GOOD).status_code == 200
+    assert popcorn.submit(leaderboard.name, "CPU", "test", GOOD).status_code == 202
     assert client.delete(f"/popcorn/admin/invites/{code}", headers=ADMIN).status_code == 200
     assert not Invite.objects.exists()

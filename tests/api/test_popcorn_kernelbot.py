@@ -163,7 +163,7 @@ def test_kernelbot_rate_limits_zero_freezes_and_this_platforms_zero_stays_unlimi
 
     client.put(url, json.dumps({"mode_category": "test", "max_submissions_per_hour": 1}),
                content_type="application/json", headers=ADMIN)
-    assert popcorn.submit(leaderboard.name, "CPU", "test", GOOD).status_code == 200
+    assert popcorn.submit(leaderboard.name, "CPU", "test", GOOD).status_code == 202
     assert popcorn.submit(leaderboard.name, "CPU", "test", GOOD).status_code == 429
     limits = client.get(url, headers=ADMIN).json()["rate_limits"]
     assert limits == [{"leaderboard": leaderboard.name, "mode_category": "test", "max_submissions_per_hour": 1,
@@ -172,7 +172,7 @@ def test_kernelbot_rate_limits_zero_freezes_and_this_platforms_zero_stays_unlimi
     # this platform's own 0 (admin, settings) still means unlimited, shown to KernelBot's clients as null
     SubmissionQuota.objects.filter(leaderboard=leaderboard).update(max_submissions=0)
     SubmissionQuota.objects.get(leaderboard=leaderboard).save()  # as the admin saves it: the cache is forgotten
-    assert popcorn.submit(leaderboard.name, "CPU", "test", GOOD).status_code == 200
+    assert popcorn.submit(leaderboard.name, "CPU", "test", GOOD).status_code == 202
     assert client.get(url, headers=ADMIN).json()["rate_limits"][0]["max_submissions_per_hour"] is None
 
     assert client.delete(f"{url}/test", headers=ADMIN).status_code == 200
@@ -319,7 +319,7 @@ def test_every_route_kernelbot_declares_with_its_status_and_field_names(client, 
     call("POST", f"admin/ban/{alice.pk}", status=401)  # the admin token, not a CLI id
 
     accepted = popcorn.submit(leaderboard.name, "CPU", "leaderboard", GOOD)
-    assert accepted.status_code == 200, accepted.content
+    assert accepted.status_code == 202, accepted.content
     sub_id = accepted.json()["details"]["id"]
     assert accepted.json()["status"] == "accepted"
     assert {"runner", "gpu", "queued_jobs", "status"} <= set(accepted.json()["runner_queue"])

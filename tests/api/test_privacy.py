@@ -202,7 +202,7 @@ def test_a_member_of_a_closed_leaderboard_sees_it_everywhere(client, closed, mon
     assert closed.name in [b["name"] for b in client.get("/api/v1/leaderboards", headers=headers).json()]
     popcorn = Popcorn(client, do_create_token(member)[1])
     assert json.loads(popcorn.get(f"gpus/{closed.name}").content) == ["CPU"]
-    assert popcorn.submit(closed.name, "CPU", "test", GOOD).status_code == 200
+    assert popcorn.submit(closed.name, "CPU", "test", GOOD).status_code == 202
     ranked = submission(closed, user=UserFactory(username="rival"))
     finish(ranked)
     client.force_login(member)

@@ -104,3 +104,24 @@ def test_oauth_callback_with_a_bad_code_shows_an_error_not_a_500(client, fake_pr
     assert response.status_code == 401 and "Third-Party Login Failure" in response.content.decode()
     assert not SocialAccount.objects.exists()
     assert "_auth_user_id" not in client.session
+
+
+def test_popcorn_cli_registration_through_a_loopback_provider_answers_as_kernelbot(client, fake_provider, settings,
+                                                                                   monkeypatch):
+    """popcorn-cli's `register discord`: /auth/init's state is the CLI id; the provider's redirect to /auth/cli binds
+    it and answers KernelBot's fields ("success", its message); the id then works as the CLI's credential."""
+    from leaderboards.popcorn import oauth
+
+    monkeypatch.setitem(oauth.ENDPOINTS, "discord", (f"{fake_provider}/discord/token", f"{fake_provider}/discord/user",
+                                                     "username"))
+    settings.POPCORN_OAUTH = {"discord": {"client_id": "discord-id", "client_secret": "discord-secret"}}
+    cli_id = client.get("/popcorn/auth/init", {"provider": "discord"}).json()["state"]
+    done = client.get("/popcorn/auth/cli/discord", {"code": "good-code", "state": cli_id})
+    assert done.status_code == 200, done.content
+    body = done.json()
+    user = get_user_model().objects.get(username=f"discord-{PROFILES['discord']['id']}")
+    assert body == {"status": "success", "message": "Successfully authenticated via discord and linked CLI ID.",
+                    "user_id": str(user.pk), "user_name": user.username, "is_reset": False}
+    assert client.get("/popcorn/user/submissions", headers={"X-Popcorn-Cli-Id": cli_id}).status_code == 200
+    refused = client.get("/popcorn/auth/cli/discord", {"code": "stolen", "state": cli_id})
+    assert refused.status_code == 401 and "rejected the authorization code" in refused.json()["detail"]
