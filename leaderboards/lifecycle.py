@@ -235,7 +235,8 @@ def do_mark_running(run_id: int, attempt: int, *, deadline_seconds: int | None =
         run = _locked_run(run_id)
         if run.attempt != attempt or run.status not in (RunStatus.DISPATCHED, RunStatus.RUNNING):
             return False
-        if run.status == RunStatus.RUNNING and run.started_at == run.dispatched_at:  # a node agent's claim's job
+        if run.status == RunStatus.RUNNING and run.started_at == run.dispatched_at and RunAttempt.objects.filter(
+                run=run, number=attempt, external_id__startswith="node:").exists():  # a node agent's claim's job
             run.started_at = timezone.now()
             run.save(update_fields=["started_at"])
         if run.status == RunStatus.DISPATCHED:

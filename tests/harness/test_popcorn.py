@@ -1,5 +1,8 @@
 import os
 import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -83,12 +86,20 @@ def test_a_leaderboard_run_stops_at_the_first_failing_stage_and_reports_what_pas
     assert progress[-1] == {"event": "progress", "phase": "test", "done": passed, "total": len(TESTS)}
 
 
+@pytest.fixture
+def short_tmp() -> Iterator[str]:
+    with tempfile.TemporaryDirectory(prefix="kb-", dir="/tmp") as path:
+        yield path
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("submission", "verdict"), [("allreduce.py", "pass"), ("allreduce_wrong.py", "fail")])
-def test_a_multi_process_task_rendezvous_on_the_sandboxs_loopback(tmp_path, submission, verdict):
+def test_a_multi_process_task_rendezvous_on_the_sandboxs_loopback(short_tmp, submission, verdict):
     """Two ranks of torch.distributed (gloo) meet on localhost inside the sandbox's private network namespace, as a
-    multi-GPU task's eval.py makes its ranks meet (NCCL bootstraps the same way)."""
-    workdir = tmp_path / "work"
+    multi-GPU task's eval.py makes its ranks meet (NCCL bootstraps the same way). The workdir is the sandbox's TMPDIR,
+    where multiprocessing binds its AF_UNIX sockets (108 bytes at most): a short one, as a node's, not pytest's deep
+    per-worker tmp_path."""
+    workdir = Path(short_tmp) / "work"
     shutil.copytree(FIXTURES / "distributed", workdir)
     shutil.copyfile(SUBMISSIONS / submission, workdir / "submission.py")
     job = job_for(workdir, "test", protocol="popcorn", multi_gpu=True,

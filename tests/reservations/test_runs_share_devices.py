@@ -43,5 +43,6 @@ def test_a_run_waits_for_a_reserved_device_and_runs_when_it_is_freed(
     held = DeviceHold.objects.get(kind=HoldKind.RUN, run_id=run.pk)
     assert held.gpu_id == reserved.gpu_id and reserved.ended is not None and held.ended is not None
     assert held.started >= reserved.ended  # never both at once
-    assert run.dispatched_at < reserved.ended  # it was dispatched while the device was reserved: it waited
+    # it was queued for the pool while the device was reserved, and given its device once it was freed: it waited
+    assert run.first_queued_at < reserved.ended <= run.dispatched_at
     assert (held.user_id, held.leaderboard) == (competitor.pk, leaderboard.name)
