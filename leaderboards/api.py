@@ -215,6 +215,6 @@ async def progress_stream(submission_id: int, viewer, heartbeat: float = 15.0):
             continue
         version += 1
         queue = None if all(r.is_terminal for r in runs) else await in_pool(queue_out, submission, runs)
-        yield sse("submission", {"version": version, **submission_out(submission, runs, run_view(viewer, submission),
-                                                                      queue)})
+        shown = await in_pool(submission_out, submission, runs, run_view(viewer, submission), queue)  # reads ranks
+        yield sse("submission", {"version": version, **shown})
     yield sse("done", {"submission_id": submission_id})

@@ -123,6 +123,18 @@ def test_event_streams_carry_no_secret_detail(postgres, leaderboard, owner):
     assert PUBLIC_LOG in json.dumps(popcorn[-1][1])  # the owner still gets the public run's logs
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_ranked_submissions_event_stream_carries_its_standing(postgres, leaderboard, owner, sync_queue):
+    """The stream's snapshots read the board's ranks (the submission page's standing) off the event loop."""
+    sub = submission(leaderboard, user=owner)
+    for run in sub.runs.all():  # both runs pass: ranked
+        lifecycle.do_ingest_result(run.pk, dispatch(run), ranked_result([1000.0]))
+    events = collect(progress_stream(sub.pk, owner))
+    assert [e for e, _ in events] == ["submission", "done"]
+    standing = events[0][1]["standing"][leaderboard.gpu_types.get().name]
+    assert standing["rank"] == 1 and standing["tied"] is False and standing["score"] is not None, standing
+
+
 @pytest.mark.django_db
 def test_websocket_snapshot_and_page_show_the_outcome_only(client, failed_secret, owner, monkeypatch):
     monkeypatch.setattr("channels.db.close_old_connections", lambda: None)
