@@ -747,22 +747,22 @@ def admin_unban(request, body: BanIn):
 
 
 # KernelBot's bans: everywhere, by user id; declared before the three-segment submission route (urls.py)
-@admin.post("/ban/{user_id}")
-def admin_ban_user(request, user_id: str):
+def _ban_everywhere(user_id: str, banned: bool) -> dict:
     user = _user(user_id)
     if user is None:
         raise Http404(f"User {user_id} not found")
-    access.do_ban(user, None)
-    return {"status": "ok", "user_id": user_id, "banned": True}
+    (access.do_ban if banned else access.do_unban)(user, None)
+    return {"status": "ok", "user_id": user_id, "banned": banned}
+
+
+@admin.post("/ban/{user_id}")
+def admin_ban_user(request, user_id: str):
+    return _ban_everywhere(user_id, True)
 
 
 @admin.delete("/ban/{user_id}")
 def admin_unban_user(request, user_id: str):
-    user = _user(user_id)
-    if user is None:
-        raise Http404(f"User {user_id} not found")
-    access.do_unban(user, None)
-    return {"status": "ok", "user_id": user_id, "banned": False}
+    return _ban_everywhere(user_id, False)
 
 
 class VisibilityIn(Schema):

@@ -4,7 +4,6 @@ the nice fallback)."""
 
 from __future__ import annotations
 
-import os
 import sys
 import textwrap
 from pathlib import Path
@@ -14,6 +13,8 @@ import pytest
 from runners.harness import cgroups
 from runners.harness import sandbox as sb
 from runners.harness.sandbox import Limits, Sandbox
+
+from ..conftest import require
 
 PY = sys.executable
 
@@ -26,8 +27,10 @@ def _cpu_cgroup() -> str:
         return str(e)
 
 
-needs_cpu_cgroup = pytest.mark.skipif(bool(_cpu_cgroup()) and os.environ.get("CI") != "true",
-                                      reason=f"no cpu cgroup here: {_cpu_cgroup()} (fails under CI=true)")
+@pytest.fixture
+def cpu_cgroup() -> None:
+    """A test that needs runs' cpu cgroups: skips with the reason where there are none, fails under CI=true."""
+    require("a cpu cgroup for runs", _cpu_cgroup())
 
 
 @pytest.fixture
@@ -115,7 +118,7 @@ def test_without_a_cpu_cgroup_the_tree_runs_niced_and_says_so(tmp_path: Path, mo
     assert o.returncode == 0 and o.stdout == f"{sb.NICE}\n", o
 
 
-@needs_cpu_cgroup
+@pytest.mark.usefixtures("cpu_cgroup")
 def test_a_run_holding_more_processes_than_its_count_is_ended(tmp_path: Path):
     """Sleeping children: far from the task limit, past the process count."""
     o = Sandbox(str(tmp_path), Limits(wall_seconds=60, process_count=10)).start([PY, "-c", textwrap.dedent("""
@@ -132,7 +135,7 @@ def test_a_run_holding_more_processes_than_its_count_is_ended(tmp_path: Path):
 
 
 @pytest.mark.slow
-@needs_cpu_cgroup
+@pytest.mark.usefixtures("cpu_cgroup")
 def test_a_fork_bomb_ends_at_its_limit_with_default_limits(tmp_path: Path):
     o = Sandbox(str(tmp_path), Limits(wall_seconds=60)).start([PY, "-c", textwrap.dedent("""
         import os
@@ -147,7 +150,7 @@ def test_a_fork_bomb_ends_at_its_limit_with_default_limits(tmp_path: Path):
 
 
 @pytest.mark.slow
-@needs_cpu_cgroup
+@pytest.mark.usefixtures("cpu_cgroup")
 def test_a_thread_bomb_ends_at_the_default_task_limit(tmp_path: Path):
     """Threads are one process: the process count never sees them, the pids cgroup's 4096 tasks do."""
     o = Sandbox(str(tmp_path), Limits(wall_seconds=60)).start([PY, "-c", textwrap.dedent("""
@@ -165,7 +168,7 @@ def test_a_thread_bomb_ends_at_the_default_task_limit(tmp_path: Path):
 
 
 @pytest.mark.slow
-@needs_cpu_cgroup
+@pytest.mark.usefixtures("cpu_cgroup")
 def test_a_cpu_burner_is_held_to_its_quota(tmp_path: Path):
     """Three processes spin for 2 s of wall time each with 3 % of a core between them, far below what the tree gets
     as one task even on a host loaded to 40 on 2 cores: the CPU time they got (their rusage) stays near 3 % of the
