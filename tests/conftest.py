@@ -57,6 +57,16 @@ def pytest_xdist_make_scheduler(config, log):
     return SlurmOnOneWorker(config, log)
 
 
+def pytest_collection_modifyitems(config, items):
+    """Longest first, so that no worker starts a four-minute test while the others run out of work: the slow tests
+    (by their `slow(seconds=…)` estimate, from CI's --durations) ahead of the rest, collection order kept otherwise."""
+    def expected_seconds(item) -> float:
+        slow = item.get_closest_marker("slow")
+        return slow.kwargs.get("seconds", 1.0) if slow else 0.0
+
+    items.sort(key=expected_seconds, reverse=True)
+
+
 def require(what: str, missing: str) -> None:
     """A test that needs `what` skips where it is missing here (`missing` says why; "" when it is not), and under
     CI=true fails instead, so CI never passes by skipping."""

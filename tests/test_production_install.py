@@ -160,7 +160,7 @@ def test_the_web_units_workers_are_one_per_core_unless_set(tmp_path, workers):
     assert f" --host 127.0.0.1 --port 8000 --workers {expected} " in done.stdout, done.stdout
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=65)
 def test_the_documented_production_install_runs_a_kernel(empty_database, redis_url, tmp_path):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "KERNELBOT_", "DEBUG", "PYTEST"))} | {

@@ -80,6 +80,7 @@ def run_harness(job: dict, *, python: str, pythonpath: str, timeout: float, on_p
     """warm: fork the parent from the template; proc: a parent started already (a spare, see Spares)."""
     job = {**job, "nonce": secrets.token_hex(16)}  # only the trusted parent's result echoes it
     start = "spare" if proc is not None else "forked" if warm else "spawned"
+    launched = time.monotonic()  # before the fork: the parent's own account of its start lies inside harness_s
     if proc is None:
         proc = start_harness(job["workdir"], python=python, pythonpath=pythonpath, warm=warm)
     lines: queue.Queue[bytes | None] = queue.Queue()
@@ -108,7 +109,7 @@ def run_harness(job: dict, *, python: str, pythonpath: str, timeout: float, on_p
                     result = {"status": "ok", "verdict": "hacked", "passed": False,
                               "error": "a result line without the run's nonce reached the runner (forged)"}
                     break
-                result = {**event, "runner_timing": {"harness_s": round(now - started, 4), "parent": start}}
+                result = {**event, "runner_timing": {"harness_s": round(now - launched, 4), "parent": start}}
                 break  # the verdict is final; don't wait for the interpreter's teardown
             if event.get("event") == "progress":
                 pending = event

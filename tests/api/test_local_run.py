@@ -165,7 +165,7 @@ def platform_results(leaderboard, sync_queue, django_capture_on_commit_callbacks
     return found
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=90)
 @pytest.mark.timeout(900)
 def test_kernelbot_run_gives_the_platforms_verdicts_online_offline_and_from_a_directory(
         live_server, leaderboard, platform_results, tmp_path):

@@ -33,6 +33,8 @@ def posted(fake) -> list[str]:
     return [m.content for m in fake.in_channel(CHANNEL_ID)]
 
 
+@pytest.mark.slow(seconds=130)
+@pytest.mark.timeout(600)
 def test_each_change_is_announced_once_across_processes_restarts_and_a_refused_post(bots, cluster, leaderboard):
     fake = bots.fake
     Leaderboard.objects.filter(pk=leaderboard.pk).update(created=timezone.now() - timedelta(hours=2))  # not new

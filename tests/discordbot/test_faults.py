@@ -52,6 +52,7 @@ def ends_once(fake, interaction, submission: Submission, timeout: float) -> None
     assert StatusMessage.objects.get(submission=submission).reported
 
 
+@pytest.mark.slow(seconds=65)
 def test_discord_answering_500_for_a_minute_delays_the_status_and_its_report_but_loses_nothing(bot, leaderboard):
     fake = bot.fake
     interaction, submission = submit(fake, leaderboard)

@@ -16,6 +16,7 @@ CORRECT = (REPO / "problems" / "demo" / "vectoradd_py" / "solutions" / "correct.
 ALICE = 700_000_000_000_000_001
 
 
+@pytest.mark.slow(seconds=60)
 def test_ranked_submission_is_acked_edited_live_reported_and_announced(bot, cluster, leaderboard):
     fake = bot.fake
     Leaderboard.objects.filter(pk=leaderboard.pk).update(created=timezone.now() - timedelta(hours=2))  # not new

@@ -42,7 +42,8 @@ def close(leaderboard):
     leaderboard.save(update_fields=["deadline"])
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=180)
+@pytest.mark.timeout(600)
 def test_a_closed_board_re_verifies_its_top_10_on_the_cpu_runner_and_publishes_the_re_runs_order(
         leaderboard, cpu_pool, sync_queue, django_capture_on_commit_callbacks, settings, client):
     settings.HARNESS_TIMING = {**settings.HARNESS_TIMING, "rel_ci": 0.05, "case_budget_s": 1, "max_samples": 100}

@@ -212,6 +212,7 @@ def kill_current_cluster(supervisor: int) -> int:
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.slow(seconds=200)
 def test_platform_heals_itself_from_a_killed_agent_a_wedged_queue_and_a_killed_cluster(
         capsys, postgres, redis_url, leaderboard, cpu_pool, runner_platform, tmp_path):
     hosts = ["localhost", "second-node"]  # two machines of the pool, each with its agent (both this CPU)

@@ -44,6 +44,7 @@ def wait_for(predicate, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}: {list(Run.objects.values_list('status', flat=True))}")
 
 
+@pytest.mark.slow(seconds=65)
 def test_killed_cluster_and_agent_lose_no_run_and_count_none_twice(postgres, leaderboard, runner_platform, tmp_path):
     user = UserFactory()
     for i in range(4):

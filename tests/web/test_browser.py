@@ -120,6 +120,7 @@ for run in submission(Leaderboard.objects.get(name="{board}"), user=UserFactory(
 """
 
 
+@pytest.mark.slow(seconds=55)
 def test_sign_up_submit_watch_live_and_see_the_rank_appear(browser, platform, tmp_path):
     base, board = platform
     spectator = browser.new_context(viewport={"width": 1200, "height": 900}).new_page()

@@ -96,6 +96,7 @@ def wait_until(check, what, timeout: float = 240):
 
 
 @pytest.mark.timeout(1200)
+@pytest.mark.slow(seconds=270)
 def test_a_whole_competition_from_the_readme_to_the_published_dataset(browser, platform, tmp_path):  # noqa: F811
     base, _ = platform
     screens = Screens()

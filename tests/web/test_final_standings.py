@@ -33,6 +33,7 @@ def entrant(board, username: str, solution: str, mean: float):
     return user
 
 
+@pytest.mark.slow(seconds=70)
 def test_a_closed_board_is_provisional_until_its_re_verified_standings_are_published(browser, platform):  # noqa: F811
     base, board = platform
     entrant(board, "quick", "slow.py", 1000.0)  # first on the board, slow on fresh inputs
