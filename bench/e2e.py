@@ -48,7 +48,7 @@ class Platform:
         self.data = Path(tempfile.mkdtemp(prefix=f"kernelbot-e2e-{name}-"))
         self.env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")} | {
             "DEBUG": "1", "KERNELBOT_DATA_DIR": str(self.data), "KERNELBOT_QUOTA_TEST": "0",
-            "KERNELBOT_POOL_CHECK_INTERVAL": "0"}
+            "KERNELBOT_POOL_CHECK_INTERVAL": "0", "KERNELBOT_SPREAD_REFRESH_DAYS": "0"}
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.log = (self.data / "serve.log").open("w")

@@ -133,6 +133,7 @@ class Layout:
             "KERNELBOT_PUBLIC_URL": self.url, "KERNELBOT_RUNNER_KEY": uuid.uuid4().hex,
             "KERNELBOT_INSTANCE": f"kb35-faults-{os.getpid()}", "KERNELBOT_DATA_DIR": str(self.dir / "data"),
             "KERNELBOT_SANDBOX": "require", "KERNELBOT_CASE_BUDGET_S": "0.5", "KERNELBOT_POOL_CHECK_INTERVAL": "0",
+            "KERNELBOT_SPREAD_REFRESH_DAYS": "0",
             "KERNELBOT_QUOTA_TEST": "0", "KERNELBOT_QUOTA_RANKED": "0", "LOG_LEVEL": "WARNING",
             "DJANGO_SETTINGS_MODULE": "kernelbot.settings"}
         self.redis: subprocess.Popen | None = None

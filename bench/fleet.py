@@ -1,6 +1,7 @@
-"""Issue 42: a fleet of node agents on the production web layout; what idle agents cost and how soon a run is claimed.
+"""Issues 42 and 50: a fleet of node agents on the production layout; what idle agents cost, how soon a run is claimed,
+and the fleet at work (a burst, and a health round beside competitors' runs).
 
-    python bench/fleet.py [--nodes 1000] [--seconds 20] [--runs 20] [--baseline REF] [--clients 2]
+    python bench/fleet.py [--nodes 1000] [--seconds 20] [--runs 20] [--burst 200] [--round-runs 60] [--baseline REF]
 
 For each tree (with `--baseline REF`: that git ref, exported into a temporary directory, first; then this tree),
 side by side in one invocation: database `kernelbot_fleet` on $BENCH_PG (dropped, created, migrated by the tree's
@@ -8,9 +9,8 @@ own code, the demo loaded), a local pool `fleet` (the demo's own pool disabled) 
 each, registered over the wire as agents do (`nodes/register` with a probe report, 50 at a time, before the measured
 phases; how long it took is printed and reported as `register_s`), and the web layout of docs/operations.md:
 the tree's own deploy/systemd/kernelbot-web.service command (granian, 2 workers, its flags), PostgreSQL, Redis
-(db $BENCH_REDIS_DB, default 3, under a deployment name of its own), `DB_POOL=1`. No `manage.py workers`: this
-process dispatches each run itself (`dispatch_run`, what a worker's task does), so the claim latency is the agents'
-alone.
+(db $BENCH_REDIS_DB, default 3, under a deployment name of its own), `DB_POOL=1`; scheduled health rounds off
+(`KERNELBOT_POOL_CHECK_INTERVAL=0`: phase 5 starts one).
 
 The agents speak the node agent's exact wire protocol (`runners/harness/node.py` of the tree measured), many per
 process (`--clients` processes of asyncio + aiohttp): Bearer HMAC(runner key, "node:fleet:HOST"), `free` listing
@@ -18,7 +18,8 @@ the node's free devices; a tree whose agent waits (`nodes/wait`, `{"wait": 15}`,
 answer says `again`, else after the poll interval) is driven that way, an older one polls `nodes/poll` every 0.5 s.
 Where the tree's agent samples its devices, each ask carries 8 devices' `samples` when the agent would have taken
 new ones (every 15 s, as nvidia-smi is run: `node.SAMPLE_S`), varying as a busy GPU's figures do.
-Claimed runs keep their devices (never run). Phases, each on the same server:
+Each claimed run is carried out as the agent does (`agent.run_attempt`): its job fetched, one progress post, a passing
+result after `--run-seconds` (1; 0: claimed runs keep their devices, never run). Phases, each on the same server:
 
 1. no fleet: `--seconds` of API reads (GET /api/v1/leaderboards and /api/v1/health, one after the other, 20 a
    second): `user_nofleet_p95_ms`;
@@ -27,10 +28,21 @@ Claimed runs keep their devices (never run). Phases, each on the same server:
    it, so the first interval is a fleet's start, not its steady state; its share is `web_cpu_share_settling`);
    then for `--seconds` the idle fleet alone, the web processes' CPU time counted: `web_cpu_share` = CPU seconds
    of granian and its workers / (wall seconds x cores); then for `--seconds` the same reads again (`user_p95_ms`);
-3. `--runs` runs submitted and dispatched one every `--gap` s (0.5; 0: a burst): `claim_p50_ms`/`claim_p95_ms` from
-   dispatch committed to the claiming agent's answer, `submit_claim_p50_ms`/`submit_claim_p95_ms` from the
-   submission (one clock: this machine's), and `dispatch_cpu_ms_mean`/`_p95`, the dispatching process's CPU time per
-   `dispatch_run` with `devices` devices in the pool (a worker's cost per dispatch).
+3. `--runs` runs submitted and dispatched one every `--gap` s (0.5; 0: a burst) by this bench itself (no workers
+   yet): `claim_p50_ms`/`claim_p95_ms` from dispatch committed to the claiming agent's answer,
+   `submit_claim_p50_ms`/`submit_claim_p95_ms` from the submission (one clock: this machine's), and
+   `dispatch_cpu_ms_mean`/`_p95`, the dispatching process's CPU time per `dispatch_run` with `devices` devices in the
+   pool (a worker's cost per dispatch);
+4. the work phase, with the tree's `manage.py workers` (its deploy unit's command) dispatching as in production:
+   `--burst` submissions at once (200), `burst_submit_claim_p50_ms`/`_p95_ms` from each submission to its claim, and
+   how they ended (`burst_runs`);
+5. a health round forced on the pool (what the admin's "Check health now" does) while the API is read as in phase 1
+   and `--round-runs` competitors' runs are submitted one every `--round-gap` s: `round_s` until no check of the
+   pool is pending, `round_user_p95_ms` (and `round_user_p95_vs_idle`, against phase 2's), `round_web_cpu_share`,
+   the nodes by service afterwards (`out_of_service_after`), the round's check outcomes and retried check
+   attempts, and how the competitors' runs ended (`round_runs`).
+
+Over all phases: `claimed_twice`, attempts that two asks claimed (a retry is a new attempt), and `agent_errors`.
 
 The last line is one JSON object: this tree's figures, and the baseline's under "baseline" when given.
 """
@@ -43,6 +55,7 @@ import contextlib
 import hashlib
 import hmac
 import json
+import math
 import os
 import random
 import shlex
@@ -51,6 +64,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -74,25 +88,54 @@ GpuPool.objects.exclude(name="{pool}").update(enabled=False)
 GpuPool.objects.create(name="{pool}")
 """
 
-# run in the measured tree (PYTHONPATH): submits and dispatches a run per line read, printing when it was dispatched
+# run in the measured tree (PYTHONPATH): one JSON line answered per command line read. `dispatch`: a run submitted and
+# dispatched here (`dispatch_run`, a worker's task), its dispatch CPU timed; `submit`: submitted only (the workers
+# dispatch it, as in production); `round`: the pool's health round started, as the admin's "Check health now" does;
+# `state IDS`: those runs' statuses, the pool's pending checks, its nodes by service and its checks since the round
 DRIVER = """
 import json, sys, time
+from collections import Counter
 import django; django.setup()
 from django.contrib.auth import get_user_model
-from leaderboards import lifecycle
+from django.utils import timezone
+from leaderboards import health, lifecycle
 from leaderboards.actions import check_submission, do_submit
-from leaderboards.models import Leaderboard, SubmissionMode
+from leaderboards.models import Leaderboard, Run, RunAttempt, SubmissionMode
+from runners.models import GpuPool, Node, PoolCheck
 user = get_user_model().objects.create(username="fleet-driver")
 board = Leaderboard.objects.filter(gpu_types__name="CPU").order_by("pk").first()
 code = open(sys.argv[1], "rb").read()
+pool = GpuPool.objects.get(name=sys.argv[2])
+round_started = since = None
 for line in sys.stdin:
-    submitted = time.time()
-    submission = do_submit(user, check_submission(user, board.name, ["CPU"], SubmissionMode.TEST, "k.py", code))
-    run = submission.runs.get()
-    cpu = time.process_time()
-    lifecycle.dispatch_run(run.pk)
-    cpu = time.process_time() - cpu
-    print(json.dumps({"run": run.pk, "t": time.time(), "submitted": submitted, "cpu_ms": 1000 * cpu}), flush=True)
+    command, _, rest = line.strip().partition(" ")
+    if command in ("dispatch", "submit"):
+        submitted = time.time()
+        submission = do_submit(user, check_submission(user, board.name, ["CPU"], SubmissionMode.TEST, "k.py", code))
+        run = submission.runs.get()
+        out = {"run": run.pk, "submitted": submitted}
+        if command == "dispatch":
+            cpu = time.process_time()
+            lifecycle.dispatch_run(run.pk)
+            out["cpu_ms"] = 1000 * (time.process_time() - cpu)
+        out["t"] = time.time()
+    elif command == "round":
+        round_started, since = time.time(), timezone.now()
+        out = {"checks": len(health.do_start_pool_check(pool)), "t": time.time(),
+               "took_s": time.time() - round_started}
+    elif command == "state":
+        ids = json.loads(rest or "[]")
+        checks = PoolCheck.objects.filter(pool=pool)
+        latest = checks.filter(started_at__gte=since) if round_started else checks.none()
+        internal = Run.objects.filter(submission__leaderboard__internal=True)
+        out = {"runs": dict(Counter(Run.objects.filter(pk__in=ids).values_list("status", flat=True))),
+               "pending_checks": checks.filter(outcome="pending").count(),
+               "round_outcomes": dict(Counter(latest.exclude(outcome="pending").values_list("outcome", flat=True))),
+               "nodes": dict(Counter(Node.objects.filter(pool=pool).values_list("service", flat=True))),
+               "check_runs": dict(Counter(internal.values_list("status", flat=True))),
+               "check_attempts_retried": RunAttempt.objects.filter(run__in=internal, outcome="retried").count(),
+               "health": GpuPool.objects.get(pk=pool.pk).health}
+    print(json.dumps(out), flush=True)
 """
 
 
@@ -100,7 +143,8 @@ def env_for(tree: Path, instance: str) -> dict[str, str]:
     return {**os.environ, "DATABASE_URL": f"{PG}/{DB}", "REDIS_URL": f"redis://127.0.0.1:6379/{REDIS_DB}",
             "KERNELBOT_INSTANCE": instance, "DEBUG": "0", "SECRET_KEY": "fleet-bench-only",
             "ALLOWED_HOSTS": "127.0.0.1", "DB_POOL": "1", "LOG_LEVEL": "WARNING", "SECURE_SSL_REDIRECT": "0",
-            "KERNELBOT_RUNNER_KEY": KEY, "KERNELBOT_QUOTA_TEST": "0", "KERNELBOT_QUOTA_RANKED": "0",
+            "KERNELBOT_RUNNER_KEY": KEY, "KERNELBOT_POOL_CHECK_INTERVAL": "0", "KERNELBOT_QUOTA_TEST": "0",
+            "KERNELBOT_QUOTA_RANKED": "0", "KERNELBOT_SPREAD_REFRESH_DAYS": "0",
             "DJANGO_SETTINGS_MODULE": "kernelbot.settings", "PYTHONPATH": str(tree)}
 
 
@@ -184,14 +228,14 @@ def percentile(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
-async def user_reads(base: str, seconds: float) -> list[float]:
+async def user_reads(base: str, seconds: float, stop: threading.Event | None = None) -> list[float]:
     import aiohttp
 
     took = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=READ_TIMEOUT_S)) as session:
         end = time.monotonic() + seconds
         i = 0
-        while time.monotonic() < end:
+        while time.monotonic() < end and not (stop and stop.is_set()):
             started = time.monotonic()
             with contextlib.suppress(TimeoutError):  # unanswered: counted as the time it was given
                 async with session.get(base + USER_READS[i % len(USER_READS)]) as response:
@@ -203,24 +247,98 @@ async def user_reads(base: str, seconds: float) -> list[float]:
     return took
 
 
+def start_workers(tree: Path, env: dict[str, str]) -> subprocess.Popen:
+    """The tree's task workers as its deploy/systemd/kernelbot-workers.service starts them, on this interpreter."""
+    for line in (tree / "deploy" / "systemd" / "kernelbot-workers.service").read_text().splitlines():
+        if line.startswith("ExecStart="):
+            command = shlex.split(line.removeprefix("ExecStart=").replace("/srv/kernelbot/.venv/bin/python",
+                                                                           sys.executable))
+            return subprocess.Popen(command, cwd=tree, env=env, start_new_session=True, stdout=subprocess.DEVNULL)
+    raise SystemExit(f"{tree}: no ExecStart in deploy/systemd/kernelbot-workers.service")
+
+
+class Driver:
+    """The DRIVER process of the measured tree: one command, one JSON answer."""
+
+    def __init__(self, tree: Path, env: dict[str, str]):
+        code = REPO / "problems/demo/vectoradd_py/solutions/correct.py"
+        self.proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(code), POOL], cwd=tree, env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def ask(self, command: str) -> dict:
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+TERMINAL = {"succeeded", "failed", "timed_out", "hacked", "error", "cancelled"}
+
+
+def ended(state: dict) -> int:
+    return sum(n for status, n in state["runs"].items() if status in TERMINAL)
+
+
 # --- the agents (a subprocess each: `fleet.py --agents BASE FIRST COUNT MODE SAMPLES`) --------------------------------
 
-async def agents(base: str, first: int, count: int, mode: str, sampling: bool) -> None:
+async def agents(base: str, first: int, count: int, mode: str, sampling: bool, run_s: float) -> None:
+    """`run_s` 0: a claimed run keeps its devices and is never run (the idle and claim phases); else each claim is
+    carried out as the agent does (`agent.run_attempt`): its job fetched, a progress post halfway through `run_s`
+    seconds of "running", its devices freed, and a passing result posted."""
     import aiohttp
 
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     errors = 0
+    running: set[asyncio.Task] = set()
+
+    def error(exc: Exception) -> None:
+        nonlocal errors
+        errors += 1
+        if errors < 5:
+            print(json.dumps({"error": f"{type(exc).__name__}: {exc}"[:300]}), flush=True)
+
+    async def execute(session: aiohttp.ClientSession, hostname: str, claim: dict, free: list[int]) -> None:
+        route = f"{base}/api/runner/v1/runs/{claim['run']}/{claim['attempt']}/"
+        headers = {"Authorization": f"Bearer {claim['token']}", "Content-Type": "application/json"}
+        status = 0
+        try:
+            try:
+                async with session.get(route + "job", params={"host": hostname, "gpus": ""},
+                                       headers=headers) as response:
+                    payload = await response.json(content_type=None)
+                    if response.status != 200:
+                        raise RuntimeError(f"job {response.status}: {payload}")
+                await asyncio.sleep(run_s / 2)
+                progress = {"event": "progress", "phase": "test", "done": 1, "total": 2}
+                async with session.post(route + "progress", data=json.dumps(progress), headers=headers) as response:
+                    await response.read()
+                await asyncio.sleep(run_s / 2)
+            finally:
+                free.extend(claim["devices"])  # before reporting, as the agent does
+            result = {"event": "result", "status": "ok", "verdict": "pass", "passed": True,
+                      "mode": payload["job"].get("mode", "test"), "error": "",
+                      "tests": [{"spec": "fleet", "status": "pass", "message": ""}],
+                      "system": {"device": "cpu", "cpu": "fleet bench"}}
+            async with session.post(route + "result", data=json.dumps(result), headers=headers) as response:
+                status = response.status
+                await response.read()
+        except Exception as exc:  # a cancelled attempt (409) included: the platform decides, the devices are free
+            error(exc)
+        print(json.dumps({"done": claim["run"], "attempt": claim["attempt"], "t": time.time(), "status": status}),
+              flush=True)
 
     async def agent(session: aiohttp.ClientSession, i: int) -> None:
-        nonlocal errors
         hostname = f"node-{i:05d}"
         headers = headers_for(hostname)
         free = list(range(DEVICES))
         await asyncio.sleep(random.uniform(0, 15 if mode == "wait" else 0.5))
         sampled = -SAMPLE_S
         while not stop.is_set():
-            body = {"pool": POOL, "hostname": hostname, "free": free}
+            body = {"pool": POOL, "hostname": hostname, "free": sorted(free)}
             if sampling and time.monotonic() - sampled >= SAMPLE_S:
                 sampled = time.monotonic()
                 body["samples"] = [{"index": d, "utilization": round(random.random(), 2),
@@ -239,13 +357,15 @@ async def agents(base: str, first: int, count: int, mode: str, sampling: bool) -
                         raise RuntimeError(f"{response.status}: {answer}")
                 now = time.time()
                 for claim in answer.get("claims", []):
-                    free = [d for d in free if d not in claim["devices"]]
-                    print(json.dumps({"claim": claim["run"], "t": now}), flush=True)
+                    free[:] = [d for d in free if d not in claim["devices"]]
+                    print(json.dumps({"claim": claim["run"], "attempt": claim["attempt"], "t": now}), flush=True)
+                    if run_s:
+                        task = asyncio.create_task(execute(session, hostname, claim, free))
+                        running.add(task)
+                        task.add_done_callback(running.discard)
                 again = bool(answer.get("again"))
             except Exception as exc:  # as the agent: say so, ask again after a pause
-                errors += 1
-                if errors < 5:
-                    print(json.dumps({"error": f"{type(exc).__name__}: {exc}"[:300]}), flush=True)
+                error(exc)
                 await asyncio.sleep(2)
             if not again and time.monotonic() - started <= 0.5:
                 await asyncio.sleep(0.5)
@@ -254,9 +374,9 @@ async def agents(base: str, first: int, count: int, mode: str, sampling: bool) -
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as session:
         tasks = [asyncio.create_task(agent(session, i)) for i in range(first, first + count)]
         await stop.wait()
-        for task in tasks:
+        for task in [*tasks, *running]:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, *running, return_exceptions=True)
     print(json.dumps({"errors": errors}), flush=True)
 
 
@@ -270,6 +390,8 @@ def measure(tree: Path, label: str, args) -> dict:
     prepare(tree, env)
     proc, base = start_server(tree, env)
     fleet: list[subprocess.Popen] = []
+    workers: subprocess.Popen | None = None
+    work: dict = {}
     try:
         registered = asyncio.run(register(base, args.nodes))
         say(f"{label}: {args.nodes} nodes registered over nodes/register in {registered:.1f} s")
@@ -279,8 +401,8 @@ def measure(tree: Path, label: str, args) -> dict:
         for c in range(args.clients):
             count = min(per, args.nodes - c * per)
             fleet.append(subprocess.Popen([sys.executable, __file__, "--agents", base, str(c * per), str(count), mode,
-                                           str(int(sampling))], stdout=subprocess.PIPE, text=True,
-                                          env={**os.environ, "PYTHONPATH": ""}))
+                                           str(int(sampling)), str(args.run_seconds)], stdout=subprocess.PIPE,
+                                          text=True, env={**os.environ, "PYTHONPATH": ""}))
         cores = len(os.sched_getaffinity(0))
         cpu0, wall0 = cpu_seconds(proc.pid), time.monotonic()
         # the first asks are spread over one heartbeat; each node's first asks to each web process are full ones
@@ -291,42 +413,45 @@ def measure(tree: Path, label: str, args) -> dict:
         share = (cpu_seconds(proc.pid) - cpu0) / ((time.monotonic() - wall0) * cores)
         fleet_reads = asyncio.run(user_reads(base, args.seconds))
         say(f"{label}: idle fleet: web CPU share {share:.3f}, user p95 {percentile(fleet_reads, 0.95):.1f} ms")
-        driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(REPO / "problems/demo/vectoradd_py/solutions/"
-                                                                     "correct.py")],
-                                  cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        driver = Driver(tree, env)
         dispatched, submitted, dispatch_cpu = {}, {}, []
         for _ in range(args.runs):
-            driver.stdin.write("\n")
-            driver.stdin.flush()
-            line = json.loads(driver.stdout.readline())
+            line = driver.ask("dispatch")
             dispatched[line["run"]] = line["t"]
             submitted[line["run"]] = line.get("submitted", line["t"])
             dispatch_cpu += [line["cpu_ms"]] if "cpu_ms" in line else []
             time.sleep(args.gap)
-        driver.stdin.close()
-        driver.wait(timeout=60)
         time.sleep(3 if mode == "wait" else 10)
+        if args.burst or args.round:
+            workers = start_workers(tree, env)
+            time.sleep(5)
+            work = work_phases(driver, base, proc.pid, cores, args, label)
+        driver.close()
     finally:
         for agent_proc in fleet:
             agent_proc.send_signal(signal.SIGTERM)
         outputs = [agent_proc.communicate(timeout=60)[0] for agent_proc in fleet]
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:  # a worker stuck behind a backlog of polls (the previous release)
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+        for server in filter(None, (workers, proc)):
+            os.killpg(server.pid, signal.SIGTERM)
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:  # a worker stuck behind a backlog of polls (the previous release)
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait(timeout=30)
     claims, errors, messages = {}, 0, []
     for line in "".join(outputs).splitlines():
         event = json.loads(line)
         if "claim" in event:
-            claims.setdefault(event["claim"], []).append(event["t"])
+            claims.setdefault((event["claim"], event.get("attempt")), []).append(event["t"])
         elif "errors" in event:
             errors += event["errors"]
-        else:
+        elif "error" in event:
             messages.append(event["error"])
-    latencies = [1000 * (min(claims[run]) - t) for run, t in dispatched.items() if run in claims]
-    from_submission = [1000 * (min(claims[run]) - t) for run, t in submitted.items() if run in claims]
+    first_claim: dict[int, float] = {}
+    for (run, _), times in claims.items():
+        first_claim[run] = min(first_claim.get(run, math.inf), *times)
+    latencies = [1000 * (first_claim[run] - t) for run, t in dispatched.items() if run in first_claim]
+    from_submission = [1000 * (first_claim[run] - t) for run, t in submitted.items() if run in first_claim]
     result = {"nodes": args.nodes, "protocol": mode, "web_cpu_share": round(share, 3),
               "web_cpu_share_settling": round(settling, 3), "settle_s": args.settle if mode == "wait" else 5,
               "register_s": round(registered, 1),
@@ -336,13 +461,79 @@ def measure(tree: Path, label: str, args) -> dict:
               "submit_claim_p95_ms": rnd(percentile(from_submission, 0.95)),
               "dispatch_cpu_ms_mean": rnd(sum(dispatch_cpu) / len(dispatch_cpu)) if dispatch_cpu else None,
               "dispatch_cpu_ms_p95": rnd(percentile(dispatch_cpu, 0.95)), "devices": args.nodes * DEVICES,
-              "claimed_twice": sum(len(ts) > 1 for ts in claims.values()),
               "user_p95_ms": rnd(percentile(fleet_reads, 0.95)), "user_nofleet_p95_ms": rnd(percentile(nofleet, 0.95)),
-              "user_reads": len(fleet_reads), "agent_errors": errors, "cores": cores}
+              "user_reads": len(fleet_reads), "cores": cores}
+    if work.get("burst_submitted"):
+        burst = [1000 * (first_claim[run] - t) for run, t in work.pop("burst_submitted").items() if run in first_claim]
+        work.update(burst_claimed=len(burst), burst_submit_claim_p50_ms=rnd(percentile(burst, 0.5)),
+                    burst_submit_claim_p95_ms=rnd(percentile(burst, 0.95)))
+    result.update(work)
+    result.update(claimed_twice=sum(len(ts) > 1 for ts in claims.values()),  # one attempt claimed by two asks
+                  attempts_claimed=len(claims), runs_claimed=len(first_claim), agent_errors=errors)
+    if "round_user_p95_ms" in result and result["user_p95_ms"]:
+        result["round_user_p95_vs_idle"] = round(result["round_user_p95_ms"] / result["user_p95_ms"], 2)
     if messages:
         result["agent_error_examples"] = messages[:3]
     say(f"{label}: {json.dumps(result)}")
     return result
+
+
+def work_phases(driver: Driver, base: str, web_pid: int, cores: int, args, label: str) -> dict:
+    """With the tree's workers dispatching, as in production: a burst of `--burst` submissions, then a health round
+    forced on the (healthy) pool while users read the API and `--round-runs` competitors' runs are submitted, one
+    every `--round-gap` s; the round is over when no check of the pool is pending."""
+    out: dict = {}
+    if args.burst:
+        ids, submitted = [], {}
+        started = time.monotonic()
+        for _ in range(args.burst):
+            line = driver.ask("submit")
+            ids.append(line["run"])
+            submitted[line["run"]] = line["submitted"]
+        out["burst_submit_s"] = round(time.monotonic() - started, 1)
+        state = wait_for(driver, ids, lambda s: ended(s) == len(ids), args.burst_timeout)
+        out.update(burst=args.burst, burst_runs=state["runs"], burst_s=round(time.monotonic() - started, 1),
+                   burst_submitted=submitted)
+        say(f"{label}: burst of {args.burst}: {state['runs']} after {out['burst_s']} s")
+    if args.round:
+        stop, reads = threading.Event(), []
+        reader = threading.Thread(target=lambda: reads.extend(asyncio.run(user_reads(base, 1e9, stop))))
+        cpu0, wall0 = cpu_seconds(web_pid), time.monotonic()
+        reader.start()
+        started = driver.ask("round")
+        say(f"{label}: health round started: {started['checks']} checks in {started['took_s']:.1f} s")
+        ids: list[int] = []
+        next_submit, deadline, state = time.monotonic(), time.monotonic() + args.round_timeout, {}
+        while time.monotonic() < deadline:
+            if len(ids) < args.round_runs and time.monotonic() >= next_submit:
+                ids.append(driver.ask("submit")["run"])
+                next_submit += args.round_gap
+            state = driver.ask(f"state {json.dumps(ids)}")
+            if not state["pending_checks"] and len(ids) == args.round_runs and ended(state) == len(ids):
+                break
+            time.sleep(1)
+        round_s = time.monotonic() - wall0
+        round_share = (cpu_seconds(web_pid) - cpu0) / (round_s * cores)
+        stop.set()
+        reader.join()
+        state = wait_for(driver, ids, lambda s: ended(s) == len(ids), 60)  # the competitors' runs still going
+        in_service = state["nodes"].get("in_service", 0)
+        out.update(round_s=round(round_s, 1), round_done=not state["pending_checks"],
+                   round_outcomes=state["round_outcomes"], round_check_runs=state["check_runs"],
+                   round_check_attempts_retried=state["check_attempts_retried"], nodes_after=state["nodes"],
+                   out_of_service_after=sum(state["nodes"].values()) - in_service, pool_health=state["health"],
+                   round_runs=state["runs"], round_runs_succeeded=state["runs"].get("succeeded", 0),
+                   round_web_cpu_share=round(round_share, 3), round_user_p95_ms=rnd(percentile(reads, 0.95)),
+                   round_user_reads=len(reads))
+        say(f"{label}: round: {json.dumps(out)}")
+    return out
+
+
+def wait_for(driver: Driver, ids: list[int], done, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while not done(state := driver.ask(f"state {json.dumps(ids)}")) and time.monotonic() < deadline:
+        time.sleep(1)
+    return state
 
 
 def rnd(value: float | None) -> float | None:
@@ -356,7 +547,7 @@ def say(message: str) -> None:
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--agents":
         base, first, count, mode, sampling = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
-        asyncio.run(agents(base, first, count, mode, sampling == "1"))
+        asyncio.run(agents(base, first, count, mode, sampling == "1", float(sys.argv[7])))
         return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=1000)
@@ -365,6 +556,15 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--gap", type=float, default=0.5, help="seconds between submissions (0: a burst)")
     parser.add_argument("--clients", type=int, default=2, help="agent processes")
+    parser.add_argument("--run-seconds", type=float, default=1.0,
+                        help="how long an agent 'runs' each claimed run before it reports a pass (0: never runs it)")
+    parser.add_argument("--burst", type=int, default=200, help="work phase: submissions at once (0: none)")
+    parser.add_argument("--burst-timeout", type=float, default=300)
+    parser.add_argument("--round", action=argparse.BooleanOptionalAction, default=True,
+                        help="work phase: a forced health round on the pool")
+    parser.add_argument("--round-runs", type=int, default=60, help="competitors' runs submitted during the round")
+    parser.add_argument("--round-gap", type=float, default=1.0)
+    parser.add_argument("--round-timeout", type=float, default=600)
     parser.add_argument("--baseline", metavar="REF", help="git ref of the previous release, measured first")
     args = parser.parse_args()
     out = {}

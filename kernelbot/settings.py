@@ -368,6 +368,9 @@ HARNESS_TIMING = {name: type(default)(os.environ.get(f"KERNELBOT_{name.upper()}"
                   for name, default in TIMING_DEFAULTS.items()}
 # A/A runs one between-run spread measurement queues per (problem, GPU type) (leaderboards/spread.py).
 SPREAD_RUNS = int(os.environ.get("KERNELBOT_SPREAD_RUNS", "10"))
+# The workers measure a pair of an open board never measured, or not for this many days, while no competitor's run of
+# its GPU type waits (one pair at a time, SPREAD_RUNS runs each); 0: only when an operator asks.
+SPREAD_REFRESH_DAYS = float(os.environ.get("KERNELBOT_SPREAD_REFRESH_DAYS", "30"))
 
 # --- Remote runners (issue 12) --------------------------------------------------------------------
 # Key the remote runners share with the platform: an attempt's token is HMAC-SHA256(key, "run:attempt:nonce").

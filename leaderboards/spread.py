@@ -7,7 +7,9 @@ Where nodes serve the GPU type, the runs are pinned to them in turn, so a node w
 When the last run ends (its `on_finish` hook is `do_record_spread`), 1.96 sd of their log ratios replaces the
 figure in `RunSpread`, which widens every interval of that problem on that GPU type (`runners.jobs.run_timing`)
 unless its board sets its own `run_spread`. Started by `manage.py measure_spread` or the admin, within the number
-of runs the operator gives (KERNELBOT_SPREAD_RUNS per pair by default)."""
+of runs the operator gives (KERNELBOT_SPREAD_RUNS per pair by default), and by the workers on their own
+(`do_measure_due_spreads`, every minute): a pair of an open board that was never measured, or not for
+KERNELBOT_SPREAD_REFRESH_DAYS, is measured while no competitor's run of its GPU type waits, one pair at a time."""
 
 from __future__ import annotations
 
@@ -19,9 +21,10 @@ from datetime import timedelta
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
+from django.db.models import Max
 from django.utils import timezone
 
-from runners.models import GpuType, Node, NodeService
+from runners.models import GpuPool, GpuType, Node, NodeService
 from runners.queue import enqueue_on_commit
 
 from . import lifecycle
@@ -126,6 +129,45 @@ def do_measure_spread(problem: Problem, gpu_type: GpuType, runs: int | None = No
         for run in created:
             enqueue_on_commit(lifecycle.DISPATCH_TASK, run.pk)
     return created
+
+
+def due_pairs(now=None) -> list[tuple[Problem, GpuType]]:
+    """The (problem, GPU type) pairs of the open public boards, served by a pool taking runs, that need a measurement:
+    never measured, or last measured (or tried: a measurement that kept too few runs) over
+    KERNELBOT_SPREAD_REFRESH_DAYS ago; none while one is under way."""
+    now = now or timezone.now()
+    if not settings.SPREAD_REFRESH_DAYS or RunSpread.objects.filter(pending_since__isnull=False).exists():
+        return []
+    stale = now - timedelta(days=settings.SPREAD_REFRESH_DAYS)
+    boards = [b for b in Leaderboard.objects.filter(internal=False, deadline__gt=now).select_related("problem")
+              .prefetch_related("gpu_types") if b.is_open]
+    records = {(r.problem_id, r.gpu_type_id): r for r in RunSpread.objects.all()}
+    attempts = (Run.objects.filter(submission__leaderboard__internal=True, submission__user__username=AA_USER)
+                .values("submission__problem_id", "gpu_type_id").order_by().annotate(last=Max("first_queued_at")))
+    tried = {(a["submission__problem_id"], a["gpu_type_id"]): a["last"] for a in attempts}
+    due = []
+    for board in boards:
+        for gpu_type in board.gpu_types.all():
+            record = records.get((board.problem_id, gpu_type.pk))
+            last = max(filter(None, [record and record.measured_at, tried.get((board.problem_id, gpu_type.pk))]),
+                       default=None)
+            if (last is None or last < stale) and GpuPool.objects.taking_runs(gpu_type).exists():
+                due.append((board.problem, gpu_type))
+    return sorted(set(due), key=lambda p: (p[0].name, p[0].version, p[1].name))
+
+
+def do_measure_due_spreads(now=None) -> int:
+    """Every minute (the workers' schedule): the first due pair (`due_pairs`) whose GPU type no competitor's run waits
+    for is measured (its A/A runs also yield to competitors' in the nodes' claims); the runs queued."""
+    for problem, gpu_type in due_pairs(now):
+        if Run.objects.filter(gpu_type=gpu_type, submission__leaderboard__internal=False,
+                              status__in=[RunStatus.QUEUED, RunStatus.DISPATCHED]).exists():
+            continue
+        try:
+            return len(do_measure_spread(problem, gpu_type))
+        except SubmissionRejected:  # one started meanwhile
+            return 0
+    return 0
 
 
 def measurement_runs(record: RunSpread):

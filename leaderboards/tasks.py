@@ -7,7 +7,7 @@ from django.conf import settings
 
 from runners.models import GpuPool
 
-from . import actions, dataset, finals, health, lifecycle
+from . import actions, dataset, finals, health, lifecycle, spread
 from .errors import Refused
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,11 @@ def recompute_ranks(leaderboard_id: int, gpu_type_id: int) -> bool:
 
 
 def check_pools() -> int:
-    return health.tick()
+    """Every minute: the pools' health rounds (`health.tick`), then a between-run spread measurement that is due
+    (`spread.do_measure_due_spreads`); the rounds started."""
+    started = health.tick()
+    spread.do_measure_due_spreads()
+    return started
 
 
 def check_pool(pool_id: int) -> int:

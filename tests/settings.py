@@ -7,6 +7,8 @@ import tempfile
 os.environ.setdefault("DEBUG", "1")
 # no scheduled pool health checks in the workers tests start (their runs would join the tests' queues)
 os.environ.setdefault("KERNELBOT_POOL_CHECK_INTERVAL", "0")
+# nor between-run spread measurements of their own (their A/A runs too)
+os.environ.setdefault("KERNELBOT_SPREAD_REFRESH_DAYS", "0")
 # one deployment name for this session and every process it starts (their DATABASE_URL names the test database, this
 # process's the one it was derived from): the same task queue, channels and keys, apart from any other on this Redis
 os.environ.setdefault("KERNELBOT_INSTANCE", f"test-{os.getpid()}")

@@ -3,13 +3,15 @@
 
 import math
 import statistics
+from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
 
 from leaderboards.errors import SubmissionRejected
 from leaderboards.models import Run, RunSpread, RunStatus
-from leaderboards.spread import AA_HOOK, MIN_SAMPLES, do_measure_spread, do_record_spread
+from leaderboards.spread import AA_HOOK, MIN_SAMPLES, do_measure_due_spreads, do_measure_spread, do_record_spread
+from leaderboards.tasks import check_pools
 from runners.harness.job import parse_job
 from runners.jobs import harness_job, job_payload
 from runners.models import Gpu, Node
@@ -104,6 +106,32 @@ def test_the_command_measures_unmeasured_pairs_within_its_budget(leaderboard, cp
     assert Run.objects.filter(on_finish=AA_HOOK).count() == 4
     call_command("measure_spread", leaderboard.name, "--runs", "4", "--again", verbosity=0)
     assert Run.objects.filter(on_finish=AA_HOOK).count() == 8
+
+
+def test_the_workers_measure_an_unmeasured_pair_when_no_competitor_waits_and_again_when_stale(
+        leaderboard, cpu_pool, settings):
+    settings.SPREAD_REFRESH_DAYS, settings.SPREAD_RUNS = 0, 4
+    assert check_pools() == 0 and not Run.objects.filter(on_finish=AA_HOOK).exists()  # 0: only when asked
+
+    settings.SPREAD_REFRESH_DAYS = 30
+    waiting = submission(leaderboard)  # a competitor's runs wait for the type: no measurement yet
+    assert do_measure_due_spreads() == 0
+    Run.objects.filter(submission=waiting).update(status=RunStatus.SUCCEEDED)
+    check_pools()  # the workers' minute tick
+    runs = list(Run.objects.filter(on_finish=AA_HOOK))
+    assert len(runs) == 4 and {r.submission.problem_id for r in runs} == {leaderboard.problem_id}
+    assert do_measure_due_spreads() == 0  # under way: not twice
+
+    finish(runs, [1.0, 1.02, 0.98, 1.01])
+    record = RunSpread.objects.get()
+    assert record.spread is not None and do_measure_due_spreads() == 0  # measured: not due for 30 days
+    RunSpread.objects.update(measured_at=record.measured_at - timedelta(days=31))
+    Run.objects.filter(on_finish=AA_HOOK).update(first_queued_at=record.measured_at - timedelta(days=31))
+    assert do_measure_due_spreads() == 4  # stale: measured again
+
+    finish(list(Run.objects.filter(on_finish=AA_HOOK, status=RunStatus.QUEUED)), [1.0] * 4, passed=False)
+    assert RunSpread.objects.get().pending_since is None and "kept 0 of 4" in RunSpread.objects.get().warning
+    assert do_measure_due_spreads() == 0  # a failed try is not repeated every minute: due again in 30 days
 
 
 def test_the_board_and_the_admin_say_whether_the_spread_is_provisional(leaderboard, client, admin_client):
