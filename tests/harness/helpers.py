@@ -23,7 +23,7 @@ SECRET_SEED = 987654321987  # the cheats in tests/cheats look for this value
 TESTS = [{"m": 16, "n": 16, "k": 16, "seed": 1}, {"m": 33, "n": 17, "k": 9, "seed": 2},
          {"m": 64, "n": 64, "k": 64, "seed": 3}]
 BENCHMARKS = [{"m": 64, "n": 64, "k": 64, "seed": 11}, {"m": 128, "n": 128, "k": 128, "seed": 12}]
-FAST_TIMING = {"rel_ci": 0.01, "min_samples": 10, "max_samples": 300, "case_budget_s": 1.0, "warmup_s": 0.05}
+FAST_TIMING = {"rel_ci": 0.01, "min_samples": 10, "max_samples": 300, "case_budget_s": 0.5, "warmup_s": 0.05}
 
 
 def make_workdir(tmp_path: Path, submission: Path, problem: str = "matmul") -> Path:

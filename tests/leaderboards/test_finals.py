@@ -46,7 +46,7 @@ def close(leaderboard):
 @pytest.mark.timeout(600)
 def test_a_closed_board_re_verifies_its_top_10_on_the_cpu_runner_and_publishes_the_re_runs_order(
         leaderboard, cpu_pool, sync_queue, django_capture_on_commit_callbacks, settings, client):
-    settings.HARNESS_TIMING = {**settings.HARNESS_TIMING, "rel_ci": 0.05, "case_budget_s": 1, "max_samples": 100}
+    settings.HARNESS_TIMING = {**settings.HARNESS_TIMING, "rel_ci": 0.05, "case_budget_s": 0.5, "max_samples": 100}
     leaderboard.final_rounds = 2
     leaderboard.save(update_fields=["final_rounds"])
     users = board_of_12(leaderboard)
