@@ -424,7 +424,8 @@ def measure(tree: Path, label: str, args) -> dict:
         time.sleep(3 if mode == "wait" else 10)
         if args.burst or args.round:
             workers = start_workers(tree, env)
-            time.sleep(5)
+            first = driver.ask("submit")["run"]  # the workers are up once they dispatch a run that then ends
+            wait_for(driver, [first], lambda s: ended(s) == 1, 120)
             work = work_phases(driver, base, proc.pid, cores, args, label)
         driver.close()
     finally:
