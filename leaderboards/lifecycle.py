@@ -114,7 +114,9 @@ def dispatch_run(run_id: int) -> None:
                           deadline_seconds=deadline, attempt_fields={"pool": pool, "nonce": secrets.token_hex(16)})
         attempt = run.attempt
         nonce = _attempt(run).nonce
-        if pool.is_local:
+        if pool.is_local and run.node_id:  # pinned (a node's health check, an A/A run): only its node's agent can
+            wakeups.node_changed(run.node_id)  # claim it, so that one asks, not the pool's longest waiter
+        elif pool.is_local:
             wakeups.run_dispatched(pool.pk, run.gpu_type_id)  # on commit: a waiting node agent claims it
         job = Dispatch(run_id=run.pk, attempt=attempt, nonce=nonce, token=attempt_token(pool, run.pk, attempt, nonce),
                        platform_url=platform_url(pool),
@@ -330,10 +332,10 @@ def free_gpus(node: Node, free: list[int]) -> list[Gpu]:
                 .order_by("index"))
 
 
-def claimable(pool_id: int, gpu_type_ids=None) -> bool:
+def claimable(pool_id: int, gpu_type_ids=None, *, unpinned: bool = False) -> bool:
     """A run (of one of these GPU types) waits, dispatched to the pool, for a node agent to claim it (one query: an
-    idle node's ask costs no transaction)."""
-    waiting = _waiting(pool_id)
+    idle node's ask costs no transaction). `unpinned`: one that any node may claim."""
+    waiting = _waiting(pool_id).filter(node__isnull=True) if unpinned else _waiting(pool_id)
     return (waiting if gpu_type_ids is None else waiting.filter(gpu_type_id__in=list(gpu_type_ids))).exists()
 
 

@@ -282,7 +282,8 @@ def node_answer(authorization: str, body: dict, *, woken: tuple[str, int] | None
         when, cached = _node_types(node)
         _types[node.pk] = (when, cached | {g.index: g.gpu_type_id for g in gpus})  # what was just read wins
         claims = lifecycle.claim_on(node, gpus)
-    if woken is not None and not claims and lifecycle.claimable(pool.pk, [int(woken[0].rsplit(":", 1)[1])]):
+    if woken is not None and not claims and lifecycle.claimable(pool.pk, [int(woken[0].rsplit(":", 1)[1])],
+                                                                unpinned=True):
         transaction.on_commit(lambda: wakeups.waiters.pass_on(woken))  # such a run still waits: the next one looks
     types = _node_types(node)[1]
     wait_on = [f"node:{node.pk}"] + [

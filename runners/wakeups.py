@@ -6,7 +6,8 @@ published here after commit:
   free device of that type (the oldest waiting); one that then claims nothing while such a run still waits hands
   the wake to the next, so a queued run costs a claim or two, not one per node.
 - `node:N`: a hold on node N ended (a run of it finished: a device is free again; or a reservation), a reservation
-  started on it or its holders' keys changed: its agent asks again with what it has free now.
+  started on it or its holders' keys changed, or a run pinned to it (its health check, an A/A run) was dispatched:
+  its agent asks again with what it has free now.
 - `all`: every agent asks again (a process that subscribed again after losing Redis, or the file without it).
 
 With `REDIS_URL` the message goes over Redis pub/sub (one subscription per web process); without it (SQLite,

@@ -502,3 +502,34 @@ def test_the_heartbeats_write_carries_new_samples_and_keeps_the_others(cpu_pool)
     rows = {n.hostname: n for n in Node.objects.filter(pk__in=[kept.pk, sampled.pk])}
     assert (rows["kept"].samples, rows["sampled"].samples) == (old, new)
     assert rows["kept"].agent_live() and rows["sampled"].agent_live()
+
+
+@pytest.mark.django_db
+def test_a_run_pinned_to_a_node_wakes_that_nodes_agent_and_no_woken_ask_passes_it_on(
+        leaderboard, cpu_pool, monkeypatch, django_capture_on_commit_callbacks):
+    """A node's health check (or A/A run) only its node can claim: its dispatch wakes `node:N`, not the pool's longest
+    waiter, and a woken node that cannot take it hands no wake on for it (a round of pinned checks is no chain of
+    asks across the fleet)."""
+    published: list[list[str]] = []
+    monkeypatch.setattr(wakeups, "publish", lambda keys: published.append(list(keys)))
+    node = cpu_pool.nodes.get()
+    other = Node.objects.create(pool=cpu_pool, hostname="node-b")
+    Gpu.objects.create(node=other, gpu_type=cpu_pool.cpu, index=0)
+    pinned = submit(leaderboard).runs.first()
+    Run.objects.filter(submission=pinned.submission).update(node=other, pool=cpu_pool)
+    with django_capture_on_commit_callbacks(execute=True):
+        dispatch_all()
+    assert published and all(keys == [f"node:{other.pk}"] for keys in published)
+
+    key = f"pool:{cpu_pool.pk}:{cpu_pool.cpu.pk}"
+    passed_on = []
+    monkeypatch.setattr(wakeups.waiters, "pass_on", passed_on.append)
+    with django_capture_on_commit_callbacks(execute=True):
+        answer = node_answer(node_auth(), {"pool": "local", "hostname": node.hostname, "free": [0]}, woken=(key, 2))
+    assert answer[0]["claims"] == [] and passed_on == []
+
+    published.clear()
+    free = submit(leaderboard).runs.first()  # any node may take this one: the pool's waiter is woken
+    with django_capture_on_commit_callbacks(execute=True):
+        dispatch_all()
+    assert [key] in published and Run.objects.get(pk=free.pk).status == RunStatus.DISPATCHED
