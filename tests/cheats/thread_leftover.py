@@ -16,7 +16,9 @@ _done: queue.Queue = queue.Queue()
 def _work():
     for a, b in iter(_jobs.get, None):
         out = a @ b
-        for _ in range(20):  # enough work to be seen on any machine
+        # well past the 1 ms of other threads' CPU a timed call may have (library threads waking): 20 products of
+        # the test cases' small matrices took ~1.1 ms on a quiet 2-core machine and passed about half the time
+        for _ in range(400):
             out = (a @ b) + 0 * out
         _done.put(out)
 
