@@ -390,6 +390,8 @@ def measure(tree: Path, label: str, args) -> dict:
     prepare(tree, env)
     proc, base = start_server(tree, env)
     fleet: list[subprocess.Popen] = []
+    readers: list[threading.Thread] = []
+    outputs: list[str] = []
     workers: subprocess.Popen | None = None
     work: dict = {}
     try:
@@ -400,9 +402,12 @@ def measure(tree: Path, label: str, args) -> dict:
         per = -(-args.nodes // args.clients)
         for c in range(args.clients):
             count = min(per, args.nodes - c * per)
-            fleet.append(subprocess.Popen([sys.executable, __file__, "--agents", base, str(c * per), str(count), mode,
+            agent_proc = subprocess.Popen([sys.executable, __file__, "--agents", base, str(c * per), str(count), mode,
                                            str(int(sampling)), str(args.run_seconds)], stdout=subprocess.PIPE,
-                                          text=True, env={**os.environ, "PYTHONPATH": ""}))
+                                          text=True, env={**os.environ, "PYTHONPATH": ""})
+            fleet.append(agent_proc)  # its lines read as they come: a full pipe would stop its agents' event loop
+            readers.append(threading.Thread(target=lambda p=agent_proc: outputs.extend(p.stdout), daemon=True))
+            readers[-1].start()
         cores = len(os.sched_getaffinity(0))
         cpu0, wall0 = cpu_seconds(proc.pid), time.monotonic()
         # the first asks are spread over one heartbeat; each node's first asks to each web process are full ones
@@ -431,7 +436,9 @@ def measure(tree: Path, label: str, args) -> dict:
     finally:
         for agent_proc in fleet:
             agent_proc.send_signal(signal.SIGTERM)
-        outputs = [agent_proc.communicate(timeout=60)[0] for agent_proc in fleet]
+        for agent_proc, reader in zip(fleet, readers, strict=True):
+            agent_proc.wait(timeout=60)
+            reader.join(timeout=60)
         for server in filter(None, (workers, proc)):
             os.killpg(server.pid, signal.SIGTERM)
             try:
