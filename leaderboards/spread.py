@@ -165,8 +165,8 @@ def do_measure_due_spreads(now=None) -> int:
             continue
         try:
             return len(do_measure_spread(problem, gpu_type))
-        except SubmissionRejected:  # one started meanwhile
-            return 0
+        except SubmissionRejected:  # no Python reference to time (a problem of its own evaluator), or one started
+            continue
     return 0
 
 

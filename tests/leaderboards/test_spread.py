@@ -9,7 +9,7 @@ import pytest
 from django.core.management import call_command
 
 from leaderboards.errors import SubmissionRejected
-from leaderboards.models import Run, RunSpread, RunStatus
+from leaderboards.models import Problem, Run, RunSpread, RunStatus
 from leaderboards.spread import AA_HOOK, MIN_SAMPLES, do_measure_due_spreads, do_measure_spread, do_record_spread
 from leaderboards.tasks import check_pools
 from runners.harness.job import parse_job
@@ -114,6 +114,10 @@ def test_the_workers_measure_an_unmeasured_pair_when_no_competitor_waits_and_aga
     assert check_pools() == 0 and not Run.objects.filter(on_finish=AA_HOOK).exists()  # 0: only when asked
 
     settings.SPREAD_REFRESH_DAYS = 30
+    problem = leaderboard.problem  # a problem of its own evaluator (no Python reference) first: skipped, not in the way
+    unmeasurable = Problem.objects.create(name="aaa", version=1, content_hash="x", lang=problem.lang,
+                                          definition={**problem.definition, "files": {"eval.py": "..."}})
+    LeaderboardFactory(problem=unmeasurable, gpu_types=[cpu_pool.cpu])
     waiting = submission(leaderboard)  # a competitor's runs wait for the type: no measurement yet
     assert do_measure_due_spreads() == 0
     Run.objects.filter(submission=waiting).update(status=RunStatus.SUCCEEDED)
