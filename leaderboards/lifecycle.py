@@ -339,6 +339,12 @@ def claimable(pool_id: int, gpu_type_ids=None, *, unpinned: bool = False) -> boo
     return (waiting if gpu_type_ids is None else waiting.filter(gpu_type_id__in=list(gpu_type_ids))).exists()
 
 
+def waiting_for(pool_id: int) -> set[int | None]:
+    """The nodes whose agents a run dispatched to the pool waits for: None for a run any node may claim, a node's id
+    for a run pinned to it (one query)."""
+    return set(_waiting(pool_id).order_by().values_list("node_id", flat=True).distinct())
+
+
 def _waiting(pool_id: int):
     return Run.objects.filter(status=RunStatus.DISPATCHED, attempts__number=F("attempt"), attempts__pool_id=pool_id,
                               attempts__external_id="")

@@ -276,8 +276,8 @@ def node_answer(authorization: str, body: dict, *, woken: tuple[str, int] | None
     if (samples := _samples(body)) is not None:  # the agent samples every 15 s at most: one UPDATE then
         Node.objects.filter(pk=node.pk).update(samples=samples)
     claims: list[dict] = []
-    waits, reserved = _pool_state(pool.pk, fresh)
-    if lifecycle.do_node_heartbeat(node, free, record=not batched) and waits:
+    waiting, reserved = _pool_state(pool.pk, fresh)
+    if lifecycle.do_node_heartbeat(node, free, record=not batched) and (None in waiting or node.pk in waiting):
         gpus = lifecycle.free_gpus(node, free)
         when, cached = _node_types(node)
         _types[node.pk] = (when, cached | {g.index: g.gpu_type_id for g in gpus})  # what was just read wins
@@ -295,21 +295,22 @@ def node_answer(authorization: str, body: dict, *, woken: tuple[str, int] | None
     return {"claims": claims, **news}, wait_on, node
 
 
-# pool → (when read, wake-ups seen then, a run waits, nodes a reservation holds)
-_pools: dict[int, tuple[float, int, bool, set[int]]] = {}
+# pool → (when read, wake-ups seen then, who a waiting run is for (`lifecycle.waiting_for`), nodes a reservation holds)
+_pools: dict[int, tuple[float, int, set[int | None], set[int]]] = {}
 POOL_TTL = 1.0
 END_MARGIN_S = 0.05  # a held wait that a reservation's end cuts short is answered this long after it
 NONE = {"reserved": [], "reservations": [], "keys": []}
 
 
-def _pool_state(pool_id: int, fresh: bool) -> tuple[bool, set[int]]:
-    """Whether a run waits, dispatched to the pool, for a node agent, and the pool's nodes that reservations hold
+def _pool_state(pool_id: int, fresh: bool) -> tuple[set[int | None], set[int]]:
+    """Which node agents a run dispatched to the pool waits for (None: any; a node: a run pinned to it, such as its
+    health check, so a round of checks leaves the other nodes' asks idle), and the pool's nodes that reservations hold
     devices of: read anew when `fresh`, older than POOL_TTL or older than this process's last wake-up (a reading
     from before a run was dispatched must not send the agent that re-asks for it back to wait)."""
     hit, seq = _pools.get(pool_id), wakeups.waiters.seq
     if fresh or hit is None or hit[1] != seq or time.monotonic() - hit[0] > POOL_TTL:
         held = DeviceHold.objects.held().filter(kind=HoldKind.RESERVATION, pool_id=pool_id)
-        hit = _pools[pool_id] = (time.monotonic(), seq, lifecycle.claimable(pool_id),
+        hit = _pools[pool_id] = (time.monotonic(), seq, lifecycle.waiting_for(pool_id),
                                  set(held.values_list("node_id", flat=True)))
     return hit[2], hit[3]
 
@@ -360,8 +361,8 @@ def _idle_answer(authorization: str, body: object) -> tuple[int, list[str], list
             token.strip().encode(), known.token.encode()):
         return None
     pool, types = _pools.get(known.pool_id), _types.get(known.node_id)
-    if pool is None or pool[1] != wakeups.waiters.seq or now - pool[0] > POOL_TTL or pool[2] or (
-            known.node_id in pool[3]) or types is None or now - types[0] > TYPES_TTL:
+    if pool is None or pool[1] != wakeups.waiters.seq or now - pool[0] > POOL_TTL or None in pool[2] or (
+            known.node_id in pool[2] or known.node_id in pool[3]) or types is None or now - types[0] > TYPES_TTL:
         return None
     try:
         free, samples = _free(body), _samples(body)

@@ -288,11 +288,11 @@ def test_a_woken_ask_that_cannot_claim_hands_the_wake_on_while_the_run_waits(lea
 def test_the_pools_cached_reading_is_stale_once_a_wake_up_came(leaderboard, cpu_pool, monkeypatch):
     """An ask told to ask again (a wake-up came while it looked) must not be answered from the reading before it."""
     monkeypatch.setattr(runner_api, "_pools", {})
-    assert runner_api._pool_state(cpu_pool.pk, False)[0] is False
+    assert runner_api._pool_state(cpu_pool.pk, False)[0] == set()
     submit(leaderboard)
     dispatch_all()
     wakeups.waiters.seq += 1  # what the dispatch's wake-up does in this process
-    assert runner_api._pool_state(cpu_pool.pk, False)[0] is True
+    assert runner_api._pool_state(cpu_pool.pk, False)[0] == {None}  # a run any node may claim
 
 
 @pytest.mark.django_db
@@ -439,6 +439,41 @@ def test_an_idle_known_nodes_ask_is_answered_without_reading_the_database_and_st
     assert sampled[0] == 200 and len(full) == 1  # the first ask only: the others had no node to read
     node.refresh_from_db()
     assert node.agent_live() and node.samples == [sample]  # its heartbeat and its samples recorded all the same
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_pinned_to_another_node_leaves_a_known_nodes_ask_idle_and_its_own_node_claims_it(
+        leaderboard, cpu_pool, monkeypatch):
+    """A health round keeps a run pinned to some node waiting nearly all the time: the other nodes' asks stay idle
+    (on the event loop, no query), as when nothing waits, while the node it is pinned to asks the normal way and
+    claims it."""
+    monkeypatch.setattr(runner_api, "POOL_TTL", 60.0)
+    node = cpu_pool.nodes.get()
+    other = Node.objects.create(pool=cpu_pool, hostname="node-b")
+    Gpu.objects.create(node=other, gpu_type=cpu_pool.cpu, index=0)
+    body = {"pool": "local", "hostname": "localhost", "free": [0]}
+    full = spy_full_asks(monkeypatch)
+
+    def pin_and_dispatch(to: Node) -> int:
+        run = submit(leaderboard).runs.first()
+        Run.objects.filter(pk=run.pk).update(node=to, pool=cpu_pool)
+        dispatch_all()
+        wakeups.waiters.seq += 1  # what the dispatch's wake-up does in each web process
+        return run.pk
+
+    async def scenario():
+        await ask(body)  # first sight: the normal way
+        elsewhere = await sync_to_async(pin_and_dispatch)(other)
+        answers = [await ask(body) for _ in range(3)]  # the first reads the pool anew after the wake-up
+        calls = len(full)
+        here = await sync_to_async(pin_and_dispatch)(node)
+        return elsewhere, answers, calls, here, await ask(body)
+
+    elsewhere, answers, calls, here, claimed = asyncio.run(scenario())
+    assert all(a[0] == 200 and a[1]["claims"] == [] for a in answers)
+    assert calls == 2  # the first sight and one reading after the wake-up: the others idle
+    assert [c["run"] for c in claimed[1]["claims"]] == [here]
+    assert Run.objects.get(pk=elsewhere).status == RunStatus.DISPATCHED  # still node-b's
 
 
 @pytest.mark.parametrize("change", ["key rotated", "node disabled", "node removed"])
