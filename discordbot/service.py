@@ -645,7 +645,7 @@ def export_hf(member: Member, repository: str | None, leaderboard: str | None = 
         if leaderboard and private:  # a private snapshot: the board's ranked submissions, live or not
             boards = [_leaderboard(actor, leaderboard)]
             filename = filename or dataset.file_name(boards)
-            url = dataset.do_push_snapshot(boards, repository, filename)
+            url = dataset.do_push_snapshot(boards, repository, filename).url
             return f"Pushed a private snapshot {filename} ({boards[0].name}) to {url}"
         if leaderboard:
             boards = [_leaderboard(actor, leaderboard)]
@@ -654,9 +654,8 @@ def export_hf(member: Member, repository: str | None, leaderboard: str | None = 
             boards = dataset.published_leaderboards()
             if not boards:
                 raise BotError("No closed leaderboard has public code; name the leaderboard to export.")
-        data = dataset.parquet_bytes(boards)
         filename = filename or dataset.file_name(boards)
-        url = dataset.push_to_hub(data, repository, filename, private=private)
+        url = dataset.do_push_dataset(boards, repository, filename, private).url
     except Refused as exc:
         raise BotError(exc.message) from exc
     return f"Pushed {filename} ({', '.join(b.name for b in boards)}) to {url}"

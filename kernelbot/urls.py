@@ -3,6 +3,8 @@ from django.templatetags.static import static
 from django.urls import include, path
 from django.views.generic import RedirectView
 
+from leaderboards.popcorn.api import not_found as popcorn_not_found
+
 from . import metrics
 from .api import api
 
@@ -17,6 +19,7 @@ urlpatterns = [
     path("api/docs", RedirectView.as_view(url="/api/v1/docs", permanent=False)),
     path("gpus/", include("runners.reservations.urls")),
     path("favicon.ico", RedirectView.as_view(url=static("kb/favicon.svg"), permanent=True)),
+    path("popcorn", popcorn_not_found),  # POPCORN_API_URL itself: JSON, not APPEND_SLASH's redirect
     path("popcorn/", include("leaderboards.popcorn.urls")),
     path("tokens/", include("leaderboards.access.urls")),
 ]

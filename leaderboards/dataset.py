@@ -14,6 +14,7 @@ import io
 import os
 from collections.abc import Iterable
 from datetime import timedelta
+from typing import NamedTuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -195,8 +196,20 @@ def file_name(leaderboards: Iterable[Leaderboard]) -> str:
 SNAPSHOT_FILE = "active_submissions.parquet"
 
 
+class Pushed(NamedTuple):
+    url: str  # the commit's
+    repo_id: str
+    rows: int
+
+
+def do_push_dataset(leaderboards: Iterable[Leaderboard], repo_id: str, filename: str, private: bool) -> Pushed:
+    """The public dataset of the boards (`dataset_rows`) pushed to `repo_id`."""
+    table = dataset_table(leaderboards)
+    return Pushed(push_to_hub(pq_bytes(table), repo_id, filename, private=private), repo_id, table.num_rows)
+
+
 def do_push_snapshot(leaderboards: Iterable[Leaderboard] | None = None, repository: str | None = None,
-                     filename: str = SNAPSHOT_FILE) -> str:
+                     filename: str = SNAPSHOT_FILE) -> Pushed:
     """A private snapshot of live boards (default: `snapshot_leaderboards`) pushed to a private dataset repository
     (default HF_PRIVATE_DATASET): on an organiser's request, and every 6 hours (`tasks.export_snapshot`)."""
     repository = (repository or settings.HF_PRIVATE_DATASET).strip()
@@ -205,8 +218,9 @@ def do_push_snapshot(leaderboards: Iterable[Leaderboard] | None = None, reposito
     boards = list(snapshot_leaderboards() if leaderboards is None else leaderboards)
     if not boards:
         raise Refused("No live leaderboard to snapshot.", 409)
-    data = pq_bytes(pa.Table.from_pylist(snapshot_rows(boards), schema=SCHEMA))
-    return push_to_hub(data, repository, filename, private=True, only_private=True)
+    table = pa.Table.from_pylist(snapshot_rows(boards), schema=SCHEMA)
+    return Pushed(push_to_hub(pq_bytes(table), repository, filename, private=True, only_private=True), repository,
+                  table.num_rows)
 
 
 def pq_bytes(table: pa.Table) -> bytes:

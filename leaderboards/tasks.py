@@ -70,7 +70,7 @@ def export_snapshot() -> str:
     if not dataset.snapshot_leaderboards():
         return "no live leaderboard"
     try:
-        return dataset.do_push_snapshot()
+        return dataset.do_push_snapshot().url
     except Refused as exc:
         log.warning("private snapshot not pushed: %s", exc.message)
         return exc.message

@@ -204,8 +204,9 @@ DECLINED_CLI_ID = "This CLI login was declined in the browser: nothing was linke
     "`popcorn-cli register`) again to link a CLI you started yourself."
 
 
-def do_bind_cli_login(user, raw: str) -> ApiToken:
-    """Make a pending id the user's token (the logged-in "link this CLI" page, or the OAuth callback)."""
+def do_bind_cli_login(user, raw: str, replace: bool = False) -> ApiToken:
+    """Make a pending id the user's token (the logged-in "link this CLI" page, or the OAuth callback). `replace`
+    (popcorn-cli's `reregister`): the user's earlier CLI ids of the same provider are revoked."""
     with transaction.atomic():
         pending = PendingLogin.objects.select_for_update().filter(digest=digest(raw.strip()),
                                                                   declined__isnull=True).first()
@@ -218,6 +219,12 @@ def do_bind_cli_login(user, raw: str) -> ApiToken:
         name = "kernelbot CLI" if pending.provider == KERNELBOT_CLI else f"popcorn-cli ({pending.provider})"
         pending.token = ApiToken.objects.create(user=user, name=name, digest=pending.digest, hint=raw.strip()[:10])
         pending.save(update_fields=["token"])
+        if replace:
+            earlier = ApiToken.objects.filter(user=user, revoked__isnull=True,
+                                              pendinglogin__provider=pending.provider).exclude(pk=pending.token_id)
+            digests = list(earlier.values_list("digest", flat=True))
+            earlier.update(revoked=timezone.now())
+            transaction.on_commit(lambda: forget(*map(token_key, digests)))
         return pending.token
 
 

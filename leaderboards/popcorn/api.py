@@ -6,6 +6,8 @@ Each endpoint is thin: the same actions as the site and our own /api/v1 do the w
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import zipfile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -14,6 +16,7 @@ from typing import Any, Literal
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AnonymousUser
+from django.db import transaction
 from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Max, Q, Sum
 from django.http import Http404, HttpRequest, JsonResponse
 from django.urls import reverse
@@ -31,16 +34,17 @@ from kernelbot.inputs import Bool, Int, Text
 from leaderboards import actions, dataset, repository
 from leaderboards.access import actions as access
 from leaderboards.access.authority import RunView, access_leaderboard, access_submission, run_view
-from leaderboards.access.models import Invite, QuotaKind, SubmissionQuota
+from leaderboards.access.models import TOKEN_PREFIX, Invite, QuotaKind, SubmissionQuota
 from leaderboards.board_rows import name_of
 from leaderboards.importing import ImportRejected, do_import_task
-from leaderboards.models import ACTIVE_STATUSES, BoardEntry, Leaderboard, Run, RunStatus, Submission
+from leaderboards.models import ACTIVE_STATUSES, BoardEntry, Leaderboard, Run, RunAttempt, RunStatus, Submission
 from leaderboards.repository import RepositoryError, do_import_repository
 from leaderboards.serializers import job_state, run_out
 from runners.models import GpuPool, GpuType
 from taskspec.loader import TaskFileError, collection_root, load_competition, load_task, load_task_from_zip
 
 from . import wire
+from .oauth import oauth_app, oauth_username
 
 
 # --- authentication -------------------------------------------------------------------------------
@@ -226,9 +230,17 @@ def not_found(request: HttpRequest, rest: str = "") -> JsonResponse:
 
 
 
+def last_heartbeat(submission: Submission) -> datetime | None:
+    """KernelBot's job heartbeat: the last news of any of the submission's attempts (a runner's progress or beat, a
+    poll), else when the latest was handed to a runner; None before any was."""
+    seen = RunAttempt.objects.filter(run__submission=submission).aggregate(news=Max("last_news_at"),
+                                                                           sent=Max("dispatched_at"))
+    return max((t for t in seen.values() if t is not None), default=None)
+
+
 def detail_of(submission: Submission, view: RunView) -> dict[str, Any]:
     runs = list(submission.runs.select_related("gpu_type", "submission").order_by("gpu_type", "secret"))
-    return wire.submission_detail(submission, runs, view, runner_queue(submission, runs))
+    return wire.submission_detail(submission, runs, view, runner_queue(submission, runs), last_heartbeat(submission))
 
 
 @api.get("/user/submissions/{submission_id}")
@@ -285,14 +297,42 @@ def auth_init(request, provider: str):
     return {"state": access.do_start_cli_login(provider, access.client_address(request))}
 
 
+def cli_state(state: str) -> tuple[str, bool]:
+    """popcorn-cli's OAuth `state`: base64url (unpadded) of {"cli_id": <the id /auth/init gave>, "is_reset": bool},
+    decoded as KernelBot decodes it; a bare id of ours (it starts with TOKEN_PREFIX, which no base64 of JSON does) is
+    {"cli_id": it, "is_reset": false}."""
+    if state.startswith(TOKEN_PREFIX):
+        return state, False
+    try:  # binascii.Error, a non-ASCII state, bad UTF-8 and bad JSON are all ValueErrors
+        data = json.loads(base64.urlsafe_b64decode(state + "=" * (-len(state) % 4)))
+    except ValueError as exc:
+        raise HttpError(400, f"Invalid state parameter: not base64url-encoded JSON ({exc}).") from None
+    if not isinstance(data, dict) or not isinstance(data.get("cli_id"), str) or not data["cli_id"].strip():
+        raise HttpError(400, 'Invalid state parameter: expected {"cli_id": "<the id /auth/init gave>", "is_reset": '
+                        'true|false}.')
+    if not isinstance(is_reset := data.get("is_reset", False), bool):
+        raise HttpError(400, "Invalid state parameter: is_reset must be true or false.")
+    return data["cli_id"], is_reset
+
+
 @api.get("/auth/cli/{provider}", auth=None)
 def auth_callback(request, provider: str, code: str, state: str):
-    from .oauth import user_from_oauth
-
-    user = user_from_oauth(provider, code, request.build_absolute_uri(request.path))
-    access.do_bind_cli_login(user, state)
+    """As KernelBot: `register` (is_reset false) makes a new account of the provider's user and links the CLI id
+    to it; `reregister` (is_reset true) links it to that existing account in place of its earlier CLI ids."""
+    oauth_app(provider)  # a server without one says so whatever the state
+    cli_id, is_reset = cli_state(state)
+    username = oauth_username(provider, code, request.build_absolute_uri(request.path))
+    user = get_user_model().objects.filter(username=username).first()
+    if is_reset and user is None:
+        raise HttpError(400, f"No account of this {provider} user yet: run `popcorn-cli register {provider}` "
+                        "to create one.")
+    if not is_reset and user is not None:
+        raise HttpError(400, f"This {provider} user has an account already: run `popcorn-cli reregister "
+                        f"{provider}` to link a new CLI id to it.")
+    user = user or get_user_model().objects.get_or_create(username=username)[0]
+    access.do_bind_cli_login(user, cli_id, replace=is_reset)
     return {"status": "success", "message": f"Successfully authenticated via {provider} and linked CLI ID.",
-            "user_id": str(user.pk), "user_name": user.get_username(), "is_reset": False}
+            "user_id": str(user.pk), "user_name": user.get_username(), "is_reset": is_reset}
 
 
 # --- admin (Authorization: Bearer <ADMIN_TOKEN>) --------------------------------------------------
@@ -359,10 +399,11 @@ def admin_get_submission(request, submission_id: int):
         pk=submission_id).first()
     if submission is None:
         raise Http404(f"Submission {submission_id} not found.")
-    runs = submission.runs.select_related("gpu_type").order_by("gpu_type", "secret")
+    runs = list(submission.runs.select_related("gpu_type").order_by("gpu_type", "secret"))
     # KernelBot's admin answer holds each run whole (its runs.json): secret runs' errors and logs too
     detail = detail_of(submission, RunView.ALL)
-    return {**detail, "status": "ok", "submission": detail, "runs_json": [run_out(r, RunView.ALL) for r in runs]}
+    whole = {**detail, **wire.submission_item(detail, runs)}  # KernelBot's SubmissionItem names beside ours
+    return {**detail, "status": "ok", "submission": whole, "runs_json": [run_out(r, RunView.ALL) for r in runs]}
 
 
 @admin.delete("/submissions/{submission_id}")
@@ -376,16 +417,18 @@ def admin_delete_submission(request, submission_id: int):
 
 @admin.delete("/submissions")
 def admin_delete_submissions_of_user(request, leaderboard_id: int, user_name: str):
-    """KernelBot's bulk delete: every submission of `user_name` (user name or id) on a leaderboard."""
+    """KernelBot's bulk delete: every submission of `user_name` (user name or id) on a leaderboard, with its counts
+    (`deleted_job_status`: the submissions that had a job, i.e. runs); an unknown user has none, as there."""
     board = Leaderboard.objects.filter(pk=leaderboard_id).first()
+    if board is None:
+        raise Http404(f"Unknown leaderboard {leaderboard_id}.")
     user = _user(user_name)
-    if board is None or user is None:
-        raise Http404(f"Unknown leaderboard {leaderboard_id}." if board is None else f"Unknown user '{user_name}'.")
-    doomed = list(Submission.objects.filter(leaderboard=board, user=user))
+    doomed = list(Submission.objects.filter(leaderboard=board, user=user).annotate(n=Count("runs"))) if user else []
     for submission in doomed:
         actions.do_delete_submission(submission)
     return {"status": "ok", "leaderboard_id": leaderboard_id, "user_name": user_name,
-            "deleted_submissions": len(doomed)}
+            "deleted_submissions": len(doomed), "deleted_runs": sum(s.n for s in doomed),
+            "deleted_job_status": sum(1 for s in doomed if s.n)}
 
 
 @admin.get("/leaderboards/{leaderboard}/submissions")
@@ -395,8 +438,8 @@ def admin_list_board_submissions(request, leaderboard: str, limit: int = 100, of
         raise Http404(f"Unknown leaderboard '{leaderboard}'.")
     check_offset(offset)
     limit = max(1, min(limit, 10_000))
-    ids = list(Submission.objects.filter(leaderboard=board).order_by("pk").values_list("pk", flat=True)
-               [offset:offset + limit])
+    ids = list(Submission.objects.filter(leaderboard=board).order_by("-created", "-pk")  # newest first, as KernelBot
+               .values_list("pk", flat=True)[offset:offset + limit])
     return {"status": "ok", "leaderboard": board.name, "limit": limit, "offset": offset, "submission_ids": ids}
 
 
@@ -419,6 +462,7 @@ class CreateLeaderboardIn(Schema):
     gpus: list[Text] | None = None
     force: Bool = False
     past_deadline: Bool = False  # as the admin form's tick: a deadline in the past closes the board at once
+    visibility: Literal["public", "closed"] | None = None  # None: a new board public, an existing one as it is
 
 
 def inside_problems_dir(relative: str) -> Path:
@@ -448,15 +492,20 @@ def admin_create_leaderboard(request, body: CreateLeaderboardIn):
         if deadline <= timezone.now() and not body.past_deadline:
             raise HttpError(400, f"deadline {deadline:%Y-%m-%d %H:%M} UTC is in the past: the leaderboard would be "
                             "closed at once. Correct it, or send past_deadline=true.")
-        name = body.name or target.name.replace("_", "-")
-        report = do_import_task(task, leaderboard=name, deadline=deadline, gpus=body.gpus, force=body.force,
-                                past_deadline=body.past_deadline, collection=target.parent.name)
+        name = body.name or f"{target.name}-dev"  # KernelBot's "<directory>-dev"
+        with transaction.atomic():
+            report = do_import_task(task, leaderboard=name, deadline=deadline, gpus=body.gpus, force=body.force,
+                                    past_deadline=body.past_deadline, collection=target.parent.name)
+            if body.visibility:  # its post_save receiver forgets the cached board
+                board = Leaderboard.objects.get(name=name)
+                board.visibility = body.visibility
+                board.save(update_fields=["visibility"])
     except TaskFileError as exc:
         raise HttpError(400, str(exc)) from exc
     except ImportRejected as exc:
         raise HttpError(400, "; ".join(exc.errors)) from exc
     return {"status": "ok", "leaderboard": name, "created": report.created, "updated": report.updated,
-            "unchanged": report.unchanged}
+            "unchanged": report.unchanged, "visibility": Leaderboard.objects.get(name=name).visibility}
 
 
 @admin.delete("/leaderboards/{name}")
@@ -623,7 +672,8 @@ def admin_list_invites(request, leaderboard: str):
         first = min(invite.membership_set.all(), key=lambda m: m.joined, default=None)
         rows.append({"code": invite.code, "user_id": str(first.user_id) if first else None,
                      "user_name": first.user.get_username() if first else None,
-                     "created_at": wire.iso(invite.created), "uses": invite.uses, "max_uses": invite.max_uses,
+                     "claimed_at": wire.iso(first.joined) if first else None, "created_at": wire.iso(invite.created),
+                     "uses": invite.uses, "max_uses": invite.max_uses,
                      "expires": wire.iso(invite.expires)})
     return {"status": "ok", "leaderboard": leaderboard, "invites": rows}
 
@@ -651,13 +701,13 @@ def admin_export_hf(request, body: ExportIn):
     if missing := sorted(set(body.leaderboard_ids) - {b.pk for b in boards}):
         raise Http404(f"Unknown leaderboard id(s): {', '.join(map(str, missing))}.")
     if body.private:
-        url = dataset.do_push_snapshot(boards, filename=body.filename)
+        pushed = dataset.do_push_snapshot(boards, filename=body.filename)
     else:
         if not settings.HF_PUBLIC_DATASET:
             raise HttpError(400, "Set HF_PUBLIC_DATASET for the public export.")
-        url = dataset.push_to_hub(dataset.parquet_bytes(boards), settings.HF_PUBLIC_DATASET, body.filename,
-                                  private=False)
-    return {"status": "ok", "leaderboards": [b.name for b in boards], "filename": body.filename, "url": url}
+        pushed = dataset.do_push_dataset(boards, settings.HF_PUBLIC_DATASET, body.filename, private=False)
+    return {"status": "ok", "leaderboards": [b.name for b in boards], "filename": body.filename, "url": pushed.url,
+            "rows": pushed.rows, "repo_id": pushed.repo_id}
 
 
 MODE_CATEGORIES = {"test": QuotaKind.TEST, "leaderboard": QuotaKind.RANKED}
@@ -672,7 +722,8 @@ def _rate_limit(quota: SubmissionQuota) -> dict[str, Any]:
     """KernelBot's view of a quota (per hour; 0 = frozen; null = unlimited here) beside this platform's own."""
     per_hour = 0 if quota.frozen else (round(quota.max_submissions * 3600 / quota.window_seconds)
                                        if quota.max_submissions else None)
-    return {"leaderboard": quota.leaderboard.name,
+    return {"id": quota.pk, "leaderboard_id": quota.leaderboard_id, "leaderboard_name": quota.leaderboard.name,
+            "leaderboard": quota.leaderboard.name,
             "mode_category": "leaderboard" if quota.kind == QuotaKind.RANKED else "test",
             "max_submissions_per_hour": per_hour, "max_submissions": quota.max_submissions,
             "window_seconds": quota.window_seconds, "frozen": quota.frozen}

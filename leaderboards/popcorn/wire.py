@@ -3,6 +3,7 @@ class only); shared by the polled and the streamed routes."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from leaderboards import finals
@@ -23,9 +24,11 @@ def public_task(leaderboard: Leaderboard) -> dict[str, Any]:
 
 
 def leaderboard_item(leaderboard: Leaderboard) -> dict[str, Any]:
+    """KernelBot's LeaderboardItem less its secret seed; no board here has a Discord creator or forum thread."""
     return {"id": leaderboard.pk, "name": leaderboard.name, "description": leaderboard.description,
             "deadline": leaderboard.deadline.isoformat(), "gpu_types": [g.name for g in leaderboard.gpu_types.all()],
-            "task": public_task(leaderboard)}
+            "task": public_task(leaderboard), "visibility": leaderboard.visibility, "creator_id": None,
+            "forum_id": None}
 
 
 def run_item(run: Run, view: RunView) -> dict[str, Any]:
@@ -49,17 +52,33 @@ def run_row(run: Run, view: RunView) -> dict[str, Any]:
             "passed": run.passed}
 
 
-def submission_detail(submission: Submission, runs: list[Run], view: RunView,
-                      runner_queue: dict | None) -> dict[str, Any]:
+def submission_detail(submission: Submission, runs: list[Run], view: RunView, runner_queue: dict | None,
+                      last_heartbeat: datetime | None = None) -> dict[str, Any]:
     done, status, error = job_state(runs, view)
     return {
         "id": submission.pk, "leaderboard_id": submission.leaderboard_id,
         "leaderboard_name": submission.leaderboard.name, "file_name": submission.file_name,
         "user_id": str(submission.user_id), "submission_time": submission.created.isoformat(), "done": done,
         "code": submission.code.text, "mode": submission.mode, "runs": [run_item(r, view) for r in runs],
-        "job": {"status": status, "error": error}, "runner_queue": runner_queue,
+        "job": {"status": status, "error": error, "last_heartbeat": iso(last_heartbeat)},
+        "runner_queue": runner_queue,
         "rerun_of": finals.rerun_of(submission),  # ours: a final standings' re-run names its original
     }
+
+
+def submission_item(detail: dict[str, Any], runs: list[Run]) -> dict[str, Any]:
+    """KernelBot's SubmissionItem names (the admin's whole submission) for a RunView.ALL `detail` of `runs` (in its
+    order): its job flattened, each run with its compilation (null unless it failed to compile), meta, result and
+    system."""
+    job = detail["job"]
+    return {"submission_id": detail["id"], "job_status": job["status"], "job_error": job["error"],
+            "job_last_heartbeat": job["last_heartbeat"],
+            "runs": [{**item, "compilation": {"success": False, "stderr": run.error}
+                      if run.verdict == "compile_error" else None,
+                      "meta": {"success": run.status == RunStatus.SUCCEEDED, "stdout": run.stdout, "stderr": run.stderr,
+                               "duration": duration(run)},
+                      "result": run.result or {}, "system": run.system_info or {}}
+                     for item, run in zip(detail["runs"], runs, strict=True)]}
 
 
 def run_result(run: Run, view: RunView) -> dict[str, Any]:
@@ -67,10 +86,13 @@ def run_result(run: Run, view: RunView) -> dict[str, Any]:
     shown = run_out(run, view)
     body = {"success": run.status == RunStatus.SUCCEEDED, "passed": bool(run.passed), "status": run.status,
             "score": shown["score"], "stdout": shown["stdout"], "stderr": shown["stderr"], "error": shown["error"],
-            "duration": (run.finished_at - run.started_at).total_seconds()
-            if run.finished_at and run.started_at else None,
+            "duration": duration(run),
             "tests": shown["tests"], "benchmarks": shown["benchmarks"], "profile": shown["profile"]}
     return {"gpu": shown["gpu"], "success": body["success"], "runs": {run.submission.mode: {"run": body}}}
+
+
+def duration(run: Run) -> float | None:
+    return (run.finished_at - run.started_at).total_seconds() if run.finished_at and run.started_at else None
 
 
 def report(run: Run, view: RunView) -> str:

@@ -10,10 +10,11 @@ import pytest
 from django.utils import timezone
 
 from leaderboards.access.models import Invite, Membership, SubmissionQuota
-from leaderboards.models import Leaderboard, Run, RunStatus, Submission, Visibility
+from leaderboards.models import Leaderboard, Run, RunAttempt, RunStatus, Submission, Visibility
 
 from ..conftest import REPO, free_port
 from ..factories import LeaderboardFactory, UserFactory, submission
+from ..fakes.huggingface import FakeHub
 from .conftest import error_text, multipart
 
 pytestmark = pytest.mark.django_db
@@ -62,6 +63,8 @@ METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH")
 
 
 @pytest.mark.parametrize("path,served", [
+    ("/popcorn/", ()),  # the mount root, with and without its slash
+    ("/popcorn", ()),
     ("/popcorn/no-such-route", ()),
     ("/popcorn/definitely/not/a/route/at/all", ()),
     ("/popcorn/user/submissions/1/extra", ()),
@@ -166,7 +169,9 @@ def test_kernelbot_rate_limits_zero_freezes_and_this_platforms_zero_stays_unlimi
     assert popcorn.submit(leaderboard.name, "CPU", "test", GOOD).status_code == 202
     assert popcorn.submit(leaderboard.name, "CPU", "test", GOOD).status_code == 429
     limits = client.get(url, headers=ADMIN).json()["rate_limits"]
-    assert limits == [{"leaderboard": leaderboard.name, "mode_category": "test", "max_submissions_per_hour": 1,
+    quota = SubmissionQuota.objects.get()
+    assert limits == [{"id": quota.pk, "leaderboard_id": leaderboard.pk, "leaderboard_name": leaderboard.name,
+                       "leaderboard": leaderboard.name, "mode_category": "test", "max_submissions_per_hour": 1,
                        "max_submissions": 1, "window_seconds": 3600, "frozen": False}]
 
     # this platform's own 0 (admin, settings) still means unlimited, shown to KernelBot's clients as null
@@ -200,15 +205,50 @@ def test_after_deadline_admin_submission_board_listing_and_bulk_delete(client, a
                             headers={**popcorn.headers(), **ADMIN}).json()["details"]["id"]
     assert set(Submission.objects.values_list("user__username", flat=True)) == {alice.username}
 
-    listed = client.get(f"/popcorn/admin/leaderboards/{leaderboard.name}/submissions?limit=1&offset=1",
-                        headers=ADMIN).json()
-    assert listed["submission_ids"] == [second] and listed["leaderboard"] == leaderboard.name
+    board_url = f"/popcorn/admin/leaderboards/{leaderboard.name}/submissions"
+    assert client.get(board_url, headers=ADMIN).json()["submission_ids"] == [second, first]  # newest first
+    listed = client.get(f"{board_url}?limit=1&offset=1", headers=ADMIN).json()
+    assert listed["submission_ids"] == [first] and listed["leaderboard"] == leaderboard.name
     gone = client.delete(f"/popcorn/admin/submissions?leaderboard_id={leaderboard.pk}&user_name={alice.username}",
                          headers=ADMIN)
-    assert gone.status_code == 200 and gone.json()["deleted_submissions"] == 2, gone.content
+    assert gone.status_code == 200, gone.content
+    assert {k: gone.json()[k] for k in ("deleted_submissions", "deleted_runs", "deleted_job_status")} == {
+        "deleted_submissions": 2, "deleted_runs": 2, "deleted_job_status": 2}  # a test run each
     assert not Submission.objects.filter(pk__in=[first, second]).exists()
-    assert client.delete(f"/popcorn/admin/submissions?leaderboard_id={leaderboard.pk}&user_name=nobody",
+    nobody = client.delete(f"/popcorn/admin/submissions?leaderboard_id={leaderboard.pk}&user_name=nobody",
+                           headers=ADMIN)  # KernelBot: an unknown user has nothing to delete
+    assert nobody.status_code == 200 and nobody.json() == {
+        "status": "ok", "leaderboard_id": leaderboard.pk, "user_name": "nobody", "deleted_submissions": 0,
+        "deleted_runs": 0, "deleted_job_status": 0}
+    assert client.delete("/popcorn/admin/submissions?leaderboard_id=999999&user_name=nobody",
                          headers=ADMIN).status_code == 404
+
+
+def test_create_leaderboard_names_it_as_kernelbot_takes_its_visibility_and_never_wipes_submissions(
+        client, admin_token, cpu_pool, alice):
+    """popcorn-cli's `admin create-leaderboard` sends {"directory"}; KernelBot names the board "<directory>-dev" and
+    takes "visibility" (public/closed). It deletes and recreates a board of that name; here the board is updated in
+    place, so its competitors' submissions stay, and its visibility changes only when one is sent."""
+    def create(**body) -> dict:
+        answer = client.post("/popcorn/admin/leaderboards", json.dumps({"directory": "demo/softmax_py", **body}),
+                             content_type="application/json", headers=ADMIN)
+        return {"status_code": answer.status_code, **answer.json()}
+
+    refused = create(visibility="closed")  # the demo task.yml lists no gpus: as KernelBot, a 400
+    assert refused["status_code"] == 400 and "GPU" in refused["detail"] and not Leaderboard.objects.exists()
+    made = create(gpus=["CPU"], visibility="closed")
+    assert made["status_code"] == 200 and made["leaderboard"] == "softmax_py-dev" and made["visibility"] == "closed"
+    board = Leaderboard.objects.get(name="softmax_py-dev")
+    assert board.visibility == Visibility.CLOSED
+    bad = create(gpus=["CPU"], visibility="secret")
+    assert bad["status_code"] == 400 and "visibility" in bad["detail"]
+    kept = submission(board, alice)
+    again = create(gpus=["CPU"])  # no visibility sent: the board keeps its own
+    assert again["status_code"] == 200 and again["visibility"] == "closed" and again["created"] == []
+    assert Submission.objects.filter(pk=kept.pk).exists()
+    assert create(gpus=["CPU"], visibility="public")["visibility"] == "public"
+    assert Leaderboard.objects.get(pk=board.pk).visibility == Visibility.PUBLIC
+    assert Submission.objects.filter(pk=kept.pk).exists()
 
 
 def test_a_test_runs_result_is_in_its_detail_and_a_secret_runs_never(client, popcorn, leaderboard, alice):
@@ -294,7 +334,7 @@ def test_update_problems_downloads_off_the_sync_thread_and_still_answers_with_it
 
 
 def test_every_route_kernelbot_declares_with_its_status_and_field_names(client, admin_token, popcorn, leaderboard,
-                                                                        alice, cpu_pool):
+                                                                        alice, cpu_pool, settings, monkeypatch):
     """gpu-mode/kernelbot's src/kernelbot/api/main.py, route by route (in its order): the statuses it answers and the
     fields it names; ours may add fields beside them."""
     def call(method: str, path: str, body: dict | None = None, headers: dict | None = None, status: int = 200):
@@ -331,7 +371,7 @@ def test_every_route_kernelbot_declares_with_its_status_and_field_names(client, 
     assert "does not exist" in missing["detail"]
     created = call("POST", "admin/leaderboards", {"directory": "demo/softmax_py", "name": "softmax-dev",
                                                   "gpus": ["CPU"]}, ADMIN)
-    assert created["status"] == "ok" and created["leaderboard"] == "softmax-dev"
+    assert created["status"] == "ok" and created["leaderboard"] == "softmax-dev" and created["visibility"] == "public"
     assert call("DELETE", "admin/leaderboards/softmax-dev?force=true", headers=ADMIN)["force"] is True
     listed = call("GET", f"admin/leaderboards/{leaderboard.name}/submissions", headers=ADMIN)
     assert listed["submission_ids"] == [sub_id] and {"status", "leaderboard", "limit", "offset"} <= set(listed)
@@ -350,12 +390,21 @@ def test_every_route_kernelbot_declares_with_its_status_and_field_names(client, 
     assert call("GET", "admin/stats?leaderboard_name=other", headers=ADMIN)["stats"]["num_submissions"] == 0
 
     whole = call("GET", f"admin/submissions/{sub_id}", headers=ADMIN)
-    assert whole["status"] == "ok" and whole["submission"]["id"] == sub_id
+    item = whole["submission"]  # KernelBot's SubmissionItem, beside ours
+    assert whole["status"] == "ok" and item["id"] == item["submission_id"] == sub_id
+    assert {"leaderboard_id", "leaderboard_name", "file_name", "user_id", "submission_time", "done", "code", "runs",
+            "job_status", "job_error", "job_last_heartbeat"} <= set(item)
+    assert (item["job_status"], item["job_error"]) == (whole["job"]["status"], "") and len(item["runs"]) == 2
+    for run in item["runs"]:
+        assert {"start_time", "end_time", "mode", "secret", "runner", "score", "passed", "compilation", "meta",
+                "result", "system"} <= set(run), run
     call("GET", "admin/submissions/999999", headers=ADMIN, status=404)
     assert call("DELETE", f"admin/submissions/{old.pk}", headers=ADMIN) == {"status": "ok",
                                                                              "submission_id": old.pk}
 
-    assert [b["name"] for b in call("GET", "leaderboards")] == [leaderboard.name]
+    [board] = call("GET", "leaderboards")
+    assert board["name"] == leaderboard.name and board["visibility"] == "public"
+    assert board["creator_id"] is None and board["forum_id"] is None and "secret_seed" not in board
     assert call("GET", f"gpus/{leaderboard.name}") == ["CPU"]
     queue = call("GET", "runner_queue/CPU")
     assert {"runner", "gpu", "queued_jobs", "running_jobs", "available_runners", "status", "error"} <= set(queue)
@@ -371,6 +420,11 @@ def test_every_route_kernelbot_declares_with_its_status_and_field_names(client, 
     detail = popcorn.get(f"user/submissions/{sub_id}").json()
     assert {"id", "leaderboard_id", "leaderboard_name", "file_name", "user_id", "submission_time", "done", "code",
             "runs", "job", "runner_queue"} <= set(detail)
+    assert set(detail["job"]) >= {"status", "error", "last_heartbeat"} and detail["job"]["last_heartbeat"] is None
+    beat = timezone.now()
+    RunAttempt.objects.create(run=Run.objects.filter(submission_id=sub_id).first(), number=1,
+                              dispatched_at=beat - timedelta(minutes=1), last_news_at=beat)
+    assert popcorn.get(f"user/submissions/{sub_id}").json()["job"]["last_heartbeat"] == beat.isoformat()
     assert detail["runner_queue"]["gpu"] == "CPU" and detail["runner_queue"]["runner"] == cpu_pool.name
     Run.objects.filter(submission_id=sub_id).update(status=RunStatus.SUCCEEDED, passed=True)
     done = popcorn.get(f"user/submissions/{sub_id}").json()
@@ -391,16 +445,30 @@ def test_every_route_kernelbot_declares_with_its_status_and_field_names(client, 
         "status": "ok", "leaderboard": leaderboard.name, "leaderboards": [leaderboard.name]}
     used_up = call("POST", "user/join", {"code": codes["codes"][0]}, others, status=400)
     assert "used up" in used_up["detail"]
-    assert "invites" in call("GET", f"admin/leaderboards/{leaderboard.name}/invites", headers=ADMIN)
+    [invite] = call("GET", f"admin/leaderboards/{leaderboard.name}/invites", headers=ADMIN)["invites"]
+    assert {"code", "user_id", "user_name", "claimed_at", "created_at"} <= set(invite) and invite["claimed_at"]
     assert call("DELETE", f"admin/invites/{codes['codes'][0]}", headers=ADMIN)["status"] == "ok"
     limits = f"admin/leaderboards/{leaderboard.name}/rate-limits"
     assert call("PUT", limits, {"mode_category": "test", "max_submissions_per_hour": 5}, ADMIN)["status"] == "ok"
-    assert call("GET", limits, headers=ADMIN)["rate_limits"][0]["max_submissions_per_hour"] == 5
+    [limit] = call("GET", limits, headers=ADMIN)["rate_limits"]
+    assert limit["max_submissions_per_hour"] == 5 and limit["mode_category"] == "test"
+    assert (limit["leaderboard_id"], limit["leaderboard_name"]) == (leaderboard.pk, leaderboard.name)
+    assert limit["id"] == SubmissionQuota.objects.get().pk
     assert call("DELETE", f"{limits}/test", headers=ADMIN)["mode_category"] == "test"
 
     bad_export = call("POST", "admin/export-hf", {"leaderboard_ids": [leaderboard.pk], "filename": "x.csv"}, ADMIN,
                       status=400)
     assert "filename" in bad_export["detail"]
+    hub = FakeHub(token="hf_test_token").start()
+    try:
+        settings.HF_ENDPOINT, settings.HF_PRIVATE_DATASET = hub.url, "org/live-data"
+        monkeypatch.setenv("HF_TOKEN", "hf_test_token")
+        exported = call("POST", "admin/export-hf", {"leaderboard_ids": [leaderboard.pk], "filename": "live.parquet"},
+                        ADMIN)
+    finally:
+        hub.stop()
+    assert {k: exported[k] for k in ("status", "rows", "repo_id", "filename")} == {
+        "status": "ok", "rows": 1, "repo_id": "org/live-data", "filename": "live.parquet"}  # alice's ranked one
     call("POST", "admin/update-problems", {"repository": "x/y", "visibility": "secret"}, ADMIN, status=400)
     assert call("DELETE", f"user/submissions/{sub_id}", headers=popcorn.headers()) == {"status": "ok",
                                                                                       "submission_id": sub_id}
