@@ -51,11 +51,16 @@ class Claimed:
     text: str
 
 
-def _name(user) -> str:
-    """The name in bold, isolated (FSI … PDI): a display name starting with U+202E turns nothing after it."""
+def shown_name(user) -> str:
+    """The display name (else the user name), its markdown and mentions escaped, isolated (FSI … PDI): a name
+    starting with U+202E turns nothing after it."""
     profile = getattr(user, "profile", None)
     name = (profile.display_name if profile else "") or user.get_username()
-    return f"**{render.isolate(escape_mentions(escape_markdown(name)))}**"
+    return render.isolate(escape_mentions(escape_markdown(name)))
+
+
+def _name(user) -> str:
+    return f"**{shown_name(user)}**"
 
 
 def measure(entry: BoardEntry, on_ratio: bool) -> str:
@@ -280,7 +285,7 @@ def _final_text(final: Final) -> str:
     entries = finals.final_entries(final)
     for gpu in dict.fromkeys(e.gpu_type.name for e in entries):
         mine = [e for e in entries if e.gpu_type.name == gpu]
-        podium = [f"{e.rank}{' ≈' if e.tied else ''}. {render.isolate(e.user.get_username())} {render.seconds(e.score)}"
+        podium = [f"{e.rank}{' ≈' if e.tied else ''}. {shown_name(e.user)} {render.seconds(e.score)}"
                   f"{render.ratio(e.ratio_low, e.ratio, e.ratio_high)}"
                   for e in mine if e.rank is not None][:3]
         dropped = sum(1 for e in mine if e.dropped)

@@ -384,7 +384,7 @@ def entry_out(entry: FinalEntry, viewer) -> dict:
 
 def final_entries(final: Final) -> list[FinalEntry]:
     """Ranked entries first (by GPU type, rank), then those that dropped out in the board's order."""
-    entries = list(final.entries.select_related("gpu_type", "user"))
+    entries = list(final.entries.select_related("gpu_type", "user__profile"))
     return sorted(entries, key=lambda e: (e.gpu_type.name, e.rank is None, e.rank or 0, e.position))
 
 

@@ -8,10 +8,11 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from django.utils import timezone
 
 from discordbot import announce, render
 from discordbot.models import Guild
-from leaderboards.models import Submission
+from leaderboards.models import Final, FinalEntry, FinalStatus, Submission
 
 from ..factories import UserFactory
 from ..fakes.discord import CHANNEL_ID, GUILD_ID, ORGANISER_ROLE_ID, Attachment
@@ -113,9 +114,19 @@ def test_a_right_to_left_override_name_turns_nothing_after_it_in_any_message(fas
         finish(leaderboard, user, ratio)
         fake.wait_for(lambda words=words: posted(words), 30, f"the post saying {words}")
     fake.wait_for(lambda: posted("first successful submission", render.isolate(NAME)), 30, "her first success")
+    best = finish(leaderboard, alice, 0.9)  # her personal best, and #1 again
+    fake.wait_for(lambda: posted("Personal best of", render.isolate(NAME)), 30, "her personal best")
+
+    # the final standings, published after the deadline, name her as the podium does
+    final = Final.objects.create(leaderboard=leaderboard, status=FinalStatus.PUBLISHED, top_n=3, rounds=2,
+                                 published_at=timezone.now())
+    FinalEntry.objects.create(final=final, gpu_type=leaderboard.gpu_types.get(), submission=best, user=alice,
+                              board_rank=1, position=0, rank=1, score=0.9e-3)
+    fake.wait_for(lambda: posted("Final standings", render.isolate(NAME)), 30, "the final standings")
     assert {m.channel_id for m in fake.messages.values() if m.via == "channel"} <= {CHANNEL_ID, ANNOUNCE_CHANNEL_ID}
     posts = posted()
-    for kind in ("took **#1**", "lost **#1**", "fell out of the **top 3**", "first successful submission"):
+    for kind in ("took **#1**", "lost **#1**", "fell out of the **top 3**", "first successful submission",
+                 "Personal best of", "Final standings"):
         assert posted(kind, render.isolate(NAME)), (kind, posts)
     for post in posts:
         assert_contained(post)
