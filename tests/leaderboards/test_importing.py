@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from leaderboards.importing import ImportRejected, do_import_competition, do_import_task
 from leaderboards.management.commands.import_problems import Command as ImportProblems
-from leaderboards.models import Competition, Final, FinalStatus, HarnessProtocol, Leaderboard, Problem
+from leaderboards.models import Competition, Final, FinalStatus, HarnessProtocol, Leaderboard, Problem, Visibility
 from runners.models import GpuType
 from taskspec.loader import load_competition, load_task
 
@@ -438,6 +438,21 @@ def test_an_organiser_sets_a_boards_spread_in_the_admin_and_an_out_of_range_one_
     assert saved.status_code == 302, saved.content.decode()[-3000:]
     leaderboard.refresh_from_db()
     assert leaderboard.run_spread == 0.2
+
+
+def test_a_reimport_keeps_a_visibility_an_organiser_edited_in_the_admin(db):
+    """The demo's boards are public; one an organiser closed or unlisted in the admin stays so through `./dev
+    serve`'s re-import (load_demo) and an import of the same file, --reset too (the file names no visibility)."""
+    call_command("load_demo", stdout=io.StringIO())
+    edited = {"matmul": Visibility.CLOSED, "softmax": Visibility.UNLISTED}
+    for name, visibility in edited.items():
+        board = Leaderboard.objects.get(name=name)
+        board.visibility = visibility  # as the admin's change form saves it
+        board.save()
+    call_command("load_demo", stdout=io.StringIO())
+    call_command("import_problems", "demo.yaml", "--reset", stdout=io.StringIO())
+    assert dict(Leaderboard.objects.filter(name__in=edited).values_list("name", "visibility")) == edited
+    assert Leaderboard.objects.get(name="vectoradd").visibility == Visibility.PUBLIC
 
 
 def test_a_restart_of_serve_keeps_an_edited_deadline_and_a_published_final(db):
