@@ -69,6 +69,8 @@ MISCONFIGURED = "its runners are misconfigured (not your code's fault); the orga
 CLAIM_ORDER = ("first_queued_at", "pk")  # which dispatched run a node agent claims first: a retry keeps its place
 # internal runs (health checks) yield to competitors' runs in a claim
 INTERNAL_LAST = Case(When(submission__leaderboard__internal=True, then=Value(1)), default=Value(0))
+PROBLEM_TEXTS = ("submission__problem__definition", "submission__problem__description",
+                 "submission__problem__broken_error")
 WAITS_FOR_FIX = "its runners are misconfigured (not your code's fault); it runs once they are fixed"
 
 
@@ -398,6 +400,7 @@ def _claim_one(node: Node, gpus: list[Gpu]) -> dict | None:
     with transaction.atomic():
         waiting = (_waiting(node.pool_id).select_for_update(of=("self",), skip_locked=True)
                    .select_related("submission__problem", "submission__leaderboard", "gpu_type")
+                   .defer(*PROBLEM_TEXTS)  # read for the run it claims only (the files inlined: kilobytes a row)
                    .filter(gpu_type=gpu_type)
                    .filter(Q(node=node) if not node.in_service else Q(node__isnull=True) | Q(node=node))
                    .order_by(INTERNAL_LAST, *CLAIM_ORDER))

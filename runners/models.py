@@ -64,8 +64,11 @@ class NodeService(models.TextChoices):
 
 class GpuPoolQuerySet(models.QuerySet):
     def serving(self, gpu_type: GpuType) -> "GpuPoolQuerySet":
-        return self.filter(enabled=True, nodes__enabled=True, nodes__gpus__enabled=True,
-                           nodes__gpus__gpu_type=gpu_type).distinct()
+        """Enabled, with an enabled device of `gpu_type` on an enabled node: an EXISTS per pool, not a join over every
+        device made distinct (30+ ms of the database's time per dispatch at 8,000 devices)."""
+        devices = Gpu.objects.filter(node__pool=models.OuterRef("pk"), node__enabled=True, enabled=True,
+                                     gpu_type=gpu_type)
+        return self.filter(models.Exists(devices), enabled=True)
 
     def taking_runs(self, gpu_type: GpuType) -> "GpuPoolQuerySet":
         """Serving `gpu_type` and not failing its health check (a pool not checked yet takes runs); a node agents' pool
