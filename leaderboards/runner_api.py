@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import DatabaseError, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -298,6 +297,10 @@ def node_answer(authorization: str, body: dict, *, woken: tuple[str, int] | None
 # pool → (when read, wake-ups seen then, who a waiting run is for (`lifecycle.waiting_for`), nodes a reservation holds)
 _pools: dict[int, tuple[float, int, set[int | None], set[int]]] = {}
 POOL_TTL = 1.0
+# asks queued on a web process's node lane past which a known node's ask is answered without it (`_idle_answer`):
+# while runs wait every ask would look for work, and a fleet's heartbeats alone then outrun the lane; only woken asks
+# (one per dispatched run, handed on) and unknown nodes' go the normal way, so the queue and a claim's wait stay short
+LANE_SHED = 8
 END_MARGIN_S = 0.05  # a held wait that a reservation's end cuts short is answered this long after it
 NONE = {"reserved": [], "reservations": [], "keys": []}
 
@@ -331,7 +334,7 @@ def _node_types(node: Node) -> tuple[float, dict[int, int]]:
 
 @dataclass(frozen=True)
 class Known:
-    """A node whose agent's last full ask (`node_answer` on the sync thread) passed: authorised, enabled, in service,
+    """A node whose agent's last full ask (`node_answer` on the node lane) passed: authorised, enabled, in service,
     no claim. Its later asks without news are answered on the event loop (`_idle_answer`)."""
     token: str
     node_id: int
@@ -345,11 +348,14 @@ KNOWN_CHECK_S = 5.0  # how often the known nodes are checked against the databas
 _checker: asyncio.Task | None = None
 
 
-def _idle_answer(authorization: str, body: object) -> tuple[int, list[str], list[dict] | None] | None:
+def _idle_answer(authorization: str, body: object, *, shed: bool = False
+                 ) -> tuple[int, list[str], list[dict] | None] | None:
     """The node, the wake-up keys to wait on and its samples (valid) for an ask that needs no reading of the
     database: its node known (`_known`, with this token) and this process's fresh reading of the pool
     (`_pool_state`, since its last wake-up) says no run waits there and no reservation holds a device of the node.
-    None: ask the normal way."""
+    `shed`: the node lane is behind (`LANE_SHED`), so a known node's ask is answered so whatever the pool's state
+    (its heartbeat still counts; a run for it wakes its wait, which then asks the normal way). None: ask the normal
+    way."""
     if not isinstance(body, dict):
         return None
     pool_name, hostname = body.get("pool"), body.get("hostname")
@@ -361,8 +367,10 @@ def _idle_answer(authorization: str, body: object) -> tuple[int, list[str], list
             token.strip().encode(), known.token.encode()):
         return None
     pool, types = _pools.get(known.pool_id), _types.get(known.node_id)
-    if pool is None or pool[1] != wakeups.waiters.seq or now - pool[0] > POOL_TTL or None in pool[2] or (
-            known.node_id in pool[2] or known.node_id in pool[3]) or types is None or now - types[0] > TYPES_TTL:
+    if types is None or now - types[0] > TYPES_TTL:
+        return None
+    if not shed and (pool is None or pool[1] != wakeups.waiters.seq or now - pool[0] > POOL_TTL or None in pool[2]
+                     or known.node_id in pool[2] or known.node_id in pool[3]):
         return None
     try:
         free, samples = _free(body), _samples(body)
@@ -402,7 +410,7 @@ async def _check_known() -> None:
         now = time.monotonic()
         snapshot = {name: k for name, k in _known.items() if now - k.when <= KNOWN_TTL}
         try:
-            still, types = await sync_to_async(_known_still, thread_sensitive=True)(snapshot) if snapshot else (
+            still, types = await wakeups.on_node_lane(_known_still)(snapshot) if snapshot else (
                 set(), {})
         except Exception as exc:  # unchecked: forget them all (their next asks go the normal way)
             log.warning("nodes/wait: could not check the known nodes: %r", exc)
@@ -434,9 +442,9 @@ def node_poll(request: HttpRequest) -> HttpResponse:
 
 def _answer_sync(authorization: str, raw: bytes, woken: tuple[str, int] | None, fresh: bool
                  ) -> tuple[int, dict, list[str], int]:
-    """`node_answer` as a request of its own on the sync thread (its connection kept between asks, as between a
-    sync worker's requests; one that broke is closed), a lost database connection a 503, anything unexpected a
-    logged 500 in JSON. Also the node's id."""
+    """`node_answer` as a request of its own on the node agents' lane, `wakeups.NODE_LANE` (its connection kept
+    between asks, as between a sync worker's requests; one that broke is closed), a lost database connection a 503,
+    anything unexpected a logged 500 in JSON. Also the node's id."""
     try:
         try:
             body = json.loads(raw or b"null")
@@ -484,12 +492,13 @@ async def node_wait(scope, receive, send) -> None:
     except (ValueError, TypeError, AttributeError, RecursionError):
         wait = 0.0
     wait = max(0.0, min(wait, settings.NODE_WAIT, settings.AGENT_DEADLINE * 0.6))
-    run = sync_to_async(_answer_sync, thread_sensitive=True)
+    run = wakeups.on_node_lane(_answer_sync)
     if wait:
         await wakeups.waiters.ready()
     seen = wakeups.waiters.seq
     samples = None
-    if idle := _idle_answer(authorization, body):  # nothing new: no query, no hop to the sync thread
+    shed = wakeups.node_lane_backlog() >= LANE_SHED  # behind: a known node's heartbeat ask joins no queue
+    if idle := _idle_answer(authorization, body, shed=shed):  # nothing new: no query, no hop to the node lane
         (node_id, wait_on, samples), status, answer = idle, 200, {"claims": [], **NONE}
     else:
         status, answer, wait_on, node_id = await run(authorization, raw, None, False)

@@ -23,7 +23,8 @@ import contextlib
 import logging
 import os
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 
 import redis
 from asgiref.sync import sync_to_async
@@ -40,6 +41,31 @@ FILE_CHECK_S = 0.5
 SEEN_EVERY = 1.0
 _client: redis.Redis | None = None
 _ORIGIN = uuid.uuid4().hex[:12]
+# The node agents' lane: a web process's one thread for the agents' asks, heartbeats and checks of known nodes (its
+# own database connection), beside the sync thread that serves every other request. A round of health checks or a
+# burst of claims then queues no user's request behind the agents', nor an agent's heartbeat behind users'.
+NODE_LANE = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kernelbot-nodes")
+# the agents' heartbeats are written on a thread of their own: a backlog of asks must not make live agents look dead
+BEAT_LANE = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kernelbot-beats")
+_lane = {"queued": 0}  # calls on the node lane not finished yet (counted on the event loop)
+
+
+def on_node_lane(func: Callable) -> Callable:
+    """`func` as a coroutine run on the node agents' lane (`NODE_LANE`), counted in `node_lane_backlog`."""
+    call = sync_to_async(func, thread_sensitive=False, executor=NODE_LANE)
+
+    async def counted(*args, **kwargs):
+        _lane["queued"] += 1
+        try:
+            return await call(*args, **kwargs)
+        finally:
+            _lane["queued"] -= 1
+    return counted
+
+
+def node_lane_backlog() -> int:
+    """How many calls wait on (or run in) this process's node lane."""
+    return _lane["queued"]
 
 
 def origin() -> str:
@@ -153,7 +179,7 @@ class Waiters:
             ids, self.seen = self.seen, set()
             samples, self.samples = self.samples, {}
             try:
-                await sync_to_async(mark_seen, thread_sensitive=True)(sorted(ids), samples)
+                await sync_to_async(mark_seen, thread_sensitive=False, executor=BEAT_LANE)(sorted(ids), samples)
             except Exception as exc:  # the next ask writes it again, well within the agent deadline
                 log.warning("node wake-ups: could not record %d agents as seen: %r", len(ids), exc)
 

@@ -22,6 +22,7 @@ import pytest
 import redis
 from django.conf import settings
 from django.core.cache import cache
+from django.db import connections
 from django.utils import timezone
 from django_q import worker as django_q_worker
 from django_q.conf import Conf
@@ -29,6 +30,7 @@ from django_q.timeout import TimeoutHandler
 
 from kernelbot import redis_clients
 from leaderboards import runner_api, tasks
+from runners import wakeups
 from taskspec.loader import load_task
 
 from . import agents, factories
@@ -208,6 +210,14 @@ def runner_platform(live_server, settings, monkeypatch) -> RunnerPlatform:
     settings.PUBLIC_URL = live_server.url
     monkeypatch.setenv("KERNELBOT_RUNNER_KEY", RUNNER_KEY)
     return RunnerPlatform(live_server.url, RUNNER_KEY)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _node_lane_lets_go_of_the_test_database(django_db_setup):
+    """The node agents' lane (`wakeups.NODE_LANE`) keeps its own connection between asks, as in a web process: closed
+    before the test database is dropped, which PostgreSQL refuses while a session uses it."""
+    yield
+    wakeups.NODE_LANE.submit(connections.close_all).result(timeout=60)
 
 
 @pytest.fixture(scope="session")

@@ -476,6 +476,38 @@ def test_a_run_pinned_to_another_node_leaves_a_known_nodes_ask_idle_and_its_own_
     assert Run.objects.get(pk=elsewhere).status == RunStatus.DISPATCHED  # still node-b's
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_behind_node_lane_answers_a_known_nodes_heartbeat_without_it_and_a_woken_ask_still_claims(
+        leaderboard, cpu_pool, settings, monkeypatch):
+    """While runs wait every ask would look for work; with the node lane behind (LANE_SHED asks queued), a known
+    node's plain ask is answered on the event loop (its heartbeat counted), so a fleet's heartbeats cannot grow the
+    queue without bound; the ask a dispatch wakes still claims."""
+    settings.NODE_WAIT = 20
+    backlog = {"n": 0}
+    monkeypatch.setattr(wakeups, "node_lane_backlog", lambda: backlog["n"])
+    node = cpu_pool.nodes.get()
+    body = {"pool": "local", "hostname": "localhost", "free": [0]}
+    full = spy_full_asks(monkeypatch)
+
+    async def scenario():
+        await ask(body)  # first sight: known from now on
+        waiting = await sync_to_async(lambda: submit(leaderboard).runs.first().pk)()
+        await sync_to_async(dispatch_all)()
+        wakeups.waiters.seq += 1  # what the dispatch's wake-up does in each web process
+        backlog["n"] = runner_api.LANE_SHED
+        await sync_to_async(lambda: Node.objects.filter(pk=node.pk).update(agent_seen_at=None))()
+        shed = await ask(body)
+        await asyncio.sleep(wakeups.SEEN_EVERY + 0.5)
+        seen = await sync_to_async(lambda: Node.objects.get(pk=node.pk).agent_live())()
+        calls = len(full)
+        woken = await ask({**body, "wait": 20}, during=lambda: wakeups.publish([f"node:{node.pk}"]))
+        return waiting, shed, seen, calls, woken
+
+    waiting, shed, seen, calls, woken = asyncio.run(scenario())
+    assert shed[0] == 200 and shed[1]["claims"] == [] and calls == 1 and seen  # shed, yet its heartbeat written
+    assert [c["run"] for c in woken[1]["claims"]] == [waiting]  # the woken ask went the normal way and claimed
+
+
 @pytest.mark.parametrize("change", ["key rotated", "node disabled", "node removed"])
 @pytest.mark.django_db(transaction=True)
 def test_a_known_node_goes_the_normal_way_again_within_the_check_interval_once_it_changed(
