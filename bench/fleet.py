@@ -7,10 +7,11 @@ For each tree (with `--baseline REF`: that git ref, exported into a temporary di
 side by side in one invocation: database `kernelbot_fleet` on $BENCH_PG (dropped, created, migrated by the tree's
 own code, the demo loaded), a local pool `fleet` (the demo's own pool disabled) of `--nodes` nodes of 8 CPU devices
 each, registered over the wire as agents do (`nodes/register` with a probe report, 50 at a time, before the measured
-phases; how long it took is printed and reported as `register_s`), and the web layout of docs/operations.md:
-the tree's own deploy/systemd/kernelbot-web.service command (granian, 2 workers, its flags), PostgreSQL, Redis
-(db $BENCH_REDIS_DB, default 3, under a deployment name of its own), `DB_POOL=1`; scheduled health rounds off
-(`KERNELBOT_POOL_CHECK_INTERVAL=0`: phase 5 starts one).
+phases; how long it took is printed and reported as `register_s`; the database then ANALYZEd, again before the work
+phase, as autovacuum would have it on a production server: this machine's PostgreSQL runs without), and the web
+layout of docs/operations.md: the tree's own deploy/systemd/kernelbot-web.service command (granian, 2 workers, its
+flags), PostgreSQL, Redis (db $BENCH_REDIS_DB, default 3, under a deployment name of its own), `DB_POOL=1`; scheduled
+health rounds off (`KERNELBOT_POOL_CHECK_INTERVAL=0`: phase 5 starts one).
 
 The agents speak the node agent's exact wire protocol (`runners/harness/node.py` of the tree measured), many per
 process (`--clients` processes of asyncio + aiohttp): Bearer HMAC(runner key, "node:fleet:HOST"), `free` listing
@@ -34,8 +35,9 @@ result after `--run-seconds` (1; 0: claimed runs keep their devices, never run).
    `dispatch_cpu_ms_mean`/`_p95`, the dispatching process's CPU time per `dispatch_run` with `devices` devices in the
    pool (a worker's cost per dispatch);
 4. the work phase, with the tree's `manage.py workers` (its deploy unit's command) dispatching as in production:
-   `--burst` submissions at once (200), `burst_submit_claim_p50_ms`/`_p95_ms` from each submission to its claim, and
-   how they ended (`burst_runs`);
+   `--burst` submissions at once (200), `burst_submit_claim_p50_ms`/`_p95_ms` from each submission to its claim, how
+   they ended (`burst_runs`) and the CPU seconds each part spent until they had (`burst_cpu_s`: web, workers, the
+   emulated agents, this bench's driver, PostgreSQL; all on the same cores);
 5. a health round forced on the pool (what the admin's "Check health now" does) while the API is read as in phase 1
    and `--round-runs` competitors' runs are submitted one every `--round-gap` s: `round_s` until no check of the
    pool is pending, `round_user_p95_ms` (and `round_user_p95_vs_idle`, against phase 2's), `round_web_cpu_share`,
@@ -152,6 +154,13 @@ def prepare(tree: Path, env: dict[str, str]) -> None:
     for sql in (f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)", f"CREATE DATABASE {DB}"):
         subprocess.run(["psql", f"{PG}/postgres", "-qc", sql], check=True)
     subprocess.run([sys.executable, "-c", SETUP.format(pool=POOL)], cwd=tree, env=env, check=True)
+
+
+def analyze() -> None:
+    """The planner's statistics of the fleet's tables, as autovacuum would have them within its naptime (a minute) on
+    a production server: this machine's PostgreSQL runs with autovacuum off, and the plans of a database never
+    analyzed are not what a deployment runs."""
+    subprocess.run(["psql", f"{PG}/{DB}", "-qc", "ANALYZE"], check=True)
 
 
 def headers_for(hostname: str) -> dict[str, str]:
@@ -397,6 +406,7 @@ def measure(tree: Path, label: str, args) -> dict:
     try:
         registered = asyncio.run(register(base, args.nodes))
         say(f"{label}: {args.nodes} nodes registered over nodes/register in {registered:.1f} s")
+        analyze()
         nofleet = asyncio.run(user_reads(base, args.seconds))
         say(f"{label}: no fleet: user p95 {percentile(nofleet, 0.95):.1f} ms; starting the fleet")
         per = -(-args.nodes // args.clients)
@@ -428,10 +438,13 @@ def measure(tree: Path, label: str, args) -> dict:
             time.sleep(args.gap)
         time.sleep(3 if mode == "wait" else 10)
         if args.burst or args.round:
+            analyze()
             workers = start_workers(tree, env)
             first = driver.ask("submit")["run"]  # the workers are up once they dispatch a run that then ends
             wait_for(driver, [first], lambda s: ended(s) == 1, 120)
-            work = work_phases(driver, base, proc.pid, cores, args, label)
+            parts = {"web": [proc.pid], "workers": [workers.pid], "agents": [a.pid for a in fleet],
+                     "driver": [driver.proc.pid]}
+            work = work_phases(driver, base, proc.pid, cores, args, label, parts)
         driver.close()
     finally:
         for agent_proc in fleet:
@@ -486,14 +499,22 @@ def measure(tree: Path, label: str, args) -> dict:
     return result
 
 
-def work_phases(driver: Driver, base: str, web_pid: int, cores: int, args, label: str) -> dict:
+def cpu_by_part(parts: dict[str, list[int]]) -> dict[str, float]:
+    """CPU seconds so far of each part (its processes and their children) and of PostgreSQL's processes."""
+    postgres = subprocess.run(["pgrep", "-u", "postgres"], capture_output=True, text=True).stdout.split()
+    return {**{name: sum(cpu_seconds(pid) for pid in pids) for name, pids in parts.items()},
+            "postgres": sum(cpu_seconds(int(pid)) for pid in postgres)}
+
+
+def work_phases(driver: Driver, base: str, web_pid: int, cores: int, args, label: str,
+                parts: dict[str, list[int]]) -> dict:
     """With the tree's workers dispatching, as in production: a burst of `--burst` submissions, then a health round
     forced on the (healthy) pool while users read the API and `--round-runs` competitors' runs are submitted, one
     every `--round-gap` s; the round is over when no check of the pool is pending."""
     out: dict = {}
     if args.burst:
         ids, submitted = [], {}
-        started = time.monotonic()
+        cpu0, started = cpu_by_part(parts), time.monotonic()
         for _ in range(args.burst):
             line = driver.ask("submit")
             ids.append(line["run"])
@@ -501,7 +522,8 @@ def work_phases(driver: Driver, base: str, web_pid: int, cores: int, args, label
         out["burst_submit_s"] = round(time.monotonic() - started, 1)
         state = wait_for(driver, ids, lambda s: ended(s) == len(ids), args.burst_timeout)
         out.update(burst=args.burst, burst_runs=state["runs"], burst_s=round(time.monotonic() - started, 1),
-                   burst_submitted=submitted)
+                   burst_submitted=submitted,
+                   burst_cpu_s={k: round(v - cpu0[k], 1) for k, v in cpu_by_part(parts).items()})
         say(f"{label}: burst of {args.burst}: {state['runs']} after {out['burst_s']} s")
     if args.round:
         stop, reads = threading.Event(), []
