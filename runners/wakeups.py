@@ -41,9 +41,9 @@ FILE_CHECK_S = 0.5
 SEEN_EVERY = 1.0
 _client: redis.Redis | None = None
 _ORIGIN = uuid.uuid4().hex[:12]
-# The node agents' lane: a web process's one thread for the agents' asks, heartbeats and checks of known nodes (its
-# own database connection), beside the sync thread that serves every other request. A round of health checks or a
-# burst of claims then queues no user's request behind the agents', nor an agent's heartbeat behind users'.
+# The node agents' lane: a web process's one thread for the agents' asks and its checks of known nodes (its own
+# database connection), beside the sync thread that serves every other request. A round of health checks or a burst
+# of claims then queues no user's request behind the agents', nor an agent's ask behind users'.
 NODE_LANE = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kernelbot-nodes")
 # the agents' heartbeats are written on a thread of their own: a backlog of asks must not make live agents look dead
 BEAT_LANE = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kernelbot-beats")

@@ -214,10 +214,11 @@ def runner_platform(live_server, settings, monkeypatch) -> RunnerPlatform:
 
 @pytest.fixture(autouse=True, scope="session")
 def _node_lane_lets_go_of_the_test_database(django_db_setup):
-    """The node agents' lane (`wakeups.NODE_LANE`) keeps its own connection between asks, as in a web process: closed
-    before the test database is dropped, which PostgreSQL refuses while a session uses it."""
+    """The node agents' lanes (`wakeups.NODE_LANE`, `BEAT_LANE`) keep their own connections, as in a web process:
+    closed before the test database is dropped, which PostgreSQL refuses while a session uses it."""
     yield
-    wakeups.NODE_LANE.submit(connections.close_all).result(timeout=60)
+    for lane in (wakeups.NODE_LANE, wakeups.BEAT_LANE):
+        lane.submit(connections.close_all).result(timeout=60)
 
 
 @pytest.fixture(scope="session")
