@@ -16,19 +16,21 @@ interval contains the median of all runs of the same code (an honest interval co
 A run that does not pass (e.g. flagged by the plausibility check under load) counts as a wrong order.
 The ranked value is the harness's ratio to the reference when the result has one, else the mean time.
 
-    python bench/fairness.py --aa [--reps 20] [--budget 1] [--loads 0,2]
+    python bench/fairness.py --aa [--reps 20] [--budget 3] [--loads 0,2] [--measure 10]
 
 The A/A check: on every problem of the trusted protocol in problems/ (each directory with a reference.py and no
 evaluator of its own), a submission whose custom_kernel is the task's ref_kernel line for line (reference.py itself,
 plus `custom_kernel = ref_kernel`) timed on the task's largest benchmark, `--reps` times at each load, with the
-between-run spread its board is given in problems/*.yaml (`run_spread`; else the harness's default). Identical
-code should score 1.00x, with its 95 % interval covering 1 in at least 19 of 20 runs. The last column is the spread
+between-run spread its board is given in problems/*.yaml (`run_spread`; else, with `--measure N`, the spread N A/A
+runs at each load measure first, as the platform's workers measure it on a node; else the harness's default), each
+run timed as the platform times one (contract.TIMING_DEFAULTS: 3 s per case unless `--budget`). Identical code
+should score 1.00x, with its 95 % interval covering 1 in at least 19 of 20 runs. The last column is the spread
 those runs measured (1.96 times the standard deviation of their log ratios): what a board's `run_spread` should be.
 
-    python bench/fairness.py --aa --separation [--reps 20] [--budget 1] [--loads 0,2]
+    python bench/fairness.py --aa --separation --measure 10 [--reps 20] [--loads 0,2]
 
-Beside each A/A run, the separation check (issue 49) times code known to be slower: the reference, then as much
-again of busy work as the reference call took times (factor - 1), so each call takes `factor` times the reference's
+Beside each A/A run, the separation check (issue 49) times code known to be slower: the reference, then busy work
+of (factor - 1) times the median of its last 31 reference calls, so each call takes `factor` times the reference's
 (1.25x; 1.5x on vectoradd, whose spread is wider; CPU only: a GPU kernel would need a synchronise first). The
 slower code should be ranked behind the identical code of the same rep and not statistically tied with it (the
 board's `statistically_tied` on the two runs' intervals) in at least 18 of 20 reps.
@@ -51,6 +53,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from runners.harness.contract import TIMING_DEFAULTS  # noqa: E402 - the repository's, as the platform sends it
+from runners.harness.stats import estimate  # noqa: E402
+
 PROBLEM = REPO / "problems" / "demo" / "matmul_py"
 VARIANTS = {"x1": 1, "x2": 2, "x3": 3}
 PAIRS = [("3x", "x1", "x3"), ("1.5x", "x2", "x3")]
@@ -123,15 +129,18 @@ def aa_workdir(root: Path, problem: Path) -> tuple[Path, dict]:
 
 SLOWER = """
 
+import statistics as _statistics
 import time as _time
 
-_FACTOR = {factor}
+_FACTOR, _TAKEN = {factor}, []
 
 
 def custom_kernel(data):
     started = _time.perf_counter()
     out = ref_kernel(data)
-    until = _time.perf_counter() + (_FACTOR - 1) * (_time.perf_counter() - started)
+    _TAKEN.append(_time.perf_counter() - started)
+    del _TAKEN[:-31]
+    until = _time.perf_counter() + (_FACTOR - 1) * _statistics.median(_TAKEN)
     while _time.perf_counter() < until:
         pass
     return out
@@ -168,8 +177,10 @@ def board_spreads() -> dict[str, float]:
     return spreads
 
 
-def aa_once(path: Path, case: dict, budget: float, harness: Path = REPO, spread: float | None = None) -> dict:
-    timing = {"rel_ci": 0.01, "min_samples": 10, "max_samples": 1000, "case_budget_s": budget, "warmup_s": 0.2,
+def aa_once(path: Path, case: dict, budget: float | None, harness: Path = REPO, spread: float | None = None) -> dict:
+    """One benchmark-mode run timed as the platform times one (its TIMING_DEFAULTS), but for the budget and spread
+    given."""
+    timing = {**TIMING_DEFAULTS, **({"case_budget_s": budget} if budget else {}),
               **({"run_spread": spread} if spread is not None else {})}
     job = {"mode": "benchmark", "workdir": str(path), "seed": random.getrandbits(62), "benchmarks": [case],
            "ranking_by": "last", "timing": timing, "timeouts": {"benchmark": 120}}
@@ -179,11 +190,25 @@ def aa_once(path: Path, case: dict, budget: float, harness: Path = REPO, spread:
     return result["benchmarks"][0] if result.get("passed") else {"verdict": result.get("verdict")}
 
 
+def measured_spreads(dirs: dict[str, tuple[Path, dict]], runs: int, budget: float | None) -> dict[str, float]:
+    """The between-run spread of each problem as the platform measures it (leaderboards/spread.py `off_one`): `runs`
+    A/A runs on this machine as it is now, 1.96 times the standard deviation of their log ratios about 1.00x."""
+    spreads = {}
+    for name, (path, case) in dirs.items():
+        logs = [math.log(r["ratio"]) for r in (aa_once(path, case, budget) for _ in range(runs))
+                if "verdict" not in r and r["ratio"] > 0]
+        about_one = math.sqrt(sum(v * v for v in logs) / (len(logs) - 1)) if len(logs) >= 4 else None
+        spreads[name] = round(1.96 * about_one, 4) if about_one is not None else None
+        print(f"measured spread of {name}: {spreads[name]} from {len(logs)} of {runs} A/A runs", flush=True)
+    return {name: value for name, value in spreads.items() if value is not None}
+
+
 def aa(args: argparse.Namespace) -> None:
     """Identical code against the reference, per trusted-protocol problem and load: does it score 1.00x?"""
     problems = [p for p in trusted_problems() if not args.problems or p.name in args.problems.split(",")]
     loads = [int(n) for n in args.loads.split(",")]
-    print(f"settings: A/A reps={args.reps} budget={args.budget}s loads={loads} cores={os.cpu_count()} "
+    budget = args.budget or TIMING_DEFAULTS["case_budget_s"]
+    print(f"settings: A/A reps={args.reps} budget={budget}s loads={loads} cores={os.cpu_count()} "
           f"sandbox={os.environ.get('KERNELBOT_SANDBOX', 'auto')} problems={[p.name for p in problems]}", flush=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     root = Path(tempfile.mkdtemp(prefix="kernelbot-aa-"))
@@ -200,6 +225,8 @@ def aa(args: argparse.Namespace) -> None:
         for load in loads:
             loaders = [subprocess.Popen([sys.executable, "-c", LOAD, str(i)]) for i in range(load)]
             try:
+                if args.measure:  # first, as the workers measure a pair on the nodes that serve it, as they run
+                    spreads = {**spreads, **measured_spreads(dirs, args.measure, args.budget), **board_spreads()}
                 runs: dict[str, list[dict]] = {name + h: [] for h in harnesses for name in dirs}
                 slow_runs: dict[str, list[dict]] = {name: [] for name in slower}
                 saved[str(load)] = {**runs, **{f"{name} slower": r for name, r in slow_runs.items()}}
@@ -309,9 +336,6 @@ def analyse(results: dict[str, list[dict]]) -> None:
         sds = [statistics.stdev(ok) / statistics.fmean(ok) if len(ok := [x for x in v if x < math.inf]) > 1
                else math.nan for v in values.values()]
         print(f"| {label} | {right[0]}/{reps} | {right[1]}/{reps} | " + " | ".join(f"{sd:.1%}" for sd in sds) + " |")
-    sys.path.insert(0, str(REPO))
-    from runners.harness.stats import estimate
-
     print("\ncoverage of the median of identical runs by the ranked ratio's interval, by run_spread:")
     print("| run_spread | x1 | x2 | x3 | median half-width |\n| --- | --- | --- | --- | --- |")
     for spread in (0.0, 0.03, 0.05, 0.08, 0.1, 0.15):
@@ -328,7 +352,8 @@ def analyse(results: dict[str, list[dict]]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=20)
-    parser.add_argument("--budget", type=float, default=1.5, help="seconds of timing per case (case_budget_s)")
+    parser.add_argument("--budget", type=float, help="seconds of timing per case (case_budget_s; default 1.5, with "
+                                                     "--aa the platform's TIMING_DEFAULTS: 3)")
     parser.add_argument("--load", type=int, default=2, help="load processes started by the bench")
     parser.add_argument("--size", type=int, default=256, help="m = k = n of the matmul case")
     parser.add_argument("--save", type=Path, help="write every run's timed case (JSON) here, for offline analysis")
@@ -338,6 +363,9 @@ def main() -> None:
     parser.add_argument("--problems", help="--aa: only these problems (directory names, comma-separated)")
     parser.add_argument("--separation", action="store_true", help="--aa: also time slower code beside each A/A run")
     parser.add_argument("--spread", type=float, help="--aa: the run_spread of boards that set none (as if measured)")
+    parser.add_argument("--measure", type=int, default=0, metavar="RUNS",
+                        help="--aa: at each load, first measure each problem's spread from RUNS A/A runs, as the "
+                             "platform does (KERNELBOT_SPREAD_RUNS: 10), for the boards that set none")
     parser.add_argument("--baseline", type=Path, help="--aa: also time each rep with the harness (runners/) under DIR")
     args = parser.parse_args()
     if args.aa:
@@ -346,6 +374,7 @@ def main() -> None:
     if args.analyse:
         analyse(json.loads(args.analyse.read_text()))
         return
+    args.budget = args.budget or 1.5
     print(f"settings: reps={args.reps} budget={args.budget}s load={args.load} size={args.size} "
           f"cores={os.cpu_count()} sandbox={os.environ.get('KERNELBOT_SANDBOX', 'auto')}", flush=True)
 

@@ -4,12 +4,13 @@ An A/A measurement submits the problem's reference as a submission (`reference.p
 ref_kernel`) to an internal board of that problem (`Leaderboard.internal`: never shown, listed or ranked), in
 leaderboard mode, so each run is timed exactly as a competitor's is (a public and a secret run per submission).
 Where nodes serve the GPU type, the runs are pinned to them in turn, so a node whose A/A is far off the others' shows.
-When the last run ends (its `on_finish` hook is `do_record_spread`), 1.96 sd of their log ratios replaces the
-figure in `RunSpread`, which widens every interval of that problem on that GPU type (`runners.jobs.run_timing`)
-unless its board sets its own `run_spread`. Started by `manage.py measure_spread` or the admin, within the number
-of runs the operator gives (KERNELBOT_SPREAD_RUNS per pair by default), and by the workers on their own
-(`do_measure_due_spreads`, every minute): a pair of an open board that was never measured, or not for
-KERNELBOT_SPREAD_REFRESH_DAYS, is measured while no competitor's run of its GPU type waits, one pair at a time."""
+When the last run ends (its `on_finish` hook is `do_record_spread`), 1.96 sd of their log ratios about 1.00x
+(`off_one`) replaces the figure in `RunSpread`, which widens every interval of that problem on that GPU type
+(`runners.jobs.run_timing`) unless its board sets its own `run_spread`. Started by `manage.py measure_spread` or
+the admin, within the number of runs the operator gives (KERNELBOT_SPREAD_RUNS per pair by default), and by the
+workers on their own (`do_measure_due_spreads`, every minute): a pair of an open board that was never measured, or
+not for KERNELBOT_SPREAD_REFRESH_DAYS, is measured while no competitor's run of its GPU type waits, one pair at a
+time."""
 
 from __future__ import annotations
 
@@ -207,13 +208,20 @@ def _record(record: RunSpread, runs: list[Run]) -> None:
         by_node: dict[str, list[float]] = defaultdict(list)
         for host, value in samples:
             by_node[host].append(value)
-        fields.update(spread=round(1.96 * statistics.stdev(v for _, v in samples), 4), samples=len(samples),
+        fields.update(spread=round(1.96 * off_one([v for _, v in samples]), 4), samples=len(samples),
                       measured_at=timezone.now(), warning=node_warning(by_node),
                       nodes={host or "(any)": {"runs": len(vs), "ratio": round(math.exp(statistics.fmean(vs)), 4)}
                              for host, vs in sorted(by_node.items())})
     for name, value in fields.items():
         setattr(record, name, value)
     record.save(update_fields=list(fields))
+
+
+def off_one(logs: list[float]) -> float:
+    """How far A/A log ratios lie from 1.00x (log 0), not only from their own mean: a standard deviation about 0
+    (n - 1 degrees of freedom, so never below their sd), so a yardstick's bias on a problem (identical code timed
+    ~5 % fast) widens its intervals to cover 1 instead of hiding in a narrow sd."""
+    return math.sqrt(sum(v * v for v in logs) / (len(logs) - 1))
 
 
 def node_warning(by_node: dict[str, list[float]]) -> str:

@@ -680,7 +680,10 @@ class KernelbotRun:
 
     def run_timed(self, phase: str, cases: tuple[Case, ...]) -> list[CaseResult]:
         """Per case: warm up, then alternate batches of the submission's timed calls with batches of the
-        reference timed by the parent, until the ratio's interval is tight enough or the budget is spent."""
+        reference's, until the ratio's interval is tight enough or the budget is spent. The reference's child is
+        warmed up by as many calls as the submission's was: cold, its first batch ran up to 25 times slower than the
+        rest on this machine (first batch ratios 0.04-0.5 of identical code against ~1), and a median of a few
+        batches and its interval took that in (A/A medians ~5 % low on softmax)."""
         assert self.problem is not None and self.session is not None
         self.start_phase(phase)
         results: list[CaseResult] = []
@@ -699,6 +702,7 @@ class KernelbotRun:
                 warm.append(time.perf_counter_ns() - t0)  # a call's full cost here: generate, run, check
                 k += 1
             calls = self.batch_calls(stats.median(warm))  # the same on both sides: minima of equal counts
+            self.time_reference(case, self.seed(phase, i, 0, case), len(warm))  # its warm-up: as many calls
             counter = [k]  # the next call's index, shared by the timings of this case
             timed, flagged = plausibly_timed(
                 functools.partial(self.time_case, phase, i, case, calls, counter), overhead)

@@ -15,7 +15,7 @@ from runners.harness import kernelbot
 from runners.harness.job import parse_job
 from runners.harness.result import Emitter
 
-from .helpers import SUBMISSIONS, job_for, make_workdir, run_harness
+from .helpers import BENCHMARKS, SUBMISSIONS, job_for, make_workdir, run_harness
 
 pytestmark = pytest.mark.slow
 
@@ -121,3 +121,40 @@ def test_the_submissions_child_starts_with_the_pinned_allocator_thresholds(tmp_p
                      "from reference import ref_kernel as custom_kernel\n")
     result = run_harness(job_for(make_workdir(tmp_path, probe), "test"))[0]
     assert result["verdict"] == "pass", result.get("error")
+
+
+# The first calls of every process that imports it take 30 ms more (a process warming up: its first allocations,
+# code pages, caches); more of them than a batch has calls.
+SLOW_START = """
+
+import time as _time
+
+_calls, _ref_kernel = 0, ref_kernel
+
+
+def ref_kernel(data):
+    global _calls
+    _calls += 1
+    if _calls <= 12:
+        _time.sleep(0.03)
+    return _ref_kernel(data)
+"""
+
+
+def test_the_references_child_is_warmed_up_as_the_submissions_is(tmp_path, in_process):
+    """A process is slow at first. The submission's child gets warm-up calls before its batches; the reference's
+    child gets as many, so the first batch compares two warm processes: cold, its minimum was the slow start's and
+    the first batch ratio of identical code came out ~1/20 (A/A runs: 0.04-0.5), dragging the median and its interval
+    down."""
+    workdir = make_workdir(tmp_path, SUBMISSIONS / "fast.py")
+    with open(workdir / "reference.py", "a") as f:
+        f.write(SLOW_START)
+    (workdir / "submission.py").write_text("from reference import ref_kernel as custom_kernel\n")
+    timing = {"rel_ci": 0.01, "min_samples": 10, "max_samples": 300, "case_budget_s": 0.5, "warmup_s": 0.5}
+    job = job_for(workdir, "benchmark", timing=timing, benchmarks=BENCHMARKS[:1])
+    result = kernelbot.run(parse_job(job), Emitter(io.StringIO()))
+
+    assert result.verdict == "pass", result.error
+    first = result.benchmarks[0].batches[0]
+    assert first[0] < 20e6 and first[1] < 20e6, first  # neither side's minimum is a slow start's 30 ms
+    assert all(0.2 < sub / ref < 5 for sub, ref, *_ in result.benchmarks[0].batches), result.benchmarks[0].batches

@@ -395,12 +395,16 @@ def test_command_options_that_a_competition_file_would_ignore_are_refused(cpu, t
 
 
 def test_a_competition_file_sets_a_boards_between_run_spread_and_a_file_without_one_keeps_it(cpu, tmp_path):
-    do_import_competition(load_competition(REPO / "problems" / "demo.yaml"))
-    spreads = dict(Leaderboard.objects.values_list("name", "run_spread"))
-    assert spreads == {"vectoradd": 0.18, "softmax": None, "prefixsum": None, "matmul": None}  # as demo.yaml says
-
     root = collection(tmp_path, competition="name: CPU demo\nproblems:\n  - {directory: vectoradd_py, name: vectoradd, "
-                                            "gpus: [CPU], run_spread: 0.25}\n")
+                                            "gpus: [CPU], run_spread: 0.18}\n")
+    do_import_competition(load_competition(root / "set.yaml"))
+    assert Leaderboard.objects.get(name="vectoradd").run_spread == 0.18  # as the file says
+    do_import_competition(load_competition(REPO / "problems" / "demo.yaml"))
+    assert set(Leaderboard.objects.filter(run_spread__isnull=True).values_list("name", flat=True)) == {
+        "softmax", "prefixsum", "matmul"}  # the demo sets none: the workers measure them
+
+    (root / "set.yaml").write_text("name: CPU demo\nproblems:\n  - {directory: vectoradd_py, name: vectoradd, "
+                                   "gpus: [CPU], run_spread: 0.25}\n")
     report = do_import_competition(load_competition(root / "set.yaml"), force=True)
     assert any("between-run spread 0.18 → 0.25" in line for line in report.lines), report.lines
     assert Leaderboard.objects.get(name="vectoradd").run_spread == 0.25

@@ -57,7 +57,9 @@ def test_a_measurement_times_the_reference_as_a_submission_and_replaces_the_figu
     assert RunSpread.objects.get().spread is None  # one run still queued: nothing recorded yet
     finish(runs[5:], ratios[5:])
     record = RunSpread.objects.get()
-    assert record.spread == pytest.approx(1.96 * statistics.stdev(math.log(r) for r in ratios), abs=1e-4)
+    about_one = math.sqrt(sum(math.log(r) ** 2 for r in ratios) / 5)  # their sd about 1.00x, not about their mean
+    assert record.spread == pytest.approx(1.96 * about_one, abs=1e-4)
+    assert record.spread >= 1.96 * statistics.stdev(math.log(r) for r in ratios)
     assert (record.samples, record.pending_since, record.warning) == (6, None, "")
     assert record.nodes["localhost"]["runs"] == 6
 
@@ -65,6 +67,11 @@ def test_a_measurement_times_the_reference_as_a_submission_and_replaces_the_figu
     finish(again, [1.0, 1.2, 0.8, 1.1])
     record.refresh_from_db()
     assert record.samples == 4 and record.spread > 0.2
+
+    biased = do_measure_spread(leaderboard.problem, gpu_type, 4)  # identical code steadily timed 5 % fast
+    finish(biased, [0.95, 0.951, 0.949, 0.95])
+    record.refresh_from_db()
+    assert record.spread >= 1.96 * abs(math.log(0.95))  # wide enough to cover 1, though their own sd is ~0.001
 
 
 def test_too_few_passed_runs_keep_the_figure_and_say_so(leaderboard):
