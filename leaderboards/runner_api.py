@@ -348,6 +348,21 @@ KNOWN_CHECK_S = 5.0  # how often the known nodes are checked against the databas
 _checker: asyncio.Task | None = None
 
 
+def _known_node(authorization: str, body: object) -> Known | None:
+    """The node of an ask whose pool, hostname and token match what its last full ask found (`_known`), else None."""
+    if not isinstance(body, dict):
+        return None
+    pool_name, hostname = body.get("pool"), body.get("hostname")
+    if not isinstance(pool_name, str) or not isinstance(hostname, str):
+        return None
+    known = _known.get((pool_name, hostname))
+    scheme, _, token = authorization.partition(" ")
+    if known is None or time.monotonic() - known.when > KNOWN_TTL or scheme.lower() != "bearer" or \
+            not hmac.compare_digest(token.strip().encode(), known.token.encode()):
+        return None
+    return known
+
+
 def _idle_answer(authorization: str, body: object, *, shed: bool = False
                  ) -> tuple[int, list[str], list[dict] | None] | None:
     """The node, the wake-up keys to wait on and its samples (valid) for an ask that needs no reading of the
@@ -356,15 +371,8 @@ def _idle_answer(authorization: str, body: object, *, shed: bool = False
     `shed`: the node lane is behind (`LANE_SHED`), so a known node's ask is answered so whatever the pool's state
     (its heartbeat still counts; a run for it wakes its wait, which then asks the normal way). None: ask the normal
     way."""
-    if not isinstance(body, dict):
-        return None
-    pool_name, hostname = body.get("pool"), body.get("hostname")
-    if not isinstance(pool_name, str) or not isinstance(hostname, str):
-        return None
-    known, now = _known.get((pool_name, hostname)), time.monotonic()
-    scheme, _, token = authorization.partition(" ")
-    if known is None or now - known.when > KNOWN_TTL or scheme.lower() != "bearer" or not hmac.compare_digest(
-            token.strip().encode(), known.token.encode()):
+    known, now = _known_node(authorization, body), time.monotonic()
+    if known is None:
         return None
     pool, types = _pools.get(known.pool_id), _types.get(known.node_id)
     if types is None or now - types[0] > TYPES_TTL:
@@ -501,6 +509,8 @@ async def node_wait(scope, receive, send) -> None:
     if idle := _idle_answer(authorization, body, shed=shed):  # nothing new: no query, no hop to the node lane
         (node_id, wait_on, samples), status, answer = idle, 200, {"claims": [], **NONE}
     else:
+        if known := _known_node(authorization, body):  # heard now, not when the lane gets to its ask
+            wakeups.waiters.beat(known.node_id)
         status, answer, wait_on, node_id = await run(authorization, raw, None, False)
         _watch_known()
     if node_id:

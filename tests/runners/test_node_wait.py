@@ -508,6 +508,40 @@ def test_a_behind_node_lane_answers_a_known_nodes_heartbeat_without_it_and_a_wok
     assert [c["run"] for c in woken[1]["claims"]] == [waiting]  # the woken ask went the normal way and claimed
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_known_nodes_heartbeat_is_written_while_its_ask_waits_for_a_busy_node_lane(leaderboard, cpu_pool, settings,
+                                                                                    monkeypatch):
+    """A run waits, so a known node's ask goes the normal way, to the node lane; the lane is busy with another ask.
+    The agent was heard when its ask arrived: its heartbeat is written within a second, not when the lane gets to it
+    (after a burst, a round of health checks found nodes "not heard from for 25 s" whose asks sat in the lane)."""
+    settings.NODE_WAIT = 20
+    monkeypatch.setattr(wakeups, "node_lane_backlog", lambda: 0)  # behind, but not shedding
+    node = cpu_pool.nodes.get()
+    body = {"pool": "local", "hostname": "localhost", "free": [0]}
+    lane_free = threading.Event()
+
+    async def scenario():
+        await ask(body)  # first sight: known from now on
+        await sync_to_async(lambda: submit(leaderboard))()
+        await sync_to_async(dispatch_all)()
+        wakeups.waiters.seq += 1  # what the dispatch's wake-up does in each web process
+        await asyncio.sleep(wakeups.SEEN_EVERY + 0.5)  # the first ask's heartbeat written
+        await sync_to_async(lambda: Node.objects.filter(pk=node.pk).update(agent_seen_at=None))()
+        wakeups.NODE_LANE.submit(lane_free.wait, 30)  # another ask holds the lane
+        asking = asyncio.ensure_future(ask(body))
+        await asyncio.sleep(wakeups.SEEN_EVERY + 1.0)
+        seen_while_queued = await sync_to_async(lambda: Node.objects.get(pk=node.pk).agent_live())()
+        lane_free.set()
+        return seen_while_queued, await asking
+
+    try:
+        seen_while_queued, (status, answer, _) = asyncio.run(scenario())
+    finally:
+        lane_free.set()
+    assert seen_while_queued
+    assert status == 200 and [c["run"] for c in answer["claims"]] != []  # then the lane answered it: a claim
+
+
 @pytest.mark.parametrize("change", ["key rotated", "node disabled", "node removed"])
 @pytest.mark.django_db(transaction=True)
 def test_a_known_node_goes_the_normal_way_again_within_the_check_interval_once_it_changed(
