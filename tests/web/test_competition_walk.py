@@ -209,10 +209,12 @@ def test_a_whole_competition_from_the_readme_to_the_published_dataset(browser, p
     assert spectator.evaluate("window.kbNoReload") is True
 
     # --- the organiser moves the deadline near; it passes; the scheduled finals run and publish --------------------
-    Schedule.objects.update_or_create(name="final standings", defaults={  # as migration 0016 makes it (a flushed
-        "func": "leaderboards.tasks.verify_finals", "schedule_type": "I", "minutes": 1, "repeats": -1,  # test DB
-        "next_run": timezone.now()})                                                                  # lost it)
     deadline = timezone.now() + timedelta(seconds=20)
+    # as migration 0016 makes it (a flushed test DB lost it), its next minute's tick falling due at the deadline (the
+    # cluster's scheduler looks every 30 s): the finals start at the first look past the deadline, not a minute on
+    Schedule.objects.update_or_create(name="final standings", defaults={
+        "func": "leaderboards.tasks.verify_finals", "schedule_type": "I", "minutes": 1, "repeats": -1,
+        "next_run": deadline})
     admin.goto(f"{base}/admin/leaderboards/leaderboard/{board.pk}/change/")
     admin.fill("input[name=deadline_0]", f"{deadline:%Y-%m-%d}")
     admin.fill("input[name=deadline_1]", f"{deadline:%H:%M:%S}")
