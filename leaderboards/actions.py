@@ -150,7 +150,7 @@ def do_submit(user, request: SubmissionRequest) -> Submission:
         raise SubmissionRejected(f"Leaderboard '{request.leaderboard.name}' changed while your submission was "
                                  "being saved; submit again.", 409) from exc
     for run in submission.new_runs:
-        enqueue_on_commit(lifecycle.DISPATCH_TASK, run.pk)
+        lifecycle.dispatch_on_commit(run.pk)
     return submission
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.db.models import Case, F, Q, Value, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -87,22 +87,44 @@ def _attempt(run: Run) -> RunAttempt | None:
 
 # --- dispatch ----------------------------------------------------------------------------------------------------
 
-def dispatch_run(run_id: int) -> None:
+def dispatch_on_commit(run_id: int) -> None:
+    """Once the transaction commits, hand the queued run over (`dispatch_here`)."""
+    transaction.on_commit(lambda: dispatch_here(run_id))
+
+
+def dispatch_here(run_id: int) -> None:
+    """A run bound for a node agents' pool is dispatched in this process, now: that is a few queries and a wake-up
+    (no network; its agents claim it), so a submission is claimable as soon as it is written, not once a worker
+    has taken the task from the queue (seconds behind a burst). A run for a remote backend, and one that could not
+    be handed over here, goes to the workers (`DISPATCH_TASK`); the reaper re-sends a queued run that neither
+    reached (its message lost)."""
+    try:
+        if dispatch_run(run_id, local_only=True):
+            return
+    except DatabaseError as exc:
+        log.warning("run %s: could not dispatch it here (%r); the workers will", run_id, exc)
+    enqueue(DISPATCH_TASK, run_id)
+
+
+def dispatch_run(run_id: int, *, local_only: bool = False) -> bool:
     """Hand a queued run to a pool's backend (the django-q task): a remote backend submits and returns; on a local
     pool the run waits, dispatched, for one of the pool's node agents to claim it (`do_claim_runs`). Never runs the
-    harness here. Idempotent: anything but a queued run is left alone."""
+    harness here. Idempotent: anything but a queued run is left alone. `local_only`: a run whose pool is remote is
+    left queued and False returned (the caller sends it to the workers); True otherwise."""
     with transaction.atomic():
         run = Run.objects.select_for_update(of=("self",)).select_related("gpu_type").filter(pk=run_id).first()
         if run is None or run.status != RunStatus.QUEUED:
-            return
+            return True
         pools = candidate_pools(run)
         if not pools and not run.pool_id and GpuPool.objects.serving(run.gpu_type).exists():
-            return  # every pool of its type fails its health check: it waits queued; one passing sends it again
+            return True  # every pool of its type fails its health check: it waits queued; one passing sends it again
         if not pools:
             pinned = f" on pool #{run.pool_id}" if run.pool_id else ""
             run.update_status(RunStatus.ERROR, error=f"no enabled GPU pool serves {run.gpu_type}{pinned}")
-            return
+            return True
         pool = pools[0]
+        if local_only and not pool.is_local:
+            return False
         try:
             backend = backend_for(pool)
         except BackendUnavailable as exc:  # configuration, not chance: the pool's, which fails until a check passes
@@ -110,7 +132,7 @@ def dispatch_run(run_id: int) -> None:
             do_fail_pool(pool, f"its backend is unusable here: {exc}")
             if run.pool_id:  # a check's (internal) run: its check fails, saying why; other runs wait for a pool
                 run.update_status(RunStatus.ERROR, error=str(exc))
-            return
+            return True
         deadline = queue_timeout(pool)
         run.update_status(RunStatus.DISPATCHED, attempt=run.attempt + 1, runner=str(pool)[:60],
                           deadline_seconds=deadline, attempt_fields={"pool": pool, "nonce": secrets.token_hex(16)})
@@ -132,13 +154,14 @@ def dispatch_run(run_id: int) -> None:
         log.warning("dispatch of run %s attempt %s refused: %s", run_id, attempt, exc)
         do_fail_pool(pool, f"{pool.get_backend_display()} refused the pool's configuration: {exc}")
         do_fail_configuration(run_id, attempt, str(exc))
-        return
+        return True
     except Exception as exc:
         log.exception("dispatch of run %s attempt %s failed", run_id, attempt)
         reporter.failure(f"dispatch to {pool} failed: {type(exc).__name__}: {exc}")
-        return
+        return True
     if backend.remote:
         _store_external_id(backend, run_id, attempt, external_id or "")
+    return True
 
 
 def _with_definition(run: Run) -> Run:
@@ -382,6 +405,9 @@ def attempt_node(external_id: str) -> int | None:
 def _failed_elsewhere_first(node: Node, runs: list[Run], gpu_type: GpuType) -> set[int]:
     """Of `runs`, those this node already failed that another live node in service of its pool, which has not
     failed them, could take: a retry goes to another node when there is another."""
+    runs = [run for run in runs if run.attempt > 1]  # a first attempt failed nowhere: no query for a fresh burst
+    if not runs:
+        return set()
     failed: dict[int, set[int]] = {}
     retried = RunAttempt.objects.filter(run__in=runs, outcome="retried", external_id__startswith="node:")
     for run_id, external_id in retried.values_list("run_id", "external_id"):
@@ -586,7 +612,7 @@ def _infrastructure_failure(run: Run, reason: str, **fields) -> None:
     if failures < settings.RUN_MAX_ATTEMPTS:
         log.warning("run %s attempt %s failed on infrastructure (%s); retrying", run.pk, run.attempt, reason)
         run.update_status(RunStatus.QUEUED, infra_failures=failures, error=INFRA_RETRYING, reason=reason, **fields)
-        enqueue_on_commit(DISPATCH_TASK, run.pk)
+        dispatch_on_commit(run.pk)
     else:
         run.update_status(RunStatus.ERROR, infra_failures=failures, reason=reason,
                           error=INFRA_GAVE_UP.format(failures=failures), **fields)

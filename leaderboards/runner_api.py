@@ -8,6 +8,7 @@ cancelled) gets 409 and changes nothing. Every bad request is a 4xx with a JSON 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import io
 import json
@@ -272,7 +273,7 @@ def node_answer(authorization: str, body: dict, *, woken: tuple[str, int] | None
     free = _free(body)
     if node is None:
         raise Refused(404, f"{hostname} is not registered in pool {pool.name}: register first")
-    if (samples := _samples(body)) is not None:  # the agent samples every 15 s at most: one UPDATE then
+    if (samples := _samples(body)) is not None and not batched:  # every 15 s at most: one UPDATE then
         Node.objects.filter(pk=node.pk).update(samples=samples)
     claims: list[dict] = []
     waiting, reserved = _pool_state(pool.pk, fresh)
@@ -509,9 +510,11 @@ async def node_wait(scope, receive, send) -> None:
     if idle := _idle_answer(authorization, body, shed=shed):  # nothing new: no query, no hop to the node lane
         (node_id, wait_on, samples), status, answer = idle, 200, {"claims": [], **NONE}
     else:
-        if known := _known_node(authorization, body):  # heard now, not when the lane gets to its ask
-            wakeups.waiters.beat(known.node_id)
-        status, answer, wait_on, node_id = await run(authorization, raw, None, False)
+        known = _known_node(authorization, body)  # heard now and while its ask waits for the lane
+        with wakeups.waiters.on_lane(known.node_id) if known else contextlib.nullcontext():
+            status, answer, wait_on, node_id = await run(authorization, raw, None, False)
+        if status == 200:
+            samples = _samples(body)  # valid: the ask passed
         _watch_known()
     if node_id:
         wakeups.waiters.beat(node_id, samples)  # its samples written with the heartbeats, within a second
@@ -542,7 +545,8 @@ async def node_wait(scope, receive, send) -> None:
             wakeups.waiters.hand_on(*waiter.baton)
         return
     if waiter.event.is_set() or ending:
-        status, answer, _, _ = await run(authorization, raw, waiter.baton, True)
+        with wakeups.waiters.on_lane(node_id):  # still connected: heard, however long the lane takes
+            status, answer, _, _ = await run(authorization, raw, waiter.baton, True)
         if status != 200 and waiter.baton is not None:
             wakeups.waiters.hand_on(*waiter.baton)
     await _send_json(send, status, {**answer, "again": True} if status == 200 else answer)

@@ -246,7 +246,7 @@ def gpu_availability(gpu_type_ids) -> dict[int, str | None]:
                                node__pool__enabled=True)
             .values_list("gpu_type_id", "node__pool__health", "node__pool__last_checked_at", "node__pool__backend",
                          "node__service")
-            .distinct())
+            .order_by().distinct())  # no model ordering: its columns would make the DISTINCT one row per device
     pools: dict[int, list[tuple[bool, datetime | None]]] = defaultdict(list)
     for type_id, health, checked, backend, service in rows:
         in_service = backend != RunnerBackendName.LOCAL or service == NodeService.IN_SERVICE

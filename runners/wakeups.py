@@ -23,6 +23,7 @@ import contextlib
 import logging
 import os
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -150,6 +151,9 @@ class Waiters:
         self.listening = asyncio.Event()
         self.seq = 0  # messages seen: a wait that saw one arrive while it looked for work looks again
         self.seen: set[int] = set()  # nodes whose agent asked since the last write of their agent_seen_at
+        # nodes whose ask waits for (or runs on) the node lane: their agent asked and holds its connection open for
+        # the answer, so it is heard every SEEN_EVERY while the platform is behind, not charged for the wait
+        self.asking: Counter[int] = Counter()
         self.samples: dict[int, list[dict]] = {}  # and the new samples some of them sent
         self.writer: asyncio.Task | None = None
 
@@ -173,10 +177,22 @@ class Waiters:
         if self.writer is None or self.writer.done():
             self.writer = asyncio.get_running_loop().create_task(self.write_seen())
 
+    @contextlib.contextmanager
+    def on_lane(self, node_id: int):
+        """The node's ask is queued on (or runs on) the node lane meanwhile: it is heard every second until then."""
+        self.asking[node_id] += 1
+        self.beat(node_id)
+        try:
+            yield
+        finally:
+            self.asking[node_id] -= 1
+            if not self.asking[node_id]:
+                del self.asking[node_id]
+
     async def write_seen(self) -> None:
-        while self.seen:
+        while self.seen or self.asking:
             await asyncio.sleep(SEEN_EVERY)
-            ids, self.seen = self.seen, set()
+            ids, self.seen = self.seen | set(self.asking), set()
             samples, self.samples = self.samples, {}
             try:
                 await sync_to_async(mark_seen, thread_sensitive=False, executor=BEAT_LANE)(sorted(ids), samples)

@@ -29,7 +29,7 @@ from django_q.conf import Conf
 from django_q.timeout import TimeoutHandler
 
 from kernelbot import redis_clients
-from leaderboards import runner_api, tasks
+from leaderboards import lifecycle, runner_api, tasks
 from runners import wakeups
 from taskspec.loader import load_task
 
@@ -189,6 +189,13 @@ def sync_queue(monkeypatch):
         agents.drain_local_pools()
 
     monkeypatch.setattr(tasks, "dispatch_run", dispatch_and_drain)
+    here = lifecycle.dispatch_here  # a run for a local pool is dispatched by the submitting process itself
+
+    def here_and_drain(run_id: int) -> None:
+        here(run_id)
+        agents.drain_local_pools()
+
+    monkeypatch.setattr(lifecycle, "dispatch_here", here_and_drain)
 
 
 # as tests/settings.py: each xdist worker its own installation

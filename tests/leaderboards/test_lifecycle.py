@@ -4,7 +4,7 @@ import itertools
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -12,6 +12,7 @@ from kernelbot import redis_clients
 from leaderboards import actions, lifecycle, tasks
 from leaderboards.models import Board, BoardEntry, InvalidTransition, Run, RunStatus
 from runners import queue
+from runners.models import GpuPool, RunnerBackendName
 
 from ..factories import UserFactory, ranked_result, submission
 
@@ -107,6 +108,8 @@ def test_a_run_whose_message_was_lost_is_dispatched_within_seconds_and_once(
     settings.Q_CLUSTER = {**settings.Q_CLUSTER, "redis": dead_redis_url}
     broker = redis_clients.Broker()
     monkeypatch.setattr(queue, "broker", lambda: broker)
+    # as a run for a remote pool (Slurm, GitHub, Modal): handed to the workers, not dispatched by the submission
+    monkeypatch.setattr(lifecycle, "dispatch_here", lambda run_id: lifecycle.enqueue(lifecycle.DISPATCH_TASK, run_id))
     user = UserFactory()
     with django_capture_on_commit_callbacks(execute=True):
         sub = actions.do_submit(user, actions.check_submission(user, leaderboard.name, ["CPU"], "test", "k.py",
@@ -121,6 +124,34 @@ def test_a_run_whose_message_was_lost_is_dispatched_within_seconds_and_once(
     tasks.dispatch_run(run.pk)  # the message, had it been sent after all
     run.refresh_from_db()
     assert (run.status, run.attempt, run.attempts.count()) == (RunStatus.DISPATCHED, 1, 1)
+
+
+def test_a_run_for_node_agents_is_dispatched_by_its_submission_and_one_for_a_remote_pool_goes_to_the_workers(
+        leaderboard, monkeypatch, dead_redis_url, settings, django_capture_on_commit_callbacks):
+    """Issue 50: a burst's runs waited seconds in the queue before a worker handed each to the node agents' pool (a
+    few queries and a wake-up). The submitting process does that itself now, the broker away or not; a run whose
+    pool is remote, or one the submitting process could not hand over, is still sent to the workers."""
+    sent = []
+    monkeypatch.setattr(lifecycle, "enqueue", lambda func, run_id: sent.append((func, run_id)) or True)
+    user = UserFactory()
+
+    def submit_one():
+        with django_capture_on_commit_callbacks(execute=True):
+            sub = actions.do_submit(user, actions.check_submission(user, leaderboard.name, ["CPU"], "test", "k.py",
+                                                                   b"def custom_kernel(data): ..."))
+        return sub.runs.get()
+    run = submit_one()
+    assert (run.status, run.attempt, sent) == (RunStatus.DISPATCHED, 1, [])
+    remote = GpuPool(name="far", backend=RunnerBackendName.SLURM)
+    monkeypatch.setattr(lifecycle, "candidate_pools", lambda run: [remote])
+    run = submit_one()
+    assert (run.status, run.attempt, sent) == (RunStatus.QUEUED, 0, [(lifecycle.DISPATCH_TASK, run.pk)])
+
+    def broken(run):
+        raise OperationalError("the connection was lost")
+    monkeypatch.setattr(lifecycle, "candidate_pools", broken)
+    run = submit_one()
+    assert (run.status, sent[-1]) == (RunStatus.QUEUED, (lifecycle.DISPATCH_TASK, run.pk))
 
 
 def test_a_run_left_queued_by_its_dispatch_is_looked_at_again_after_the_long_deadline(leaderboard, monkeypatch):

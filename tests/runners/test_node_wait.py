@@ -18,7 +18,7 @@ from django.db import connection
 from django.utils import timezone
 
 from kernelbot.handlers import SyncWorkerASGIHandler
-from leaderboards import runner_api
+from leaderboards import lifecycle, runner_api
 from leaderboards.models import Run, RunAttempt, RunStatus
 from leaderboards.runner_api import node_answer
 from runners import wakeups
@@ -103,6 +103,7 @@ def test_a_held_wait_is_answered_afresh_when_a_reservation_on_the_node_ends(cpu_
 def test_a_lost_wake_up_is_caught_by_the_next_heartbeat(leaderboard, cpu_pool, settings, monkeypatch):
     settings.NODE_WAIT = 1.5
     monkeypatch.setattr("runners.wakeups.publish", lambda keys: None)  # Redis away: every message lost
+    monkeypatch.setattr(lifecycle, "dispatch_here", lambda run_id: None)  # dispatched below, while the agent waits
     submission = submit(leaderboard)
     body = {"pool": "local", "hostname": "localhost", "free": [0], "wait": 20}
     status, answer, took = asyncio.run(ask(body, during=dispatch_all))
@@ -242,19 +243,24 @@ def node_auth() -> str:
 
 @pytest.mark.django_db(transaction=True)
 def test_samples_are_written_only_when_the_agent_sends_new_ones(cpu_pool, settings):
-    """The agent sends its devices' samples every 15 s at most (the agent test below); an ask with them writes them,
-    one without them leaves them as they were (an idle ask stays one query)."""
+    """The agent sends its devices' samples every 15 s at most (the agent test below); an ask with them writes them
+    with the heartbeats (within `SEEN_EVERY`), one without them leaves them as they were (an idle ask stays one
+    query)."""
     settings.NODE_WAIT = 20
     node = cpu_pool.nodes.get()
     sample = {"index": 0, "utilization": 0.25, "memory_used": 1 << 30, "memory_total": 80 << 30}
+    read = sync_to_async(lambda: Node.objects.get(pk=node.pk).samples)
 
     async def scenario():
         status, answer, _ = await ask({"pool": "local", "hostname": "localhost", "free": [0], "samples": [sample]})
         assert status == 200, answer
-        sent = await sync_to_async(lambda: Node.objects.get(pk=node.pk).samples)()
+        deadline = time.monotonic() + 10 * wakeups.SEEN_EVERY
+        while not (sent := await read()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
         status, answer, _ = await ask({"pool": "local", "hostname": "localhost", "free": [0]})
         assert status == 200, answer
-        return sent, await sync_to_async(lambda: Node.objects.get(pk=node.pk).samples)()
+        await asyncio.sleep(2 * wakeups.SEEN_EVERY)  # the heartbeats of the second ask written
+        return sent, await read()
 
     assert asyncio.run(scenario()) == ([sample], [sample])
 
@@ -512,8 +518,10 @@ def test_a_behind_node_lane_answers_a_known_nodes_heartbeat_without_it_and_a_wok
 def test_a_known_nodes_heartbeat_is_written_while_its_ask_waits_for_a_busy_node_lane(leaderboard, cpu_pool, settings,
                                                                                     monkeypatch):
     """A run waits, so a known node's ask goes the normal way, to the node lane; the lane is busy with another ask.
-    The agent was heard when its ask arrived: its heartbeat is written within a second, not when the lane gets to it
-    (after a burst, a round of health checks found nodes "not heard from for 25 s" whose asks sat in the lane)."""
+    The agent was heard when its ask arrived and is heard every second while the ask waits there (its connection
+    open): its heartbeat is written within a second and again while it waits, not when the lane gets to it (after a
+    burst, a round of health checks found nodes "not heard from for 25 s" whose asks sat in the lane; in a burst of
+    200, a lane 300 asks behind put 600 live nodes out of service and retried the runs they held)."""
     settings.NODE_WAIT = 20
     monkeypatch.setattr(wakeups, "node_lane_backlog", lambda: 0)  # behind, but not shedding
     node = cpu_pool.nodes.get()
@@ -531,14 +539,17 @@ def test_a_known_nodes_heartbeat_is_written_while_its_ask_waits_for_a_busy_node_
         asking = asyncio.ensure_future(ask(body))
         await asyncio.sleep(wakeups.SEEN_EVERY + 1.0)
         seen_while_queued = await sync_to_async(lambda: Node.objects.get(pk=node.pk).agent_live())()
+        await sync_to_async(lambda: Node.objects.filter(pk=node.pk).update(agent_seen_at=None))()
+        await asyncio.sleep(wakeups.SEEN_EVERY + 1.0)  # still queued: heard again, not only when it arrived
+        seen_still = await sync_to_async(lambda: Node.objects.get(pk=node.pk).agent_live())()
         lane_free.set()
-        return seen_while_queued, await asking
+        return seen_while_queued, seen_still, await asking
 
     try:
-        seen_while_queued, (status, answer, _) = asyncio.run(scenario())
+        seen_while_queued, seen_still, (status, answer, _) = asyncio.run(scenario())
     finally:
         lane_free.set()
-    assert seen_while_queued
+    assert seen_while_queued and seen_still
     assert status == 200 and [c["run"] for c in answer["claims"]] != []  # then the lane answered it: a claim
 
 
