@@ -33,9 +33,11 @@ result after `--run-seconds` (1; 0: claimed runs keep their devices, never run).
    yet): `claim_p50_ms`/`claim_p95_ms` from dispatch committed to the claiming agent's answer,
    `submit_claim_p50_ms`/`submit_claim_p95_ms` from the submission (one clock: this machine's), and
    `dispatch_cpu_ms_mean`/`_p95`, the dispatching process's CPU time per `dispatch_run` with `devices` devices in the
-   pool (a worker's cost per dispatch);
-4. the work phase, with the tree's `manage.py workers` (its deploy unit's command) dispatching as in production:
-   `--burst` submissions at once (200), `burst_submit_claim_p50_ms`/`_p95_ms` from each submission to its claim, how
+   pool (a worker's cost per dispatch; a tree whose submission dispatches a local pool's run itself has that left
+   to this timed call here);
+4. the work phase, with the tree's `manage.py workers` (its deploy unit's command) dispatching as in production
+   (or, in a tree that does, each submission dispatching its own run): `--burst` submissions one after another
+   (200, `burst_submit_s`), `burst_submit_claim_p50_ms`/`_p95_ms` from each submission to its claim, how
    they ended (`burst_runs`) and the CPU seconds each part spent until they had (`burst_cpu_s`: web, workers, the
    emulated agents, this bench's driver, PostgreSQL; all on the same cores);
 5. a health round forced on the pool (what the admin's "Check health now" does) while the API is read as in phase 1
@@ -109,9 +111,12 @@ board = Leaderboard.objects.filter(gpu_types__name="CPU").order_by("pk").first()
 code = open(sys.argv[1], "rb").read()
 pool = GpuPool.objects.get(name=sys.argv[2])
 round_started = since = None
+here = getattr(lifecycle, "dispatch_here", None)  # a tree whose submission dispatches a local pool's run itself
 for line in sys.stdin:
     command, _, rest = line.strip().partition(" ")
     if command in ("dispatch", "submit"):
+        if here is not None:  # "dispatch": left queued by the submission, dispatched and timed below as before
+            lifecycle.dispatch_here = (lambda run_id: None) if command == "dispatch" else here
         submitted = time.time()
         submission = do_submit(user, check_submission(user, board.name, ["CPU"], SubmissionMode.TEST, "k.py", code))
         run = submission.runs.get()

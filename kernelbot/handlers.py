@@ -4,16 +4,24 @@ import ipaddress
 import json
 import logging
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.core import signals
 from django.core.exceptions import RequestAborted
-from django.core.handlers.asgi import ASGIHandler
+from django.core.handlers.asgi import ASGIHandler, get_script_prefix
+from django.urls import set_script_prefix
 
 from leaderboards.popcorn.api import UPDATE_PROBLEMS_PATH, prefetch
 from leaderboards.runner_api import node_wait
 
 NODE_WAIT_PATH = "/api/runner/v1/nodes/wait"
+RUN_REPORTS_PATH = "/api/runner/v1/runs/"
+# The runners' per-attempt requests (job fetches, progress, heartbeats, results) have a thread of their own, beside the
+# sync thread that serves users: a burst of runs or a round of health checks queues no user's request behind its
+# reports, nor a run's job fetch (its claim waits for it) behind users' requests.
+RUN_REPORTS_LANE = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kernelbot-runs")
 log = logging.getLogger(__name__)
 _bound: set[str] = set()  # the server addresses this process has checked
 
@@ -25,7 +33,8 @@ class BodyTooLarge(Exception):
 class SyncWorkerASGIHandler(ASGIHandler):
     """Runs every request's sync code (middleware chain, sync views, request signals) on the process's one
     sync thread, in one hop per step, as a WSGI sync worker would; the event loop keeps reading, writing and
-    streaming (SSE progress streams, websockets) for all connections.
+    streaming (SSE progress streams, websockets) for all connections. The runners' reports run their middleware
+    chain and view on a thread of their own (`RUN_REPORTS_LANE`), and node agents' asks are held on the event loop.
 
     Django's stock handler gives each request a new thread (`ThreadSensitiveContext`) and, with an async
     chain, a thread hop per hook of each sync-style middleware (about 17 with our stack). With 32 requests in
@@ -50,7 +59,10 @@ class SyncWorkerASGIHandler(ASGIHandler):
         if scope["path"] == UPDATE_PROBLEMS_PATH and scope["method"] == "POST":
             scope, receive = await prefetch(scope, receive)  # its download off the sync thread
         try:
-            await self.handle(scope, receive, send)  # no ThreadSensitiveContext: one sync thread for all
+            if scope["path"].startswith(RUN_REPORTS_PATH):
+                await self.handle_on_lane(scope, receive, send)
+            else:
+                await self.handle(scope, receive, send)  # no ThreadSensitiveContext: one sync thread for all
         except BodyTooLarge:  # raised by read_body, before anything was sent
             await too_large(scope, send, None)
 
@@ -83,6 +95,29 @@ class SyncWorkerASGIHandler(ASGIHandler):
 
     async def get_response_async(self, request):
         return await sync_to_async(self.get_response, thread_sensitive=True)(request)
+
+    async def handle_on_lane(self, scope, receive, send) -> None:
+        """A runner's report, served as a WSGI worker would on `RUN_REPORTS_LANE`: its request signals (the lane's
+        own database connection checked, closed when broken or old), middleware chain and view there; its body read
+        and its (JSON) answer written by the event loop."""
+        try:
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return
+        set_script_prefix(get_script_prefix(scope))
+
+        def respond():
+            signals.request_started.send(sender=self.__class__, scope=scope)
+            request, response = self.create_request(scope, body_file)
+            if request is not None:
+                response = self.get_response(request)
+            response.close()  # request_finished, on this thread: its connection
+            return response
+        try:
+            response = await sync_to_async(respond, thread_sensitive=False, executor=RUN_REPORTS_LANE)()
+            await self.send_response(response, send)
+        finally:
+            body_file.close()
 
 
 def past_the_proxy(host: str) -> bool:

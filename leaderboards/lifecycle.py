@@ -264,8 +264,11 @@ def do_mark_running(run_id: int, attempt: int, *, deadline_seconds: int | None =
             return False
         if run.status == RunStatus.RUNNING and run.started_at == run.dispatched_at and RunAttempt.objects.filter(
                 run=run, number=attempt, external_id__startswith="node:").exists():  # a node agent's claim's job
+            # fetched: its heartbeats keep it from now on, not the claim's wait for the fetch (`_claim_one`)
             run.started_at = timezone.now()
-            run.save(update_fields=["started_at"])
+            run.status_deadline = run.started_at + timedelta(seconds=settings.RUN_HEARTBEAT_DEADLINE)
+            run.save(update_fields=["started_at", "status_deadline"])
+            allocator.renew_attempt_holds(run.pk, attempt, allocator.run_lease_seconds())
         if run.status == RunStatus.DISPATCHED:
             run.update_status(RunStatus.RUNNING, deadline_seconds=deadline_seconds or running_deadline(run, remote))
             if remote and placement and placement[1]:
@@ -443,10 +446,14 @@ def _claim_one(node: Node, gpus: list[Gpu]) -> dict | None:
                 if count <= on_node:
                     return None  # it fits this node once enough devices free: nothing younger takes them first
                 continue  # this node can never hold it: younger runs go on
+            # its agent was heard just now and fetches the job next: one the web tier is slow to serve (a burst) is
+            # not its fault, so the claim holds until the agent deadline (a dead agent's run is retried by then, and
+            # at once when its agent registers again); the job's heartbeats keep it from there
+            first_fetch = max(settings.RUN_HEARTBEAT_DEADLINE, settings.AGENT_DEADLINE)
             holds = allocator.acquire_on_node(
                 gpus, count, run_id=run.pk, attempt=run.attempt, user_id=run.submission.user_id,
                 leaderboard=run.submission.leaderboard.name, seconds=total_timeout(run),
-                lease_seconds=allocator.run_lease_seconds())
+                lease_seconds=max(allocator.run_lease_seconds(), first_fetch))
             if not holds:
                 return None  # the free devices are promised to a reservation: nothing fits now
             held = sorted(h.gpu_id for h in holds)
@@ -454,7 +461,7 @@ def _claim_one(node: Node, gpus: list[Gpu]) -> dict | None:
             attempt = _attempt(run)
             RunAttempt.objects.filter(pk=attempt.pk).update(external_id=agent_job_id(node, devices),
                                                             last_news_at=timezone.now())
-            run.update_status(RunStatus.RUNNING, deadline_seconds=settings.RUN_HEARTBEAT_DEADLINE,
+            run.update_status(RunStatus.RUNNING, deadline_seconds=first_fetch,
                               runner=f"{node.pool.name} / {node.hostname}"[:60])
             # its devices are chosen now: the wait for them was its queue (`dispatched_at` stamped when it was handed
             # to the pool, before any device was free); `started_at` moves on when the agent fetches the job

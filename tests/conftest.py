@@ -28,7 +28,7 @@ from django_q import worker as django_q_worker
 from django_q.conf import Conf
 from django_q.timeout import TimeoutHandler
 
-from kernelbot import redis_clients
+from kernelbot import handlers, redis_clients
 from leaderboards import lifecycle, runner_api, tasks
 from runners import wakeups
 from taskspec.loader import load_task
@@ -221,10 +221,11 @@ def runner_platform(live_server, settings, monkeypatch) -> RunnerPlatform:
 
 @pytest.fixture(autouse=True, scope="session")
 def _node_lane_lets_go_of_the_test_database(django_db_setup):
-    """The node agents' lanes (`wakeups.NODE_LANE`, `BEAT_LANE`) keep their own connections, as in a web process:
-    closed before the test database is dropped, which PostgreSQL refuses while a session uses it."""
+    """The node agents' lanes (`wakeups.NODE_LANE`, `BEAT_LANE`) and the runners' reports' lane keep their own
+    connections, as in a web process: closed before the test database is dropped, which PostgreSQL refuses while a
+    session uses it."""
     yield
-    for lane in (wakeups.NODE_LANE, wakeups.BEAT_LANE):
+    for lane in (wakeups.NODE_LANE, wakeups.BEAT_LANE, handlers.RUN_REPORTS_LANE):
         lane.submit(connections.close_all).result(timeout=60)
 
 

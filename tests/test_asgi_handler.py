@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from asgiref.sync import iscoroutinefunction
+from asgiref.sync import iscoroutinefunction, sync_to_async
 from asgiref.testing import ApplicationCommunicator
 
 from kernelbot import handlers
@@ -75,6 +75,32 @@ def test_concurrent_requests_run_their_sync_code_one_at_a_time_on_one_thread():
     results = asyncio.run(six())
     assert [status for status, _ in results] == [200] * 6
     assert peak == 1 and len(threads) == 1 and threading.get_ident() not in threads
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_runners_report_is_served_while_the_sync_thread_is_busy_and_a_users_request_waits_for_it():
+    """A round of health checks or a burst of runs sends job fetches, progress and results: they run on their own
+    lane, so users' requests do not queue behind them on the sync thread, nor a claimed run's job fetch behind
+    users'."""
+    handler = SyncWorkerASGIHandler()
+    release = threading.Event()
+
+    async def scenario():
+        busy = asyncio.ensure_future(sync_to_async(release.wait, thread_sensitive=True)(30))  # the sync thread, held
+        await asyncio.sleep(0.2)
+        user = asyncio.ensure_future(get(handler, "/api/v1/health"))
+        report = await asyncio.wait_for(get(handler, "/api/runner/v1/runs/1/1/job", [(b"authorization", b"Bearer x")]),
+                                        10)
+        user_waited = not user.done()
+        release.set()
+        await busy
+        return report, user_waited, await user
+
+    try:
+        (status, _), user_waited, (user_status, _) = asyncio.run(scenario())
+    finally:
+        release.set()
+    assert status == 403 and user_waited and user_status == 200  # the report answered (a bad token) while held
 
 
 @pytest.mark.django_db(transaction=True)

@@ -207,6 +207,7 @@ def test_a_check_late_through_no_fault_of_its_node_is_retried_never_charged(cpu_
 
     [claim] = lifecycle.do_claim_runs(node, [0])
     assert claim["run"] == again.run_id
+    assert lifecycle.do_mark_running(claim["run"], claim["attempt"])  # its job fetched: its heartbeats keep it
     with inline_tasks():  # its heartbeats were not taken in time (the web tier behind) while its agent asks on
         lifecycle.do_reap_overdue_runs(now=timezone.now() + timedelta(seconds=settings.RUN_HEARTBEAT_DEADLINE + 1))
         do_finish_pool_checks()
