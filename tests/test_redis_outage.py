@@ -74,13 +74,14 @@ def test_requests_answer_from_the_database_and_pay_one_timeout(
     for raw, user in ((alice_raw, alice), (bob_raw, bob), (alice_raw, alice)):
         me = client.get("/api/v1/me", headers={"Authorization": f"Bearer {raw}"})
         assert me.status_code == 200 and me.json()["username"] == user.username
-    with django_capture_on_commit_callbacks(execute=True):  # the dispatch message and the live update: lost
+    with django_capture_on_commit_callbacks(execute=True):  # the wake-up and the live update: lost
         created = submit(client, leaderboard, bob_raw)
     assert created.status_code == 201, created.content
     assert client.get(f"/api/v1/submissions/{created.json()['id']}",
                       headers={"Authorization": f"Bearer {bob_raw}"}).status_code == 200
-    assert {run.status for run in Submission.objects.get(pk=created.json()["id"]).runs.all()} == {RunStatus.QUEUED}
-    # the first call that met the outage waited; every later one (cache reads and writes, the enqueue, the event)
+    # a node agents' run needs no message: the submission dispatched it (its agents find it at their heartbeat)
+    assert {run.status for run in Submission.objects.get(pk=created.json()["id"]).runs.all()} == {RunStatus.DISPATCHED}
+    # the first call that met the outage waited; every later one (cache reads and writes, the wake-up, the event)
     # was refused at once
     assert failures == [server] and redis_clients.is_away(server)
 

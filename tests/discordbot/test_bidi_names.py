@@ -99,7 +99,7 @@ def test_a_right_to_left_override_name_turns_nothing_after_it_in_any_message(fas
     assert_contained(refused(fake, empty), FILE)
     text, _ = reply(fake, fake.command("leaderboard submit test", ALICE, leaderboard_name=leaderboard.name, gpu="CPU",
                                        script=Attachment(FILE, CORRECT)))
-    assert "queued" in text
+    assert "dispatched" in text  # its node agents' pool: dispatched by the submission
     assert_contained(text, FILE)
     alice = Submission.objects.get().user
     assert alice.profile.display_name == NAME

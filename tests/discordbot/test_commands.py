@@ -102,7 +102,7 @@ def test_test_submission_is_private_directives_pick_the_board_and_one_account_pe
     fake = bot.fake
     code = f"#!POPCORN leaderboard {leaderboard.name}\n#!POPCORN gpu CPU\n".encode() + CORRECT
     text, ephemeral = reply(fake, submit(fake, code=code))
-    assert ephemeral and "queued" in text  # a test run is its author's only, as on the site
+    assert ephemeral and "dispatched" in text  # a test run is its author's only, as on the site
     reply(fake, submit(fake, code=code + b"\n# 2\n"))
     assert Submission.objects.count() == 2 and SocialAccount.objects.filter(provider="discord").count() == 1
     fake.wait_for(lambda: StatusMessage.objects.count() == 2, 10, "both status messages")
@@ -134,7 +134,7 @@ def test_autocomplete_list_show_task_template_and_status(bot, leaderboard):
 
     reply(fake, submit(fake, mode="ranked", leaderboard_name=leaderboard.name, gpu="CPU"))
     submission = Submission.objects.get()
-    assert "queued" in reply(fake, fake.command("submission status", ALICE, submission_id=submission.pk))[0]
+    assert "dispatched" in reply(fake, fake.command("submission status", ALICE, submission_id=submission.pk))[0]
     assert "Your submissions" in reply(fake, fake.command("leaderboard show-personal", ALICE,
                                                            leaderboard_name=leaderboard.name))[0]
     assert "not found" in refused(fake, fake.command("submission status", BOB, submission_id=submission.pk + 100))
@@ -215,7 +215,7 @@ def test_organiser_commands_cancel_requeue_rescore_stats_delete_and_import(bot, 
 def test_a_submission_naming_no_gpu_takes_the_only_one_or_offers_a_choice(bot, leaderboard, cpu_pool):
     fake = bot.fake
     only = submit(fake, leaderboard_name=leaderboard.name)  # the board runs on CPU only
-    assert "queued" in reply(fake, only)[0]
+    assert "dispatched" in reply(fake, only)[0]
     assert Submission.objects.get().runs.get().gpu_type == cpu_pool.cpu
 
     two = LeaderboardFactory(problem=leaderboard.problem, gpu_types=[cpu_pool.cpu, GpuType.objects.create(
@@ -235,7 +235,7 @@ def test_kernelbot_organiser_commands_ban_delete_leaderboard_names_stats_ping(bo
     fake = bot.fake
     org = {"roles": [ORGANISER_ROLE_ID]}
     assert "pong" in reply(fake, fake.command("ping", BOB))[0]
-    assert "queued" in reply(fake, submit(fake, leaderboard_name=leaderboard.name, gpu="CPU"))[0]
+    assert "dispatched" in reply(fake, submit(fake, leaderboard_name=leaderboard.name, gpu="CPU"))[0]
     assert "for organisers" in refused(fake, fake.command("admin ban", BOB, user_id=str(ALICE)))
     assert "may no longer submit to any leaderboard" in reply(fake, fake.command("admin ban", ORG, user_id=str(ALICE),
                                                                                reason="spam", **org))[0]

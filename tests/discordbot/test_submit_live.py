@@ -29,9 +29,9 @@ def test_ranked_submission_is_acked_edited_live_reported_and_announced(bot, clus
     fake.wait_for(lambda: message.content, 10, "the deferred answer's status")
     submission = Submission.objects.get()
     assert submission.user.socialaccount_set.get().uid == str(ALICE)
-    assert f"#{submission.pk}" in message.content and "queued" in message.history[1]
+    assert f"#{submission.pk}" in message.content and "dispatched" in message.history[1]
     fake.wait_for(lambda: "succeeded" in message.content.split("\n")[0], 180, "the final edit")
-    assert len(message.history) >= 3, message.history  # queued → running/progress → succeeded
+    assert len(message.history) >= 3, message.history  # dispatched → running/progress → succeeded
     assert "✓" in message.content and "reference" in message.content
     report = fake.wait_for(lambda: fake.followups(interaction), 20, "the report")
     assert report[0].ephemeral and report[0].files and b"score:" in report[0].files[0][1]
