@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import DatabaseError, transaction
+from django.db import transaction
 from django.db.models import Case, F, Q, Value, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -101,8 +101,8 @@ def dispatch_here(run_id: int) -> None:
     try:
         if dispatch_run(run_id, local_only=True):
             return
-    except DatabaseError as exc:
-        log.warning("run %s: could not dispatch it here (%r); the workers will", run_id, exc)
+    except Exception:  # after commit: the submission is saved, so whatever went wrong here is the workers' to retry
+        log.exception("run %s: could not dispatch it here; the workers will", run_id)
     enqueue(DISPATCH_TASK, run_id)
 
 
