@@ -10,8 +10,10 @@ each, registered over the wire as agents do (`nodes/register` with a probe repor
 phases; how long it took is printed and reported as `register_s`; the database then ANALYZEd, again before the work
 phase, as autovacuum would have it on a production server: this machine's PostgreSQL runs without), and the web
 layout of docs/operations.md: the tree's own deploy/systemd/kernelbot-web.service command (granian, 2 workers, its
-flags), PostgreSQL, Redis (db $BENCH_REDIS_DB, default 3, under a deployment name of its own), `DB_POOL=1`; scheduled
-health rounds off (`KERNELBOT_POOL_CHECK_INTERVAL=0`: phase 5 starts one).
+flags) for the users' reads and submissions and, where the tree has it, its kernelbot-runners.service (2 workers) for
+the agents, as the proxy routes /api/runner/ (the web CPU figures count both), PostgreSQL, Redis (db $BENCH_REDIS_DB,
+default 3, under a deployment name of its own), `DB_POOL=1`; scheduled health rounds off
+(`KERNELBOT_POOL_CHECK_INTERVAL=0`: phase 5 starts one).
 
 The agents speak the node agent's exact wire protocol (`runners/harness/node.py` of the tree measured), many per
 process (`--clients` processes of asyncio + aiohttp): Bearer HMAC(runner key, "node:fleet:HOST"), `free` listing
@@ -62,6 +64,7 @@ import json
 import math
 import os
 import random
+import re
 import shlex
 import signal
 import socket
@@ -196,39 +199,47 @@ async def register(base: str, nodes: int, concurrency: int = 50) -> float:
     return time.monotonic() - started
 
 
-def web_command(tree: Path, port: int) -> list[str]:
-    """The tree's own production web server: the ExecStart of its deploy/systemd/kernelbot-web.service (its granian
-    flags), on this interpreter and a free port, logging warnings only."""
-    for line in (tree / "deploy" / "systemd" / "kernelbot-web.service").read_text().splitlines():
+def web_command(tree: Path, port: int, unit: str = "kernelbot-web.service") -> list[str]:
+    """The tree's own production web server: the ExecStart of its deploy/systemd unit (its granian flags), on this
+    interpreter and a free port, logging warnings only."""
+    for line in (tree / "deploy" / "systemd" / unit).read_text().splitlines():
         if line.startswith("ExecStart="):
             line = line.removeprefix("ExecStart=").replace("/srv/kernelbot/.venv/bin/python", sys.executable)
-            line = line.replace("--port 8000", f"--port {port}")  # a shell line picks KERNELBOT_WEB_WORKERS
+            line = re.sub(r"--port \d+", f"--port {port}", line)  # a shell line picks the workers' variable
             app = " kernelbot.asgi:application"
             return shlex.split(line.replace(app, " --log-level warning" + app))
-    raise SystemExit(f"{tree}: no ExecStart in deploy/systemd/kernelbot-web.service")
+    raise SystemExit(f"{tree}: no ExecStart in deploy/systemd/{unit}")
 
 
-def start_server(tree: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(web_command(tree, port), cwd=tree, env={"KERNELBOT_WEB_WORKERS": "2", **env},
-                            start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            break
-        time.sleep(0.2)
+def start_servers(tree: Path, env: dict[str, str]) -> tuple[list[subprocess.Popen], str, str]:
+    """The users' web server and, where the tree has one, the runners' (deploy/systemd/kernelbot-runners.service, where
+    the proxy routes /api/runner/), each with 2 workers; returns them, the users' base URL and the agents'."""
+    units = ["kernelbot-web.service"] + (["kernelbot-runners.service"] if (
+        tree / "deploy" / "systemd" / "kernelbot-runners.service").exists() else [])
+    procs, bases = [], []
+    for unit in units:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        procs.append(subprocess.Popen(web_command(tree, port, unit), cwd=tree, start_new_session=True, env={
+            "KERNELBOT_WEB_WORKERS": "2", "KERNELBOT_RUNNER_WEB_WORKERS": "2", **env}))
+        bases.append(f"http://127.0.0.1:{port}")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                break
+            time.sleep(0.2)
     time.sleep(2)
-    return proc, base
+    return procs, bases[0], bases[-1]
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of the process and its children (granian's workers) so far."""
-    pids = [str(pid), *subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()]
+def cpu_seconds(*pids: int) -> float:
+    """User + system CPU of the processes and their children (granian's workers) so far."""
+    listed = [str(p) for p in pids]
+    for pid in pids:
+        listed += subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
     total = 0
-    for p in pids:
+    for p in listed:
         with contextlib.suppress(OSError):
             fields = Path(f"/proc/{p}/stat").read_text().rpartition(")")[2].split()
             total += int(fields[11]) + int(fields[12])
@@ -402,14 +413,15 @@ def measure(tree: Path, label: str, args) -> dict:
         raise SystemExit(f"{label}: its runner API has no nodes/register to register the fleet's nodes with")
     say(f"{label}: preparing ({mode} agents)")
     prepare(tree, env)
-    proc, base = start_server(tree, env)
+    servers, base, runners = start_servers(tree, env)
+    web_pids = [server.pid for server in servers]
     fleet: list[subprocess.Popen] = []
     readers: list[threading.Thread] = []
     outputs: list[str] = []
     workers: subprocess.Popen | None = None
     work: dict = {}
     try:
-        registered = asyncio.run(register(base, args.nodes))
+        registered = asyncio.run(register(runners, args.nodes))
         say(f"{label}: {args.nodes} nodes registered over nodes/register in {registered:.1f} s")
         analyze()
         nofleet = asyncio.run(user_reads(base, args.seconds))
@@ -417,20 +429,20 @@ def measure(tree: Path, label: str, args) -> dict:
         per = -(-args.nodes // args.clients)
         for c in range(args.clients):
             count = min(per, args.nodes - c * per)
-            agent_proc = subprocess.Popen([sys.executable, __file__, "--agents", base, str(c * per), str(count), mode,
-                                           str(int(sampling)), str(args.run_seconds)], stdout=subprocess.PIPE,
+            agent_proc = subprocess.Popen([sys.executable, __file__, "--agents", runners, str(c * per), str(count),
+                                           mode, str(int(sampling)), str(args.run_seconds)], stdout=subprocess.PIPE,
                                           text=True, env={**os.environ, "PYTHONPATH": ""})
             fleet.append(agent_proc)  # its lines read as they come: a full pipe would stop its agents' event loop
             readers.append(threading.Thread(target=lambda p=agent_proc: outputs.extend(p.stdout), daemon=True))
             readers[-1].start()
         cores = len(os.sched_getaffinity(0))
-        cpu0, wall0 = cpu_seconds(proc.pid), time.monotonic()
+        cpu0, wall0 = cpu_seconds(*web_pids), time.monotonic()
         # the first asks are spread over one heartbeat; each node's first asks to each web process are full ones
         time.sleep(args.settle if mode == "wait" else 5)
-        settling = (cpu_seconds(proc.pid) - cpu0) / ((time.monotonic() - wall0) * cores)
-        cpu0, wall0 = cpu_seconds(proc.pid), time.monotonic()
+        settling = (cpu_seconds(*web_pids) - cpu0) / ((time.monotonic() - wall0) * cores)
+        cpu0, wall0 = cpu_seconds(*web_pids), time.monotonic()
         time.sleep(args.seconds)
-        share = (cpu_seconds(proc.pid) - cpu0) / ((time.monotonic() - wall0) * cores)
+        share = (cpu_seconds(*web_pids) - cpu0) / ((time.monotonic() - wall0) * cores)
         fleet_reads = asyncio.run(user_reads(base, args.seconds))
         say(f"{label}: idle fleet: web CPU share {share:.3f}, user p95 {percentile(fleet_reads, 0.95):.1f} ms")
         driver = Driver(tree, env)
@@ -447,9 +459,9 @@ def measure(tree: Path, label: str, args) -> dict:
             workers = start_workers(tree, env)
             first = driver.ask("submit")["run"]  # the workers are up once they dispatch a run that then ends
             wait_for(driver, [first], lambda s: ended(s) == 1, 120)
-            parts = {"web": [proc.pid], "workers": [workers.pid], "agents": [a.pid for a in fleet],
+            parts = {"web": web_pids, "workers": [workers.pid], "agents": [a.pid for a in fleet],
                      "driver": [driver.proc.pid]}
-            work = work_phases(driver, base, proc.pid, cores, args, label, parts)
+            work = work_phases(driver, base, web_pids, cores, args, label, parts)
         driver.close()
     finally:
         for agent_proc in fleet:
@@ -457,7 +469,7 @@ def measure(tree: Path, label: str, args) -> dict:
         for agent_proc, reader in zip(fleet, readers, strict=True):
             agent_proc.wait(timeout=60)
             reader.join(timeout=60)
-        for server in filter(None, (workers, proc)):
+        for server in filter(None, (workers, *servers)):
             os.killpg(server.pid, signal.SIGTERM)
             try:
                 server.wait(timeout=30)
@@ -511,7 +523,7 @@ def cpu_by_part(parts: dict[str, list[int]]) -> dict[str, float]:
             "postgres": sum(cpu_seconds(int(pid)) for pid in postgres)}
 
 
-def work_phases(driver: Driver, base: str, web_pid: int, cores: int, args, label: str,
+def work_phases(driver: Driver, base: str, web_pids: list[int], cores: int, args, label: str,
                 parts: dict[str, list[int]]) -> dict:
     """With the tree's workers dispatching, as in production: a burst of `--burst` submissions, then a health round
     forced on the (healthy) pool while users read the API and `--round-runs` competitors' runs are submitted, one
@@ -533,7 +545,7 @@ def work_phases(driver: Driver, base: str, web_pid: int, cores: int, args, label
     if args.round:
         stop, reads = threading.Event(), []
         reader = threading.Thread(target=lambda: reads.extend(asyncio.run(user_reads(base, 1e9, stop))))
-        cpu0, wall0 = cpu_seconds(web_pid), time.monotonic()
+        cpu0, wall0 = cpu_seconds(*web_pids), time.monotonic()
         reader.start()
         started = driver.ask("round")
         say(f"{label}: health round started: {started['checks']} checks in {started['took_s']:.1f} s")
@@ -548,7 +560,7 @@ def work_phases(driver: Driver, base: str, web_pid: int, cores: int, args, label
                 break
             time.sleep(1)
         round_s = time.monotonic() - wall0
-        round_share = (cpu_seconds(web_pid) - cpu0) / (round_s * cores)
+        round_share = (cpu_seconds(*web_pids) - cpu0) / (round_s * cores)
         stop.set()
         reader.join()
         state = wait_for(driver, ids, lambda s: ended(s) == len(ids), 60)  # the competitors' runs still going

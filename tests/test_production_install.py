@@ -87,12 +87,16 @@ def exec_start(unit: str, env: dict[str, str], port: int = 8000, runs: str = "/v
     service = unit_service(unit)
     assert service["WorkingDirectory"] == "/srv/kernelbot" and service["Restart"] == "always"
     line = service["ExecStart"].replace(VENV_PYTHON, python)
-    line = line.replace("--port 8000", f"--port {port}").replace("/var/lib/kernelbot/runs", runs)
+    line = re.sub(r"--port \d+", f"--port {port}", line).replace("/var/lib/kernelbot/runs", runs)
     for unit_path, path in (paths or {}).items():
         line = line.replace(unit_path, path)
     line = re.sub(r"\$\{(\w+)\}", lambda m: env[m.group(1)], line).replace("%H", socket.gethostname())
     assert "%" not in line, line  # no other specifier
     return shlex.split(line)
+
+
+INSTALLED = ("kernelbot-web.service", "kernelbot-runners.service", "kernelbot-workers.service",
+             "kernelbot-agent.service")
 
 
 def free_port() -> int:
@@ -149,12 +153,14 @@ def test_the_agents_exec_start_hands_its_group_to_runs_and_names_a_token_command
 
 
 @pytest.mark.parametrize("workers", ["", "5"])
-def test_the_web_units_workers_are_one_per_core_unless_set(tmp_path, workers):
+@pytest.mark.parametrize(("unit", "variable"), [("kernelbot-web.service", "KERNELBOT_WEB_WORKERS"),
+                                                ("kernelbot-runners.service", "KERNELBOT_RUNNER_WEB_WORKERS")])
+def test_the_web_units_workers_are_one_per_core_unless_set(tmp_path, workers, unit, variable):
     python = tmp_path / "python"
     python.write_text('#!/bin/sh\necho "$@"\n')
     python.chmod(0o755)
-    env = {"PATH": os.environ["PATH"], "KERNELBOT_WEB_WORKERS": workers}
-    done = subprocess.run(exec_start("kernelbot-web.service", env, python=str(python)), env=env, capture_output=True,
+    env = {"PATH": os.environ["PATH"], variable: workers}
+    done = subprocess.run(exec_start(unit, env, python=str(python)), env=env, capture_output=True,
                           text=True, timeout=30, check=True)
     expected = workers or str(len(os.sched_getaffinity(0)))  # nproc: the cores this process may use
     assert f" --host 127.0.0.1 --port 8000 --workers {expected} " in done.stdout, done.stdout
@@ -162,7 +168,7 @@ def test_the_web_units_workers_are_one_per_core_unless_set(tmp_path, workers):
 
 @pytest.mark.slow(seconds=65)
 def test_the_documented_production_install_runs_a_kernel(empty_database, redis_url, tmp_path):
-    port = free_port()
+    port, runners_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "KERNELBOT_", "DEBUG", "PYTEST"))} | {
         "SECRET_KEY": "production-install-test-" + "x" * 40, "ALLOWED_HOSTS": "127.0.0.1,localhost",
         "SECURE_SSL_REDIRECT": "0", "DATABASE_URL": empty_database, "REDIS_URL": redis_url, "DB_POOL": "1",
@@ -185,7 +191,8 @@ def test_the_documented_production_install_runs_a_kernel(empty_database, redis_u
     os.makedirs(runs)
     # the agent's machine holds its node's token only, never the platform's runner key
     node = manage("node_token", "lab", "--hostname", socket.gethostname()).strip()
-    agent_env = {k: v for k, v in env.items() if k != "KERNELBOT_RUNNER_KEY"} | {"KERNELBOT_NODE_TOKEN": node}
+    agent_env = {k: v for k, v in env.items() if k != "KERNELBOT_RUNNER_KEY"} | {"KERNELBOT_NODE_TOKEN": node,
+        "KERNELBOT_PUBLIC_URL": f"http://127.0.0.1:{runners_port}"}  # where the proxy would route /api/runner/
     unit_env = unit_environment("kernelbot-agent.service")
     assert unit_env["KERNELBOT_SANDBOX"] == "require"  # an agent set up from the docs never runs unsandboxed
     agent_env |= unit_env
@@ -202,9 +209,10 @@ def test_the_documented_production_install_runs_a_kernel(empty_database, redis_u
 
     services = []
     try:
-        for unit in ("kernelbot-web.service", "kernelbot-workers.service", "kernelbot-agent.service"):
+        for unit in INSTALLED:
             agent = unit == "kernelbot-agent.service"
-            services.append(subprocess.Popen(exec_start(unit, env, port, runs, cgroups if agent else None), cwd=REPO,
+            services.append(subprocess.Popen(exec_start(unit, env, runners_port if unit == "kernelbot-runners.service"
+                                                        else port, runs, cgroups if agent else None), cwd=REPO,
                                              start_new_session=True,
                                              env=agent_env if agent else env, preexec_fn=in_service_cgroups if agent
                                              else None, stdout=(tmp_path / f"{unit}.log").open("w"),
@@ -232,5 +240,5 @@ def test_the_documented_production_install_runs_a_kernel(empty_database, redis_u
     finally:
         stop_groups(*services, grace=30)  # as systemd stops them (the units' TimeoutStopSec)
         remove_cgroups(list(cgroups.values()))
-        for unit in ("kernelbot-web.service", "kernelbot-workers.service", "kernelbot-agent.service"):
+        for unit in INSTALLED:
             print(f"--- {unit} ---\n" + (tmp_path / f"{unit}.log").read_text(errors="replace")[-2000:])
