@@ -357,6 +357,10 @@ POOL_CHECK_KEEP_DAYS = int(os.environ.get("KERNELBOT_POOL_CHECK_KEEP_DAYS", "30"
 # A node agents' pool's round is a rolling wave: at most this many nodes' check runs at a time (the next start as
 # checks end), so a round over a thousand nodes never floods the platform; checks yield to competitors' runs.
 POOL_CHECK_WAVE = int(os.environ.get("KERNELBOT_POOL_CHECK_WAVE", "16"))
+# ... and paced: its first wave at once, the rest of its nodes evenly over this many seconds (default: 4/5 of the
+# interval, or of 15 minutes when scheduled rounds are off), so a round is a rolling trickle, not the wave's fill rate.
+# 0: unpaced (as fast as checks end).
+POOL_CHECK_SPREAD = int(os.environ.get("KERNELBOT_POOL_CHECK_SPREAD", str((POOL_CHECK_INTERVAL or 900) * 4 // 5)))
 # Where the admin links the docs (docs/operations.md#... becomes DOCS_URL/operations.md#...), e.g. the repository's
 # docs folder on its forge; unset: the admin names the file and section as text.
 DOCS_URL = os.environ.get("KERNELBOT_DOCS_URL", "").rstrip("/")

@@ -166,16 +166,20 @@ def _node_checks(pool: GpuPool, now) -> list[PoolCheck]:
     return checks
 
 
-def _advance_wave(pool: GpuPool) -> int:
+def _advance_wave(pool: GpuPool, now=None) -> int:
     """Start the check runs of the nodes waiting their turn in the pool's round, oldest first, while fewer than
-    POOL_CHECK_WAVE nodes' checks run: a round over a thousand nodes is a bounded number of check runs at a time, not
-    a thousand at once. A node whose agent went away meanwhile is out of service, as at the round's start. Called when
-    a round starts, when one of its checks ends and by `tick`. Returns the nodes started."""
+    POOL_CHECK_WAVE nodes' checks run and no sooner than the round's pace allows (`_paced`): a round over a thousand
+    nodes is a bounded number of check runs at a time, spread over POOL_CHECK_SPREAD, not a thousand at once. A node
+    whose agent went away meanwhile is out of service, as at the round's start. Called when a round starts, when one
+    of its checks ends and by `tick`. Returns the nodes started."""
+    waiting = pool.checks.filter(outcome=CheckOutcome.PENDING, run_id__isnull=True, node__isnull=False).order_by("pk")
     running = pool.checks.filter(outcome=CheckOutcome.PENDING, run_id__isnull=False, node__isnull=False).values(
         "node_id").distinct().count()
+    room = settings.POOL_CHECK_WAVE - running
+    if room > 0 and (first := waiting.values_list("started_at", flat=True).first()) is not None:
+        room = min(room, _paced(pool, first, now or timezone.now()))
     started = 0
-    for turn in pool.checks.filter(outcome=CheckOutcome.PENDING, run_id__isnull=True, node__isnull=False).order_by(
-            "pk").select_related("node")[:max(0, settings.POOL_CHECK_WAVE - running)]:
+    for turn in waiting.select_related("node")[:max(0, room)]:
         node, now = turn.node, timezone.now()
         gpu_types = list(GpuType.objects.filter(gpus__node=node, gpus__enabled=True).distinct().order_by("name"))
         if turn.gpu_type_id:  # a late check's retry: its own type only
@@ -191,6 +195,19 @@ def _advance_wave(pool: GpuPool) -> int:
         turn.delete()
         started += 1
     return started
+
+
+def _paced(pool: GpuPool, round_started, now) -> int:
+    """How many more of the round's nodes may start now: its first POOL_CHECK_WAVE at once, the others evenly over
+    POOL_CHECK_SPREAD seconds from its start (0: no pace), so a large pool's round costs the platform a steady trickle
+    of check runs (a thousand nodes over the default 12 minutes: 1.4 a second), not its wave's fill rate."""
+    if not settings.POOL_CHECK_SPREAD:
+        return settings.POOL_CHECK_WAVE
+    of_round = pool.checks.filter(started_at=round_started, node__isnull=False)
+    nodes = of_round.values("node_id").distinct().count()
+    started = of_round.filter(run_id__isnull=False).values("node_id").distinct().count()
+    elapsed = max(0.0, (now - round_started).total_seconds())
+    return settings.POOL_CHECK_WAVE + int(elapsed * nodes / settings.POOL_CHECK_SPREAD) - started
 
 
 def device_full(pool: GpuPool, node: Node, now) -> str:
@@ -268,7 +285,7 @@ def do_finish_pool_checks(run_id: int | None = None, *, now=None) -> int:
             finished += 1
     for pool_id in waves:
         with transaction.atomic():
-            _advance_wave(GpuPool.objects.select_for_update().get(pk=pool_id))
+            _advance_wave(GpuPool.objects.select_for_update().get(pk=pool_id), now)
     if back:
         lifecycle.do_resend_queued_runs()  # runs waiting for a node or pool of their type go now
     return finished

@@ -162,7 +162,7 @@ def running_checks(pool: GpuPool) -> list[PoolCheck]:
 
 
 def test_a_round_over_many_nodes_is_a_bounded_rolling_wave(cpu_pool, settings, inline_tasks):
-    settings.POOL_CHECK_WAVE = 2
+    settings.POOL_CHECK_WAVE, settings.POOL_CHECK_SPREAD = 2, 0  # the bound alone (the pace: the next test)
     for i in range(4):
         node = Node.objects.create(pool=cpu_pool, hostname=f"n{i}", agent_seen_at=timezone.now())
         Gpu.objects.create(node=node, gpu_type=cpu_pool.cpu, index=0)
@@ -179,6 +179,39 @@ def test_a_round_over_many_nodes_is_a_bounded_rolling_wave(cpu_pool, settings, i
     assert all(Run.objects.get(pk=pk).attempt == 1 for pk in passed)  # none claimed twice
     assert set(cpu_pool.nodes.values_list("service", flat=True)) == {NodeService.IN_SERVICE}
     assert GpuPool.objects.get(pk=cpu_pool.pk).health == PoolHealth.OK
+
+
+def test_a_large_pools_round_is_spread_over_its_pace_not_started_as_fast_as_checks_end(cpu_pool, settings,
+                                                                                       inline_tasks):
+    settings.POOL_CHECK_WAVE, settings.POOL_CHECK_SPREAD = 2, 100
+    for i in range(5):
+        node = Node.objects.create(pool=cpu_pool, hostname=f"n{i}", agent_seen_at=timezone.now())
+        Gpu.objects.create(node=node, gpu_type=cpu_pool.cpu, index=0)
+    with inline_tasks():
+        do_start_pool_check(cpu_pool)
+    first = running_checks(cpu_pool)
+    assert len(first) == 2  # the first wave at once
+    started_at = first[0].started_at
+    assert pass_claims(first[0].node, inline_tasks)
+    assert len(running_checks(cpu_pool)) == 1  # its end starts nobody: 6 nodes over 100 s, one each ~17 s
+    with inline_tasks():
+        do_finish_pool_checks(now=started_at + timedelta(seconds=10))  # `tick`, 10 s in: not yet
+    assert len(running_checks(cpu_pool)) == 1
+    with inline_tasks():
+        do_finish_pool_checks(now=started_at + timedelta(seconds=20))  # 20 s in: one more
+    assert len(running_checks(cpu_pool)) == 2
+    for check in running_checks(cpu_pool):
+        assert pass_claims(check.node, inline_tasks)
+    with inline_tasks():
+        do_finish_pool_checks(now=started_at + timedelta(seconds=100))  # the spread is over: the rest, two at a time
+    assert len(running_checks(cpu_pool)) == 2
+    while checks := running_checks(cpu_pool):
+        assert pass_claims(checks[0].node, inline_tasks)
+        with inline_tasks():
+            do_finish_pool_checks(now=started_at + timedelta(seconds=100))
+    assert not cpu_pool.checks.filter(outcome=CheckOutcome.PENDING).exists()
+    assert cpu_pool.checks.filter(outcome=CheckOutcome.OK, run_id__isnull=False).count() == 6
+    assert set(cpu_pool.nodes.values_list("service", flat=True)) == {NodeService.IN_SERVICE}
 
 
 def test_check_runs_yield_to_competitors_runs(cpu_pool, leaderboard, inline_tasks):
