@@ -851,9 +851,14 @@ def _requeue_lost(run: Run, now) -> list[int]:
 
 
 def count_queued_runs(queued_after, queued_before) -> int:
-    """Runs queued in the window, whatever became of them since: the supervisor's evidence that messages were sent
-    to a cluster that started no task after (the reaper may have dispatched those runs itself meanwhile)."""
-    return Run.objects.filter(queued_at__gte=queued_after, queued_at__lt=queued_before).count()
+    """Runs queued in the window that were the workers' to dispatch, whatever became of them since: the supervisor's
+    evidence that messages were sent to a cluster that started no task after (the reaper may have dispatched those
+    runs itself meanwhile). That is a remote pool's run, or one still queued; a node agents' run that the process
+    which wrote it dispatched (`dispatch_here`) sent the cluster nothing, so a stream of submissions while no task
+    is due is not a wedge."""
+    remote = Q(attempts__number=F("attempt")) & ~Q(attempts__pool__backend=RunnerBackendName.LOCAL)
+    return Run.objects.filter(Q(status=RunStatus.QUEUED) | remote, queued_at__gte=queued_after,
+                              queued_at__lt=queued_before).distinct().count()
 
 
 def do_resend_queued_runs(queued_before=None, queued_after=None) -> int:

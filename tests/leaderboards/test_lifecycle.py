@@ -10,11 +10,11 @@ from django.utils import timezone
 
 from kernelbot import redis_clients
 from leaderboards import actions, lifecycle, tasks
-from leaderboards.models import Board, BoardEntry, InvalidTransition, Run, RunStatus
+from leaderboards.models import Board, BoardEntry, InvalidTransition, Run, RunAttempt, RunStatus
 from runners import queue
 from runners.models import GpuPool, RunnerBackendName
 
-from ..factories import UserFactory, ranked_result, submission
+from ..factories import UserFactory, ranked_result, remote_pool, submission
 
 pytestmark = pytest.mark.django_db
 
@@ -152,6 +152,27 @@ def test_a_run_for_node_agents_is_dispatched_by_its_submission_and_one_for_a_rem
     monkeypatch.setattr(lifecycle, "candidate_pools", broken)
     run = submit_one()
     assert (run.status, sent[-1]) == (RunStatus.QUEUED, (lifecycle.DISPATCH_TASK, run.pk))
+
+
+def test_the_supervisors_evidence_of_a_wedge_counts_only_runs_the_workers_were_sent(leaderboard, cpu_pool,
+                                                                                     monkeypatch):
+    """A node agents' run dispatched by its submission sent the cluster no message: a stream of those while no task
+    is due is not a wedge (the supervisor restarted a healthy cluster mid-burst for them). A run still queued, or a
+    remote pool's, was the workers' to dispatch."""
+    monkeypatch.setattr(lifecycle, "enqueue", lambda func, run_id: True)
+    since = timezone.now() - timedelta(seconds=1)
+    here = submission(leaderboard, mode="test").runs.get()
+    lifecycle.dispatch_here(here.pk)
+    assert Run.objects.get(pk=here.pk).status == RunStatus.DISPATCHED
+    window = {"queued_after": since, "queued_before": timezone.now() + timedelta(seconds=1)}
+    assert lifecycle.count_queued_runs(**window) == 0
+    submission(leaderboard, mode="test")  # still queued: its message may sit in a wedged cluster
+    assert lifecycle.count_queued_runs(**window) == 1
+    far = submission(leaderboard, mode="test").runs.get()
+    Run.objects.filter(pk=far.pk).update(status=RunStatus.DISPATCHED, attempt=1)
+    RunAttempt.objects.create(run=far, number=1, dispatched_at=timezone.now(), pool=remote_pool(
+        RunnerBackendName.SLURM, cpu_pool.cpu))
+    assert lifecycle.count_queued_runs(**window) == 2
 
 
 def test_a_run_left_queued_by_its_dispatch_is_looked_at_again_after_the_long_deadline(leaderboard, monkeypatch):
