@@ -164,11 +164,13 @@ def wait_for(predicate, timeout: float, what: str):
                          f"{dict(Run.objects.values_list('status').annotate(n=Count('pk')))}")
 
 
-def submit(leaderboard, count: int) -> list[int]:
+def submit(leaderboard, count: int, mode: str = "test") -> list[int]:
+    """`count` submissions' runs. A node agents' run is dispatched by its submission, not sent to the workers; a ranked
+    one ("leaderboard") sends them its rank task when it ends."""
     ids = []
     for _ in range(count):
         user = UserFactory()
-        request = check_submission(user, leaderboard.name, ["CPU"], "test", "kernel.py",
+        request = check_submission(user, leaderboard.name, ["CPU"], mode, "kernel.py",
                                    CODE + f"\n# {user.username}\n".encode())
         ids.extend(run.pk for run in do_submit(user, request).new_runs)
     return ids
@@ -236,10 +238,12 @@ def test_platform_heals_itself_from_a_killed_agent_a_wedged_queue_and_a_killed_c
             # acts
             os.kill(wait_for(lambda: queue_lock_holder(first, 2), 120, "the idle worker holding the queue lock"),
                     signal.SIGKILL)
-            runs += submit(leaderboard, 20)
-            second = wait_for(lambda: (c := cluster_of(supervisor.pid)) and c[0] != first[0] and c, 180,
+            runs += submit(leaderboard, 10, "leaderboard")  # 20 runs, whose rank tasks go to the wedged cluster
+            second = wait_for(lambda: (c := cluster_of(supervisor.pid)) and c[0] != first[0] and c, 300,
                               "the wedged cluster to be replaced")
             wait_for(lambda: all_terminal(runs), 400, "the second batch")
+            wait_for(lambda: BoardEntry.objects.filter(leaderboard=leaderboard).count() == 10, 120,
+                     "the new cluster to rank the second batch")
             assert not shared_database_sockets(supervisor.pid)
 
             # 3. the whole cluster, with runs in flight: the agents go on; what the cluster had pulled from the broker
@@ -259,7 +263,7 @@ def test_platform_heals_itself_from_a_killed_agent_a_wedged_queue_and_a_killed_c
                     os.killpg(agent.pid, signal.SIGKILL)
                 agent.wait()
 
-    assert len(runs) == 60 and Submission.objects.count() == 60
+    assert len(runs) == 60 and Submission.objects.count() == 50
     retried = assert_each_run_done_once(runs)
     assert retried >= 1 and Run.objects.get(pk=killed_run).attempts.filter(
         reason__contains="did not report back").exists(), "a run whose agent died is retried once its heartbeats stop"
@@ -281,11 +285,12 @@ def test_serve_recovers_a_wedged_queue_and_stops_everything_on_sigterm(capsys, p
         cluster = wait_for(lambda: cluster_of(serve.pid), 180, "the supervised cluster")
         os.kill(wait_for(lambda: queue_lock_holder(cluster, 2), 120, "the idle worker holding the queue lock"),
                 signal.SIGKILL)
-        runs = submit(leaderboard, 2)
-        wait_for(lambda: all_terminal(runs), 240, "the runs submitted to the wedged cluster")
-        # the reaper dispatches the runs the wedged cluster ignores within seconds; the supervisor still replaces it
+        runs = submit(leaderboard, 1, "leaderboard")
+        wait_for(lambda: all_terminal(runs), 240, "the runs, dispatched by their submission")
+        # their rank task waits in the wedged cluster's queue: the supervisor replaces it, and the new one ranks them
         wait_for(lambda: (now := cluster_of(serve.pid)) and now[0] != cluster[0], 120,
                  "the supervisor replacing the wedged cluster")
+        wait_for(lambda: BoardEntry.objects.filter(leaderboard=leaderboard).exists(), 120, "the rank")
         assert_each_run_done_once(runs)
 
         family = descendants(serve.pid)

@@ -64,9 +64,11 @@ def test_killed_cluster_and_agent_lose_no_run_and_count_none_twice(postgres, lea
     interrupted = set(Run.objects.filter(status=RunStatus.RUNNING).values_list("pk", flat=True))
     assert interrupted, "the kill should have caught at least one run mid-flight"
 
-    # The scheduled reaper finds the dead agent's runs once their heartbeats stop and retries them; the runs waiting
-    # for a device wait on (their agent comes back), uncharged.
-    assert do_reap_overdue_runs(now=timezone.now() + timedelta(minutes=20)) >= len(interrupted)
+    # The scheduled reaper finds the dead agent's runs once their heartbeats stop (a claim whose job it had not
+    # fetched yet: once the agent deadline passed) and retries them; the runs waiting for a device wait on (their
+    # agent comes back), uncharged.
+    later = timedelta(seconds=max(settings.AGENT_DEADLINE, settings.RUN_HEARTBEAT_DEADLINE) + 60)
+    assert do_reap_overdue_runs(now=timezone.now() + later) >= len(interrupted)
     cluster = start_cluster(tmp_path)
     agent = start_agent(runner_platform.url, leaderboard.gpu_types.get().gpus.get().node.pool.name, "localhost")
     try:
