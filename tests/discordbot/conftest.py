@@ -22,6 +22,7 @@ from django.db import connection
 
 from discordbot.bot import KernelBot, point_at
 from discordbot.models import Guild, OrganiserRole
+from kernelbot.settings import deployment_name
 
 from ..conftest import REPO, reap_group, stop_groups
 from ..fakes.discord import CHANNEL_ID, GUILD_ID, ORGANISER_ROLE_ID, FakeDiscord
@@ -119,8 +120,11 @@ def guild(db):
 def live_layer(settings, redis_url, tmp_path):
     """The bot (this process) and the cluster (a subprocess) share one channels-redis layer, as in production."""
     instance = os.environ["KERNELBOT_INSTANCE"]  # the suite's (tests/settings.py): this process's task queue too
+    # the prefix the processes it starts derive from KERNELBOT_INSTANCE (settings.deployment_name: under xdist the
+    # instance is "test-N@gwK", whose "@" the name turns into "-"; "kb.test-N@gwK" here put the bot on channels the
+    # cluster never sent to, so only its minute sweep announced anything)
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
-                                           "CONFIG": {"hosts": [redis_url], "prefix": f"kb.{instance}"}}}
+                                           "CONFIG": {"hosts": [redis_url], "prefix": deployment_name()}}}
     channel_layers.backends.clear()
     settings.DISCORD_EDIT_INTERVAL = 0.3
     yield instance
