@@ -133,21 +133,22 @@ def dispatch_run(run_id: int, *, local_only: bool = False) -> bool:
             if run.pool_id:  # a check's (internal) run: its check fails, saying why; other runs wait for a pool
                 run.update_status(RunStatus.ERROR, error=str(exc))
             return True
-        deadline = queue_timeout(pool)
+        deadline, nonce = queue_timeout(pool), secrets.token_hex(16)
         run.update_status(RunStatus.DISPATCHED, attempt=run.attempt + 1, runner=str(pool)[:60],
-                          deadline_seconds=deadline, attempt_fields={"pool": pool, "nonce": secrets.token_hex(16)})
+                          deadline_seconds=deadline, attempt_fields={"pool": pool, "nonce": nonce})
         attempt = run.attempt
-        nonce = _attempt(run).nonce
         if pool.is_local and run.node_id:  # pinned (a node's health check, an A/A run): only its node's agent can
             wakeups.node_changed(run.node_id)  # claim it, so that one asks, not the pool's longest waiter
         elif pool.is_local:
             wakeups.run_dispatched(pool.pk, run.gpu_type_id)  # on commit: a waiting node agent claims it
+        if not backend.remote:  # nothing to start: the run waits for a node agent's claim, which builds its job
+            return True
         job = Dispatch(run_id=run.pk, attempt=attempt, nonce=nonce, token=attempt_token(pool, run.pk, attempt, nonce),
                        platform_url=platform_url(pool),
                        gpu_type=run.gpu_type, gpu_count=gpu_count(_with_definition(run)),
                        timeout_s=total_timeout(run), label=f"kernelbot run {run.pk} attempt {attempt}",
                        user_id=run.submission.user_id, project=run.submission.leaderboard.name)
-    reporter = AttemptReporter(run_id, attempt, remote=backend.remote)
+    reporter = AttemptReporter(run_id, attempt)
     try:
         external_id = backend.dispatch(job, reporter)
     except BackendUnavailable as exc:  # the service refused the pool's configuration: retrying would not help
@@ -159,8 +160,7 @@ def dispatch_run(run_id: int, *, local_only: bool = False) -> bool:
         log.exception("dispatch of run %s attempt %s failed", run_id, attempt)
         reporter.failure(f"dispatch to {pool} failed: {type(exc).__name__}: {exc}")
         return True
-    if backend.remote:
-        _store_external_id(backend, run_id, attempt, external_id or "")
+    _store_external_id(backend, run_id, attempt, external_id or "")
     return True
 
 
@@ -228,10 +228,11 @@ class AttemptReporter:
     def heartbeat(self) -> bool:
         return do_heartbeat(self.run_id, self.attempt, remote=self.remote)
 
-    def job(self) -> dict:
+    def job(self, pool: GpuPool | None = None) -> dict:
+        """The attempt's job; `pool`, the attempt's, when the caller has it (else read for a remote attempt)."""
         run = Run.objects.select_related("submission__problem", "submission__leaderboard", "submission__code",
                                          "gpu_type").get(pk=self.run_id)
-        return job_payload(run, _attempt(run).pool if self.remote else None)
+        return job_payload(run, pool or (_attempt(run).pool if self.remote else None))
 
 
 def running_deadline(run: Run, remote: bool) -> int:
@@ -254,17 +255,19 @@ def remote_deadline(run: Run, now) -> datetime:
 
 
 def do_mark_running(run_id: int, attempt: int, *, deadline_seconds: int | None = None, remote: bool = False,
-                    placement: tuple[str, list[int]] | None = None) -> bool:
+                    placement: tuple[str, list[int]] | None = None, claimed: bool | None = None) -> bool:
     """The attempt's harness started. True while the attempt is current and running (repeats are harmless).
     `placement`: the host and device indices a remote job's scheduler gave it, held for the run where the pool's
-    inventory has them (allocator.hold_placement)."""
+    inventory has them (allocator.hold_placement). `claimed`: whether a node agent claimed the attempt, when the
+    caller knows (None: read it)."""
     with transaction.atomic():
         run = _locked_run(run_id)
         if run.attempt != attempt or run.status not in (RunStatus.DISPATCHED, RunStatus.RUNNING):
             return False
-        if run.status == RunStatus.RUNNING and run.started_at == run.dispatched_at and RunAttempt.objects.filter(
-                run=run, number=attempt, external_id__startswith="node:").exists():  # a node agent's claim's job
-            # fetched: its heartbeats keep it from now on, not the claim's wait for the fetch (`_claim_one`)
+        if run.status == RunStatus.RUNNING and run.started_at == run.dispatched_at and (claimed if claimed is not None
+                else RunAttempt.objects.filter(run=run, number=attempt, external_id__startswith="node:").exists()):
+            # a node agent's claim's job fetched: its heartbeats keep it from now on, not the claim's wait for the
+            # fetch (`_claim_one`)
             run.started_at = timezone.now()
             run.status_deadline = run.started_at + timedelta(seconds=settings.RUN_HEARTBEAT_DEADLINE)
             run.save(update_fields=["started_at", "status_deadline"])
@@ -367,10 +370,13 @@ def claimable(pool_id: int, gpu_type_ids=None, *, unpinned: bool = False) -> boo
     return (waiting if gpu_type_ids is None else waiting.filter(gpu_type_id__in=list(gpu_type_ids))).exists()
 
 
-def waiting_for(pool_id: int) -> set[int | None]:
-    """The nodes whose agents a run dispatched to the pool waits for: None for a run any node may claim, a node's id
-    for a run pinned to it (one query)."""
-    return set(_waiting(pool_id).order_by().values_list("node_id", flat=True).distinct())
+def waiting_for(pool_id: int) -> dict[int | None, set[int]]:
+    """The nodes whose agents a run dispatched to the pool waits for, each with the GPU types of those runs: None
+    for a run any node may claim, a node's id for a run pinned to it (one query)."""
+    waiting: dict[int | None, set[int]] = {}
+    for node_id, gpu_type_id in _waiting(pool_id).order_by().values_list("node_id", "gpu_type_id").distinct():
+        waiting.setdefault(node_id, set()).add(gpu_type_id)
+    return waiting
 
 
 def _waiting(pool_id: int):
@@ -378,8 +384,12 @@ def _waiting(pool_id: int):
                               attempts__external_id="")
 
 
-def claim_on(node: Node, gpus: list[Gpu]) -> list[dict]:
-    if not gpus or not claimable(node.pool_id, {g.gpu_type_id for g in gpus}):
+def claim_on(node: Node, gpus: list[Gpu], types: set[int] | None = None) -> list[dict]:
+    """The node's claims for its free `gpus`. `types`: the GPU types runs wait in its pool for it, read just now
+    (`waiting_for`), which spares the query that otherwise keeps an ask with nothing to claim out of a transaction."""
+    if types is not None:
+        gpus = [g for g in gpus if g.gpu_type_id in types]
+    if not gpus or types is None and not claimable(node.pool_id, {g.gpu_type_id for g in gpus}):
         return []
     claims: list[dict] = []
     for gpu_type in {g.gpu_type for g in gpus}:
@@ -430,6 +440,7 @@ def _claim_one(node: Node, gpus: list[Gpu]) -> dict | None:
         waiting = (_waiting(node.pool_id).select_for_update(of=("self",), skip_locked=True)
                    .select_related("submission__problem", "submission__leaderboard", "gpu_type")
                    .defer(*PROBLEM_TEXTS)  # read for the run it claims only (the files inlined: kilobytes a row)
+                   .annotate(attempt_id=F("attempts__id"), attempt_nonce=F("attempts__nonce"))  # the current one's
                    .filter(gpu_type=gpu_type)
                    .filter(Q(node=node) if not node.in_service else Q(node__isnull=True) | Q(node=node))
                    .order_by(INTERNAL_LAST, *CLAIM_ORDER))
@@ -458,18 +469,16 @@ def _claim_one(node: Node, gpus: list[Gpu]) -> dict | None:
                 return None  # the free devices are promised to a reservation: nothing fits now
             held = sorted(h.gpu_id for h in holds)
             devices = [g.index for g in gpus if g.pk in held]
-            attempt = _attempt(run)
-            RunAttempt.objects.filter(pk=attempt.pk).update(external_id=agent_job_id(node, devices),
-                                                            last_news_at=timezone.now())
-            run.update_status(RunStatus.RUNNING, deadline_seconds=first_fetch,
-                              runner=f"{node.pool.name} / {node.hostname}"[:60])
+            now = timezone.now()
+            RunAttempt.objects.filter(pk=run.attempt_id).update(external_id=agent_job_id(node, devices),
+                                                                last_news_at=now)
             # its devices are chosen now: the wait for them was its queue (`dispatched_at` stamped when it was handed
             # to the pool, before any device was free); `started_at` moves on when the agent fetches the job
-            run.dispatched_at = run.started_at
-            Run.objects.filter(pk=run.pk).update(dispatched_at=run.started_at)
+            run.update_status(RunStatus.RUNNING, deadline_seconds=first_fetch, at=now, dispatched_at=now,
+                              runner=f"{node.pool.name} / {node.hostname}"[:60])
             first = next(g for g in gpus if g.pk == held[0])
-            return {"run": run.pk, "attempt": run.attempt, "nonce": attempt.nonce, "devices": devices,
-                    "token": attempt_token(node.pool, run.pk, run.attempt, attempt.nonce),
+            return {"run": run.pk, "attempt": run.attempt, "nonce": run.attempt_nonce, "devices": devices,
+                    "token": attempt_token(node.pool, run.pk, run.attempt, run.attempt_nonce),
                     "gpus": [] if gpu_type.is_cpu else devices,
                     "job": {"limits": run_limits(first), "sandbox_uid": sandbox_uid(first)},
                     "heartbeat_s": max(0.5, settings.RUN_HEARTBEAT_DEADLINE / 4)}

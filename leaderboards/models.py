@@ -1,6 +1,6 @@
 import hashlib
 import secrets
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import cached_property
 
 from django.conf import settings
@@ -419,15 +419,15 @@ class Run(models.Model):
         return timezone.now() + timedelta(seconds=seconds) if seconds else None
 
     def update_status(self, status: str, *, deadline_seconds: int | None = None, reason: str | None = None,
-                      attempt_fields: dict | None = None, **fields) -> None:
-        """Move to `status`, stamp the time and deadline, record the attempt (a new one gets `attempt_fields`), save,
-        and fire what follows after commit (the run's event; its `on_finish` task when it ends or an ended run is
-        requeued). `reason` is why the current attempt ended (default: the run's `error`).
+                      attempt_fields: dict | None = None, at: datetime | None = None, **fields) -> None:
+        """Move to `status`, stamp the time (`at`, default now) and deadline, record the attempt (a new one gets
+        `attempt_fields`), save, and fire what follows after commit (the run's event; its `on_finish` task when it
+        ends or an ended run is requeued). `reason` is why the current attempt ended (default: the run's `error`).
 
         Call inside a transaction holding a row lock (see actions)."""
         if status not in TRANSITIONS[self.status]:
             raise InvalidTransition(f"run {self.pk}: {self.status} → {status} is not allowed")
-        now, previous = timezone.now(), self.status
+        now, previous = at or timezone.now(), self.status
         self.status = status
         for name, value in fields.items():
             setattr(self, name, value)

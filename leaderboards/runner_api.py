@@ -92,7 +92,7 @@ def _endpoint(handler):
         try:
             run, current = _authorise(request, run_id, attempt)
             request.remote_runner = not current.pool.is_local  # a node agent's run beats like a local one
-            return handler(request, run, attempt)
+            return handler(request, run, current)
         except Refused as exc:
             return _error(exc.status, exc.detail)
     view.__name__ = handler.__name__
@@ -101,29 +101,30 @@ def _endpoint(handler):
 
 @require_GET
 @_endpoint
-def job(request: HttpRequest, run: Run, attempt: int) -> HttpResponse:
+def job(request: HttpRequest, run: Run, attempt: RunAttempt) -> HttpResponse:
     """The job (code and seed included): only for the current attempt's valid token. Fetching it marks the run
     running; `?host=H&gpus=0,1` names where a remote job's scheduler put it (those devices are held for the run)."""
     host, gpus = request.GET.get("host", ""), request.GET.get("gpus", "")
     if len(host) > 120 or "\x00" in host or not re.fullmatch(r"(\d{1,4}(,\d{1,4}){0,63})?", gpus):
         raise Refused(400, '"host" must be a hostname and "gpus" device indices, e.g. 0,1')
     placement = (host, [int(i) for i in gpus.split(",") if i]) if host else None
-    if not lifecycle.do_mark_running(run.pk, attempt, remote=request.remote_runner, placement=placement):
+    if not lifecycle.do_mark_running(run.pk, attempt.number, remote=request.remote_runner, placement=placement,
+                                     claimed=attempt.external_id.startswith("node:")):
         raise Refused(409, "the attempt is no longer current")
-    return JsonResponse(lifecycle.AttemptReporter(run.pk, attempt).job())
+    return JsonResponse(lifecycle.AttemptReporter(run.pk, attempt.number).job(attempt.pool))
 
 
 @require_POST
 @_endpoint
-def progress(request: HttpRequest, run: Run, attempt: int) -> HttpResponse:
+def progress(request: HttpRequest, run: Run, attempt: RunAttempt) -> HttpResponse:
     """A harness progress event (also a heartbeat: extends the running deadline); {"heartbeat": true} only beats."""
     body = _body(request)
     if body.get("heartbeat") is True:
-        alive = lifecycle.do_heartbeat(run.pk, attempt, remote=request.remote_runner)
+        alive = lifecycle.do_heartbeat(run.pk, attempt.number, remote=request.remote_runner)
     else:
         if body.get("event") != "progress":
             raise Refused(400, 'a progress event needs "event": "progress"')
-        alive = lifecycle.do_record_progress(run.pk, attempt, body, remote=request.remote_runner)
+        alive = lifecycle.do_record_progress(run.pk, attempt.number, body, remote=request.remote_runner)
     if not alive:
         raise Refused(409, "the attempt is not running")
     return JsonResponse({"running": True})
@@ -131,11 +132,11 @@ def progress(request: HttpRequest, run: Run, attempt: int) -> HttpResponse:
 
 @require_POST
 @_endpoint
-def result(request: HttpRequest, run: Run, attempt: int) -> HttpResponse:
+def result(request: HttpRequest, run: Run, attempt: RunAttempt) -> HttpResponse:
     body = _body(request)
     if body.get("event", "result") != "result" or "status" not in body:
         raise Refused(400, 'a result needs "status" (the harness result line)')
-    accepted = lifecycle.do_ingest_result(run.pk, attempt, body)
+    accepted = lifecycle.do_ingest_result(run.pk, attempt.number, body)
     if not accepted:
         raise Refused(409, "the attempt is no longer current")
     return JsonResponse({"accepted": True})
@@ -143,11 +144,11 @@ def result(request: HttpRequest, run: Run, attempt: int) -> HttpResponse:
 
 @require_POST
 @_endpoint
-def failure(request: HttpRequest, run: Run, attempt: int) -> HttpResponse:
+def failure(request: HttpRequest, run: Run, attempt: RunAttempt) -> HttpResponse:
     reason = _body(request).get("reason")
     if not isinstance(reason, str) or not reason.strip():
         raise Refused(400, '{"reason": "..."} is required')
-    if not lifecycle.do_report_failure(run.pk, attempt, f"remote runner: {reason.strip()[:2000]}"):
+    if not lifecycle.do_report_failure(run.pk, attempt.number, f"remote runner: {reason.strip()[:2000]}"):
         raise Refused(409, "the attempt is no longer current")
     return JsonResponse({"accepted": True})
 
@@ -276,12 +277,13 @@ def node_answer(authorization: str, body: dict, *, woken: tuple[str, int] | None
     if (samples := _samples(body)) is not None and not batched:  # every 15 s at most: one UPDATE then
         Node.objects.filter(pk=node.pk).update(samples=samples)
     claims: list[dict] = []
-    waiting, reserved = _pool_state(pool.pk, fresh)
+    waiting, reserved, read_now = _pool_state(pool.pk, fresh)
     if lifecycle.do_node_heartbeat(node, free, record=not batched) and (None in waiting or node.pk in waiting):
         gpus = lifecycle.free_gpus(node, free)
         when, cached = _node_types(node)
         _types[node.pk] = (when, cached | {g.index: g.gpu_type_id for g in gpus})  # what was just read wins
-        claims = lifecycle.claim_on(node, gpus)
+        claims = lifecycle.claim_on(node, gpus, waiting.get(None, set()) | waiting.get(node.pk, set())
+                                    if read_now else None)
     if woken is not None and not claims and lifecycle.claimable(pool.pk, [int(woken[0].rsplit(":", 1)[1])],
                                                                 unpinned=True):
         transaction.on_commit(lambda: wakeups.waiters.pass_on(woken))  # such a run still waits: the next one looks
@@ -295,8 +297,9 @@ def node_answer(authorization: str, body: dict, *, woken: tuple[str, int] | None
     return {"claims": claims, **news}, wait_on, node
 
 
-# pool → (when read, wake-ups seen then, who a waiting run is for (`lifecycle.waiting_for`), nodes a reservation holds)
-_pools: dict[int, tuple[float, int, set[int | None], set[int]]] = {}
+# pool → (when read, wake-ups seen then, who a waiting run is for and of which GPU types (`lifecycle.waiting_for`),
+# nodes a reservation holds)
+_pools: dict[int, tuple[float, int, dict[int | None, set[int]], set[int]]] = {}
 POOL_TTL = 1.0
 # asks queued on a web process's node lane past which a known node's ask is answered without it (`_idle_answer`):
 # while runs wait every ask would look for work, and a fleet's heartbeats alone then outrun the lane; only woken asks
@@ -306,17 +309,19 @@ END_MARGIN_S = 0.05  # a held wait that a reservation's end cuts short is answer
 NONE = {"reserved": [], "reservations": [], "keys": []}
 
 
-def _pool_state(pool_id: int, fresh: bool) -> tuple[set[int | None], set[int]]:
+def _pool_state(pool_id: int, fresh: bool) -> tuple[dict[int | None, set[int]], set[int], bool]:
     """Which node agents a run dispatched to the pool waits for (None: any; a node: a run pinned to it, such as its
-    health check, so a round of checks leaves the other nodes' asks idle), and the pool's nodes that reservations hold
-    devices of: read anew when `fresh`, older than POOL_TTL or older than this process's last wake-up (a reading
-    from before a run was dispatched must not send the agent that re-asks for it back to wait)."""
+    health check, so a round of checks leaves the other nodes' asks idle) with those runs' GPU types, the pool's
+    nodes that reservations hold devices of, and whether they were read now: anew when `fresh`, older than POOL_TTL
+    or older than this process's last wake-up (a reading from before a run was dispatched must not send the agent
+    that re-asks for it back to wait)."""
     hit, seq = _pools.get(pool_id), wakeups.waiters.seq
-    if fresh or hit is None or hit[1] != seq or time.monotonic() - hit[0] > POOL_TTL:
+    read_now = fresh or hit is None or hit[1] != seq or time.monotonic() - hit[0] > POOL_TTL
+    if read_now:
         held = DeviceHold.objects.held().filter(kind=HoldKind.RESERVATION, pool_id=pool_id)
         hit = _pools[pool_id] = (time.monotonic(), seq, lifecycle.waiting_for(pool_id),
                                  set(held.values_list("node_id", flat=True)))
-    return hit[2], hit[3]
+    return hit[2], hit[3], read_now
 
 
 _types: dict[int, tuple[float, dict[int, int]]] = {}  # node → (when read, its enabled devices' GPU types by index)

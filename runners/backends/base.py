@@ -90,7 +90,9 @@ class PoolOptions(forms.Form):
 
 
 class RunnerBackend(ABC):
-    remote: ClassVar[bool] = True  # False only for the local backend (runs inside the worker)
+    # False only for the local backend: nothing is started at dispatch (its node agents claim the run and beat it),
+    # so `lifecycle.dispatch_run` builds no `Dispatch` for it and never calls its `dispatch`
+    remote: ClassVar[bool] = True
     options: ClassVar[type[forms.Form] | None] = None  # the pool's settings, validated; the admin renders its fields
     # secrets read from fixed environment variables, label → variable (the pool page says whether each is set); a
     # settings field ending in `_env` names a variable of its own

@@ -15,4 +15,4 @@ class LocalBackend(RunnerBackend):
     remote = False  # no external job: its node agents heartbeat their runs instead of being polled
 
     def dispatch(self, job: Dispatch, reporter: Reporter) -> str:
-        return ""
+        return ""  # not called (`remote` is False): the dispatched run waits for a claim

@@ -218,14 +218,19 @@ def acquire_on_node(gpus: list[Gpu], count: int, *, run_id: int, attempt: int, u
     count = max(1, count)
     pool, gpu_type = gpus[0].node.pool, gpus[0].gpu_type
     with transaction.atomic():
-        lock_gpus(g.pk for g in gpus)
+        ids = {g.pk for g in gpus}
+        lock_gpus(ids)
         now = timezone.now()
-        existing = list(DeviceHold.objects.held().filter(kind=HoldKind.RUN, run_id=run_id, run_attempt=attempt))
-        if existing:
+        this_run = Q(kind=HoldKind.RUN, run_id=run_id, run_attempt=attempt)
+        rows = list(DeviceHold.objects.held().filter(Q(gpu_id__in=ids) | this_run))  # one read for all three uses
+        if existing := [h for h in rows if h.kind == HoldKind.RUN and (h.run_id, h.run_attempt) == (run_id, attempt)]:
             return existing
-        for hold in DeviceHold.objects.held().filter(gpu__in=gpus, kind=HoldKind.RUN, lease_until__lt=now):
-            end_hold(hold, hold.lease_until)  # a dead agent's: ended at its last renewal
-        holds = open_holds(g.pk for g in gpus)
+        holds: dict[int, DeviceHold] = {}
+        for hold in rows:
+            if hold.kind == HoldKind.RUN and hold.lease_until is not None and hold.lease_until < now:
+                end_hold(hold, hold.lease_until)  # a dead agent's: ended at its last renewal
+            else:
+                holds[hold.gpu_id] = hold
         soon = now + timedelta(seconds=seconds)
         promised = {pk for r in Reservation.objects.filter(
                         pool=pool, gpu_type=gpu_type, status=ReservationStatus.PENDING, planned_start__lte=soon)

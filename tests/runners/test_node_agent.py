@@ -8,19 +8,22 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
 import time
 import uuid
+from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
@@ -513,3 +516,43 @@ def _home_in(proc: Path, directory: Path) -> bool:
         return f"HOME={directory}".encode() in (proc / "environ").read_bytes()
     except OSError:
         return False
+
+
+def statements(queries) -> list[str]:
+    """What a step sent PostgreSQL, savepoints (the test's transaction) left out, each as its verb and first table."""
+    found = []
+    for sql in (q["sql"] for q in queries):
+        if sql.startswith(("SAVEPOINT", "RELEASE SAVEPOINT")):
+            continue
+        verb = sql.split(None, 1)[0]
+        table = re.search(r'(?:FROM|INTO|UPDATE) "(\w+)"', sql)
+        found.append(f"{verb} {table.group(1) if table else ''}".strip())
+    return found
+
+
+@pytest.mark.django_db
+def test_a_runs_trip_through_a_node_agent_reads_nothing_it_already_has(leaderboard, cpu_pool):
+    """A burst is paid for in statements per run (issue 50): the dispatch reads no more than the run and its pools
+    (its agents build the job), a claim neither asks again whether a run waits nor reads the attempt it just locked,
+    and the job's fetch takes the attempt from its token's check."""
+    node = cpu_pool.nodes.get()
+    run = submit(leaderboard).runs.get()
+    with CaptureQueriesContext(connection) as queries:
+        lifecycle.dispatch_run(run.pk)
+    assert statements(queries) == ["SELECT leaderboards_run", "SELECT runners_gpupool", "UPDATE leaderboards_run",
+                                   "INSERT leaderboards_runattempt"]
+    body = {"pool": cpu_pool.name, "hostname": node.hostname, "free": [0]}
+    with CaptureQueriesContext(connection) as queries:
+        [claim] = node_call("poll", body).json()["claims"]
+    claimed = Counter(statements(queries))
+    assert claimed["SELECT leaderboards_run"] == 2, claimed  # what waits (with its GPU types), then the candidates
+    assert claimed["SELECT leaderboards_runattempt"] == 0 and claimed["UPDATE leaderboards_run"] == 1, claimed
+    assert claimed["SELECT reservations_devicehold"] == 2, claimed  # the pool's reservations; the devices' holds
+    route = f"/api/runner/v1/runs/{claim['run']}/{claim['attempt']}/"
+    with CaptureQueriesContext(connection) as queries:
+        fetched = Client().get(route + "job", {"host": node.hostname, "gpus": ""},
+                               headers={"Authorization": f"Bearer {claim['token']}"})
+    assert fetched.status_code == 200 and fetched.json()["job"]
+    assert Counter(statements(queries))["SELECT leaderboards_runattempt"] == 1  # the token's check
+    run.refresh_from_db()
+    assert run.status == RunStatus.RUNNING and run.started_at > run.dispatched_at  # the fetch was seen as the start

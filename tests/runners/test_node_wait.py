@@ -294,11 +294,11 @@ def test_a_woken_ask_that_cannot_claim_hands_the_wake_on_while_the_run_waits(lea
 def test_the_pools_cached_reading_is_stale_once_a_wake_up_came(leaderboard, cpu_pool, monkeypatch):
     """An ask told to ask again (a wake-up came while it looked) must not be answered from the reading before it."""
     monkeypatch.setattr(runner_api, "_pools", {})
-    assert runner_api._pool_state(cpu_pool.pk, False)[0] == set()
+    assert runner_api._pool_state(cpu_pool.pk, False)[0] == {}
     submit(leaderboard)
     dispatch_all()
     wakeups.waiters.seq += 1  # what the dispatch's wake-up does in this process
-    assert runner_api._pool_state(cpu_pool.pk, False)[0] == {None}  # a run any node may claim
+    assert runner_api._pool_state(cpu_pool.pk, False)[0] == {None: {cpu_pool.cpu.pk}}  # a run any node may claim
 
 
 @pytest.mark.django_db
